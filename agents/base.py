@@ -1,0 +1,75 @@
+"""The agent protocol (design document §5).
+
+An agent acts on a *batch* of observations, one per env slot. The rollout runner calls
+
+1. ``agent.reset(num_slots, seed)`` once before a batch of episodes,
+2. ``agent.begin_episode(slot, observation, info)`` when the episode in `slot` starts,
+3. ``agent.act(observations, infos, slots) -> list[Decision]`` for the slots that are still running,
+4. ``agent.observe(slot, reward, terminated, truncated, info)`` after each step (optional bookkeeping).
+
+A `Decision` is the action plus whatever a trainer needs from the policy (token ids, log-probs, hidden
+summaries, values for LM agents; the log-prob of the raw action for numeric agents). Its fields map one to one
+onto `shopsim.trajectory.Turn`.
+
+`ScriptedAgent` is the convenience base for agents that decide one slot at a time (experts, random agents):
+implement `act_one(slot, observation, info) -> action`.
+
+Privileged information: scripted experts may read `info["oracle"]` (the hidden goal, written by the env).
+Learning agents must not; the rollout runner never shows it to them via `Decision` records, and LM agents build
+prompts from the observation only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Decision:
+    """One action for one env slot, with the policy's records for the trajectory."""
+
+    action: Any
+    prompt_ids: list[int] | None = None
+    action_ids: list[int] | None = None
+    action_logprobs: list[float] | None = None
+    hidden: dict[str, list[float]] | None = None
+    value: float | None = None
+    logprob: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Agent:
+    """Base class of every agent. Subclasses override `act` (batched) or use `ScriptedAgent`."""
+
+    name: str = "agent"
+    #: True for agents that learn from trajectories (their Decisions carry log-probs).
+    learns: bool = False
+
+    def reset(self, num_slots: int, seed: int | None = None) -> None:
+        self.num_slots = num_slots
+        self.rng = np.random.default_rng(seed)
+
+    def begin_episode(self, slot: int, observation: Any, info: dict) -> None:  # noqa: B027
+        """Called when the episode in `slot` starts (after the env reset)."""
+
+    def act(self, observations: Sequence[Any], infos: Sequence[dict], slots: Sequence[int]) -> list[Decision]:
+        raise NotImplementedError
+
+    def observe(self, slot: int, reward: float, terminated: bool, truncated: bool, info: dict) -> None:  # noqa: B027
+        """Called after each env step of `slot`."""
+
+    def close(self) -> None:  # noqa: B027
+        pass
+
+
+class ScriptedAgent(Agent):
+    """An agent that decides each slot independently with `act_one`."""
+
+    def act(self, observations, infos, slots) -> list[Decision]:
+        return [Decision(self.act_one(s, o, i)) for o, i, s in zip(observations, infos, slots)]
+
+    def act_one(self, slot: int, observation: Any, info: dict) -> Any:
+        raise NotImplementedError

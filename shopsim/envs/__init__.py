@@ -1,0 +1,77 @@
+"""Environment registry: every shopsim env id, its entry point and its family.
+
+Importing `shopsim` (or `shopsim.envs`) registers the ids with Gymnasium, so
+``gymnasium.make("shopsim/Shopping-v0")`` works. The multi-warehouse env is a PettingZoo `ParallelEnv`
+and is made with `shopsim.envs.multi_warehouse.parallel_env(...)` (PettingZoo has no registry in common use).
+
+Families group envs by the kind of agent and trainer that fits them:
+
+| family | envs | agents / trainers |
+|---|---|---|
+| shopping | Shopping-v0 | language agents; LM baselines |
+| rec | ProactiveRec-v0 | semantic-ID transformer; reinforce/grpo/prorl |
+| retrieval | TwoStageRetrieval-v0 | Plackett-Luce retrievers; capg family |
+| inventory | Replenishment-v0, multi_warehouse | torch hybrid policies; ppo/hpo |
+"""
+
+from __future__ import annotations
+
+from gymnasium.envs.registration import register, registry
+
+from shopsim.errors import UnknownNameError
+
+MULTI_WAREHOUSE_ID = "shopsim/MultiWarehouse-v0"
+
+#: env id -> (entry point, family, registration kwargs)
+ENV_SPECS: dict[str, tuple[str, str, dict]] = {
+    # --- language envs ---
+    "shopsim/Shopping-v0": ("shopsim.envs.shopping:ShoppingEnv", "shopping", {"max_episode_steps": 60}),
+    # --- recommendation / retrieval envs ---
+    "shopsim/ProactiveRec-v0": ("shopsim.envs.proactive_rec:ProactiveRecEnv", "rec", {}),
+    "shopsim/TwoStageRetrieval-v0": ("shopsim.envs.two_stage_retrieval:TwoStageRetrievalEnv", "retrieval", {}),
+    # --- numeric envs ---
+    "shopsim/Replenishment-v0": ("shopsim.envs.replenishment:ReplenishmentEnv", "inventory", {}),
+}
+
+#: PettingZoo envs (not in Gymnasium's registry): id -> (module, family)
+PZ_ENVS: dict[str, tuple[str, str]] = {
+    MULTI_WAREHOUSE_ID: ("shopsim.envs.multi_warehouse", "inventory"),
+}
+
+for _env_id, (_entry, _family, _kw) in ENV_SPECS.items():
+    if _env_id not in registry:
+        register(id=_env_id, entry_point=_entry, **_kw)
+
+
+def all_env_ids() -> list[str]:
+    return [*ENV_SPECS, *PZ_ENVS]
+
+
+def family_of(env_id: str) -> str:
+    """The family of an env id (see module docstring); raises with the list of known ids."""
+    if env_id in ENV_SPECS:
+        return ENV_SPECS[env_id][1]
+    if env_id in PZ_ENVS:
+        return PZ_ENVS[env_id][1]
+    raise UnknownNameError(f"unknown env {env_id!r}; available: {', '.join(all_env_ids())}")
+
+
+def check_env_id(env_id: str) -> str:
+    family_of(env_id)
+    return env_id
+
+
+def is_pettingzoo(env_id: str) -> bool:
+    return env_id in PZ_ENVS
+
+
+def make(env_id: str, **kwargs):
+    """Make any shopsim env by id: Gymnasium envs via `gymnasium.make`, PettingZoo envs via `parallel_env`."""
+    check_env_id(env_id)
+    if env_id in PZ_ENVS:
+        import importlib
+
+        return importlib.import_module(PZ_ENVS[env_id][0]).parallel_env(**kwargs)
+    import gymnasium
+
+    return gymnasium.make(env_id, **kwargs)
