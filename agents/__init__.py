@@ -5,6 +5,6 @@ virtual environment: `agents` is a generic top-level name that other packages us
 """
 
 from agents.base import Agent, Decision, ScriptedAgent
-from agents.registry import available, make, register, resolve
+from agents.registry import available, load_checkpoint, make, register, resolve, save_manifest
 
-__all__ = ["Agent", "Decision", "ScriptedAgent", "available", "make", "register", "resolve"]
+__all__ = ["Agent", "Decision", "ScriptedAgent", "available", "load_checkpoint", "make", "register", "resolve", "save_manifest"]

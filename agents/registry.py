@@ -80,3 +80,41 @@ def make(name: str, env_id: str, **kwargs):
     agent = cls(env_id=env_id, **kwargs)
     agent.name = name if ":" not in name else cls.__name__
     return agent
+
+
+CHECKPOINT_MANIFEST = "shopsim_agent.json"
+
+
+def save_manifest(directory, cls: type, env_id: str, **info: Any) -> None:
+    """Write the manifest that lets `load_checkpoint` rebuild an agent from a checkpoint folder.
+
+    The folder then holds `shopsim_agent.json` = {"class": "module:Class", "env_id": ..., **info}; the class must
+    provide ``from_checkpoint(directory, env_id=..., **kwargs)``.
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"class": f"{cls.__module__}:{cls.__qualname__}", "env_id": env_id, **info}
+    tmp = directory / f".{CHECKPOINT_MANIFEST}.tmp"
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
+    os.replace(tmp, directory / CHECKPOINT_MANIFEST)
+
+
+def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
+    """Rebuild the agent saved in a checkpoint folder (see `save_manifest`)."""
+    import json
+    from pathlib import Path
+
+    directory = Path(directory)
+    manifest = directory / CHECKPOINT_MANIFEST
+    if not manifest.is_file():
+        raise UnknownNameError(f"{directory} is not a shopsim checkpoint (no {CHECKPOINT_MANIFEST}); "
+                               "pass the folder a training run wrote (OUT/checkpoint)")
+    payload = json.loads(manifest.read_text())
+    cls = _load(payload["class"])
+    agent = cls.from_checkpoint(directory, env_id=env_id or payload["env_id"], **kwargs)
+    agent.name = getattr(agent, "name", None) or cls.__name__
+    return agent
