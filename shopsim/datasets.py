@@ -1,0 +1,299 @@
+"""Turn-segmented rollout datasets in Parquet (design document §4).
+
+One file per dataset, one row per turn. Every row carries its episode's columns (env id, task, split, seed, group,
+strategy, agent, return, success...), so the file is a flat table that `pandas.read_parquet` and
+`datasets.load_dataset("parquet", data_files=...)` read directly; `read_episodes` gives one row per episode.
+
+* **Streaming**: `DatasetWriter` buffers turns and writes a Parquet row group every `chunk_rows` turns, so memory
+  stays bounded for large runs; `iter_trajectories` streams them back batch by batch.
+* **Atomic**: the writer writes to a hidden temporary sibling (``.NAME.tmp-PID``) and renames it over the final
+  name only in `close()`. An interrupted run leaves no file under the final name, and the reader refuses any file
+  without the `shopsim` completion record in its footer.
+* **Metadata**: a JSON record in the Parquet footer (key ``shopsim``): schema version, env config, catalog seed and
+  size, agent, package versions and creation time. The creation time is taken from ``SOURCE_DATE_EPOCH`` when set
+  (the reproducible-builds convention), so the same seed gives byte-identical files; otherwise it is the wall clock
+  and only the footer differs between two runs.
+
+Observations and actions that are not strings (numeric envs) are stored as JSON text with a flag column; `info`,
+`hidden`, `extra` and episode `meta` are JSON text. Token ids are ``list<int32>``, log-probs ``list<float64>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shopsim.errors import DatasetError
+from shopsim.paths import atomic_path
+from shopsim.trajectory import SCHEMA_VERSION, Trajectory, Turn, to_jsonable
+
+METADATA_KEY = b"shopsim"
+
+_EPISODE_FIELDS = [
+    ("env_id", pa.string()), ("task_id", pa.string()), ("split", pa.string()), ("seed", pa.int64()),
+    ("group_id", pa.string()), ("strategy", pa.string()), ("traj_id", pa.int64()), ("agent", pa.string()),
+    ("num_turns", pa.int32()), ("total_reward", pa.float64()), ("score", pa.float64()), ("success", pa.bool_()),
+    ("episode_terminated", pa.bool_()), ("episode_truncated", pa.bool_()), ("episode_meta", pa.string()),
+]
+_TURN_FIELDS = [
+    ("turn", pa.int32()), ("observation", pa.string()), ("observation_is_json", pa.bool_()),
+    ("action", pa.string()), ("action_is_json", pa.bool_()), ("reward", pa.float64()),
+    ("terminated", pa.bool_()), ("truncated", pa.bool_()), ("info", pa.string()),
+    ("prompt_ids", pa.list_(pa.int32())), ("action_ids", pa.list_(pa.int32())),
+    ("action_logprobs", pa.list_(pa.float64())), ("hidden", pa.string()), ("value", pa.float64()),
+    ("logprob", pa.float64()), ("extra", pa.string()),
+]
+SCHEMA = pa.schema([pa.field(n, t) for n, t in _EPISODE_FIELDS + _TURN_FIELDS])
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(to_jsonable(value), ensure_ascii=False, sort_keys=True, allow_nan=True)
+
+
+def _encode(value: Any) -> tuple[str, bool]:
+    if isinstance(value, str):
+        return value, False
+    return _dumps(value), True
+
+
+def _package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ("shopsim", "gymnasium", "numpy", "pyarrow", "torch", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def creation_time() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    t = float(epoch) if epoch else time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+class DatasetWriter:
+    """Stream trajectories into one Parquet file, atomically.
+
+    Use as a context manager; the file appears under `path` only when the block exits without an exception::
+
+        with DatasetWriter("runs/expert.parquet", metadata={"env_id": ..., "agent": "expert"}) as w:
+            for traj in trajectories:
+                w.write(traj)
+    """
+
+    def __init__(self, path: str | os.PathLike, metadata: dict | None = None, *, chunk_rows: int = 8192,
+                 compression: str = "zstd") -> None:
+        if chunk_rows < 1:
+            raise DatasetError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        self.path = Path(path)
+        if self.path.exists() and self.path.is_dir():
+            raise DatasetError(f"{self.path} is a folder; give a file path such as {self.path / 'data.parquet'}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = atomic_path(self.path)
+        self.metadata = {
+            "schema_version": SCHEMA_VERSION,
+            "created": creation_time(),
+            "versions": _package_versions(),
+            **to_jsonable(metadata or {}),
+        }
+        schema = SCHEMA.with_metadata({METADATA_KEY: _dumps(self.metadata).encode()})
+        self._writer = pq.ParquetWriter(self._tmp, schema, compression=compression)
+        self._schema = schema
+        self._columns: dict[str, list] = {f.name: [] for f in SCHEMA}
+        self._buffered = 0
+        self.chunk_rows = chunk_rows
+        self.num_turns = 0
+        self.num_episodes = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ writing
+    def write(self, traj: Trajectory) -> None:
+        if self._closed:
+            raise DatasetError(f"writer for {self.path} is closed")
+        if not traj.turns:
+            raise DatasetError(f"trajectory {traj.traj_id} of {traj.env_id} has no turns; nothing to write")
+        ep = traj.episode_record()
+        ep_values = [
+            ep["env_id"], ep["task_id"], ep["split"], ep["seed"], ep["group_id"], ep["strategy"], ep["traj_id"],
+            ep["agent"], ep["num_turns"], ep["total_reward"], ep["score"], ep["success"], ep["terminated"],
+            ep["truncated"], ep["meta"],
+        ]
+        cols = self._columns
+        ep_cols = [cols[n] for n, _ in _EPISODE_FIELDS]
+        for k, turn in enumerate(traj.turns):
+            for col, v in zip(ep_cols, ep_values):
+                col.append(v)
+            obs, obs_json = _encode(turn.observation)
+            act, act_json = _encode(turn.action)
+            cols["turn"].append(k)
+            cols["observation"].append(obs)
+            cols["observation_is_json"].append(obs_json)
+            cols["action"].append(act)
+            cols["action_is_json"].append(act_json)
+            cols["reward"].append(float(turn.reward))
+            cols["terminated"].append(bool(turn.terminated))
+            cols["truncated"].append(bool(turn.truncated))
+            cols["info"].append(_dumps(turn.info))
+            cols["prompt_ids"].append(to_jsonable(turn.prompt_ids))
+            cols["action_ids"].append(to_jsonable(turn.action_ids))
+            cols["action_logprobs"].append(to_jsonable(turn.action_logprobs))
+            cols["hidden"].append(None if turn.hidden is None else _dumps(turn.hidden))
+            cols["value"].append(None if turn.value is None else float(turn.value))
+            cols["logprob"].append(None if turn.logprob is None else float(turn.logprob))
+            cols["extra"].append(_dumps(turn.extra) if turn.extra else None)
+        self._buffered += len(traj.turns)
+        self.num_turns += len(traj.turns)
+        self.num_episodes += 1
+        if self._buffered >= self.chunk_rows:
+            self._flush()
+
+    def write_all(self, trajectories) -> None:
+        for traj in trajectories:
+            self.write(traj)
+
+    def _flush(self) -> None:
+        if not self._buffered:
+            return
+        table = pa.Table.from_pydict(self._columns, schema=self._schema)
+        self._writer.write_table(table, row_group_size=max(self._buffered, 1))
+        for col in self._columns.values():
+            col.clear()
+        self._buffered = 0
+
+    # ------------------------------------------------------------------ finishing
+    def close(self) -> Path:
+        """Flush, finish the file and move it to its final name."""
+        if self._closed:
+            return self.path
+        self._flush()
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+        self._closed = True
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the partial file (called on an exception inside the `with` block)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.close()
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_dataset(path: str | os.PathLike, trajectories, metadata: dict | None = None, **kwargs) -> Path:
+    """Write a list of trajectories to `path` atomically and return the path."""
+    with DatasetWriter(path, metadata, **kwargs) as writer:
+        writer.write_all(trajectories)
+    return Path(path)
+
+
+# ---------------------------------------------------------------------- reading
+def _open(path: str | os.PathLike) -> pq.ParquetFile:
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"no dataset at {path}; write one with `shopsim rollout ... --out {path}`")
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(f"{path} is not a complete Parquet file ({exc}); regenerate it") from exc
+    meta = pf.schema_arrow.metadata or {}
+    if METADATA_KEY not in meta:
+        raise DatasetError(f"{path} has no shopsim metadata record; it was not written by shopsim.datasets")
+    return pf
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """The dataset's metadata record (env config, agent, versions, creation time...)."""
+    meta = json.loads(_open(path).schema_arrow.metadata[METADATA_KEY])
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise DatasetError(f"{path} has dataset schema version {version}; this shopsim reads version "
+                           f"{SCHEMA_VERSION}; regenerate the dataset with this version")
+    return meta
+
+
+def _decode(text: str | None, is_json: bool) -> Any:
+    if text is None:
+        return None
+    return json.loads(text) if is_json else text
+
+
+def _rows_to_turn(row: dict) -> Turn:
+    return Turn(
+        observation=_decode(row["observation"], row["observation_is_json"]),
+        action=_decode(row["action"], row["action_is_json"]),
+        reward=row["reward"], terminated=row["terminated"], truncated=row["truncated"],
+        info=json.loads(row["info"]) if row["info"] else {},
+        prompt_ids=row["prompt_ids"], action_ids=row["action_ids"], action_logprobs=row["action_logprobs"],
+        hidden=json.loads(row["hidden"]) if row["hidden"] else None, value=row["value"], logprob=row["logprob"],
+        extra=json.loads(row["extra"]) if row["extra"] else {},
+    )
+
+
+def _new_traj(row: dict) -> Trajectory:
+    task = row["task_id"]
+    if task is not None and task.lstrip("-").isdigit():
+        task = int(task)
+    group = row["group_id"]
+    if group is not None and group.lstrip("-").isdigit():
+        group = int(group)
+    return Trajectory(env_id=row["env_id"], task_id=task, split=row["split"], seed=row["seed"], group_id=group,
+                      strategy=row["strategy"], traj_id=row["traj_id"], agent=row["agent"],
+                      meta=json.loads(row["episode_meta"]) if row["episode_meta"] else {})
+
+
+def iter_trajectories(path: str | os.PathLike, batch_rows: int = 8192) -> Iterator[Trajectory]:
+    """Stream trajectories back in file order, reading `batch_rows` turns at a time."""
+    pf = _open(path)
+    read_metadata(path)
+    current: Trajectory | None = None
+    key = None
+    for batch in pf.iter_batches(batch_size=batch_rows):
+        for row in batch.to_pylist():
+            row_key = (row["traj_id"], row["env_id"], row["group_id"], row["seed"])
+            if current is None or row_key != key or row["turn"] == 0:
+                if current is not None:
+                    yield current
+                current, key = _new_traj(row), row_key
+            current.turns.append(_rows_to_turn(row))
+    if current is not None:
+        yield current
+
+
+def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
+    return list(iter_trajectories(path))
+
+
+def read_turns(path: str | os.PathLike):
+    """All rows as a pandas DataFrame (one row per turn)."""
+    _open(path)
+    return pq.read_table(path).to_pandas()
+
+
+def read_episodes(path: str | os.PathLike):
+    """One row per episode (the episode columns of each episode's first turn)."""
+    _open(path)
+    table = pq.read_table(path, columns=[n for n, _ in _EPISODE_FIELDS] + ["turn"])
+    df = table.to_pandas()
+    return df[df["turn"] == 0].drop(columns=["turn"]).reset_index(drop=True)

@@ -1,0 +1,88 @@
+import gymnasium as gym
+import pytest
+
+from shopsim.errors import ConfigError
+from shopsim.rollout import collect, plan_episodes, summarize
+from tests.fixtures.toy_env import TOY_ID, CountEnv, CountExpert, CountRandom, make_toy
+
+
+def run(agent, **kw):
+    kw.setdefault("progress", False)
+    return collect(TOY_ID, agent, env_fns=[make_toy] * kw.pop("num_envs", 3), num_envs=3, **kw)
+
+
+def test_expert_solves_every_episode_in_order():
+    trajs = run(CountExpert(), episodes=7, seed=10)
+    assert [t.traj_id for t in trajs] == list(range(7))
+    assert [t.seed for t in trajs] == list(range(10, 17))
+    for t in trajs:
+        assert t.success and t.terminated and not t.truncated
+        assert t.num_turns == 2 + t.task_id % 5
+        assert "oracle" not in t.turns[0].info  # privileged info is not stored
+        assert t.turns[0].extra["anchor"] == "v=0"  # the pre-action state key
+        assert t.final_info["episode_metrics"]["success"] == 1.0
+
+
+def test_groups_share_task_and_initial_state():
+    trajs = run(CountRandom(), tasks=[3, 8], group_size=4, seed=5)
+    assert len(trajs) == 8
+    assert [t.group_id for t in trajs] == [0] * 4 + [1] * 4
+    first_obs = [t.turns[0].observation for t in trajs]
+    assert len(set(first_obs[:4])) == 1 and len(set(first_obs[4:])) == 1
+    assert {t.task_id for t in trajs[:4]} == {3}
+    # the random agent's samples differ within a group
+    assert len({tuple(turn.action for turn in t.turns) for t in trajs[:4]}) > 1
+
+
+def test_same_seed_same_trajectories_and_num_envs_do_not_change_order():
+    a = run(CountRandom(), episodes=6, seed=1)
+    b = run(CountRandom(), episodes=6, seed=1)
+    assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
+    c = collect(TOY_ID, CountExpert(), env_fns=[make_toy], num_envs=1, episodes=6, seed=1, progress=False)
+    d = collect(TOY_ID, CountExpert(), env_fns=[make_toy] * 4, num_envs=4, episodes=6, seed=1, progress=False)
+    assert [t.to_dict() for t in c] == [t.to_dict() for t in d]
+
+
+def test_truncation_and_invalid_actions_are_recorded():
+    trajs = run(CountRandom(), episodes=4, seed=0)
+    assert any(t.truncated for t in trajs) or all(t.success for t in trajs)
+    invalid = [turn for t in trajs for turn in t.turns if "invalid_action" in turn.info]
+    assert invalid, "the random agent sends invalid actions; they must be flagged"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vector_env_gives_the_same_trajectories(mode):
+    ref = run(CountExpert(), episodes=5, seed=3)
+    vec = collect(TOY_ID, CountExpert(), env_fns=[make_toy] * 2, num_envs=2, episodes=5, seed=3,
+                  vector=mode, progress=False)
+    assert [t.to_dict() for t in vec] == [t.to_dict() for t in ref]
+
+
+def test_plan_errors_say_what_to_change():
+    with pytest.raises(ConfigError, match="group_size"):
+        plan_episodes(episodes=2, group_size=0)
+    with pytest.raises(ConfigError, match="give episodes"):
+        plan_episodes()
+    with pytest.raises(ConfigError, match="only 1 tasks"):
+        plan_episodes(episodes=3, tasks=[1])
+
+
+def test_unknown_env_lists_available():
+    from shopsim.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="Shopping-v0"):
+        collect("shopsim/Nope-v0", CountExpert(), episodes=1, progress=False)
+
+
+def test_summarize():
+    trajs = run(CountExpert(), episodes=4, seed=0)
+    s = summarize(trajs)
+    assert s["success"] == 1.0 and s["episodes"] == 4
+    assert s["turns"] == pytest.approx(sum(t.num_turns for t in trajs) / 4)
+
+
+def test_toy_env_passes_check_env():
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(CountEnv(), skip_render_check=True)
+    assert isinstance(gym.Env, type)
