@@ -53,8 +53,26 @@ _TURN_FIELDS = [
 SCHEMA = pa.schema([pa.field(n, t) for n, t in _EPISODE_FIELDS + _TURN_FIELDS])
 
 
+def _json_default(value: Any) -> Any:
+    converted = to_jsonable(value)
+    if converted is value:
+        raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+    return converted
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True, allow_nan=True, default=_json_default)
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(to_jsonable(value), ensure_ascii=False, sort_keys=True, allow_nan=True)
+    # numpy values are converted only when met (`default`), so plain-Python infos pay no extra walk
+    return _ENCODER.encode(value)
+
+
+def _seq(value: Any) -> list | None:
+    """Token ids / log-probs as a plain list without walking it element by element."""
+    if value is None or type(value) is list:
+        return value
+    return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
 def _encode(value: Any) -> tuple[str, bool]:
@@ -144,9 +162,9 @@ class DatasetWriter:
             cols["terminated"].append(bool(turn.terminated))
             cols["truncated"].append(bool(turn.truncated))
             cols["info"].append(_dumps(turn.info))
-            cols["prompt_ids"].append(to_jsonable(turn.prompt_ids))
-            cols["action_ids"].append(to_jsonable(turn.action_ids))
-            cols["action_logprobs"].append(to_jsonable(turn.action_logprobs))
+            cols["prompt_ids"].append(_seq(turn.prompt_ids))
+            cols["action_ids"].append(_seq(turn.action_ids))
+            cols["action_logprobs"].append(_seq(turn.action_logprobs))
             cols["hidden"].append(None if turn.hidden is None else _dumps(turn.hidden))
             cols["value"].append(None if turn.value is None else float(turn.value))
             cols["logprob"].append(None if turn.logprob is None else float(turn.logprob))

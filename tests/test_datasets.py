@@ -135,3 +135,14 @@ def test_old_schema_version_is_refused(tmp_path):
     with pytest.raises(DatasetError, match="schema version 0"):
         read_trajectories(old)
     assert isinstance(table, pa.Table)
+
+
+def test_numpy_values_are_stored_as_plain_numbers(tmp_path):
+    import numpy as np
+
+    t = Trajectory(env_id="e", traj_id=0)
+    t.append(Turn({"x": np.arange(3, dtype=np.float32)}, np.array([1, 0]), np.float64(0.5), info={"c": np.int64(3)},
+                  prompt_ids=np.array([5, 6], dtype=np.int64), action_logprobs=np.array([-0.5])))
+    back = read_trajectories(write_dataset(tmp_path / "n.parquet", [t]))[0].turns[0]
+    assert back.observation == {"x": [0.0, 1.0, 2.0]} and back.action == [1, 0]
+    assert back.info == {"c": 3} and back.prompt_ids == [5, 6] and back.action_logprobs == [-0.5]
