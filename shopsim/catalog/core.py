@@ -1,0 +1,223 @@
+"""`Catalog`: one seeded, read-only product table shared by every env copy in a process.
+
+`build_catalog(size, seed)` generates it in memory (see `shopsim.catalog.generate`); `load_catalog(size, seed)`
+returns the process-wide copy: memoised in-process (same (size, seed) -> same object), else read from the Parquet
+cache ``cache_dir()/catalog/size{N}_seed{S}_v{VERSION}.parquet``, else built and written there atomically (temp
+name + `os.replace`). A cache file that cannot be read, is truncated, or was made by another version or taxonomy is
+rebuilt, never trusted. The Parquet bytes depend only on (size, seed, taxonomy, `CATALOG_VERSION`): no timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from shopsim.catalog import generate
+from shopsim.catalog.taxonomy import load_taxonomy, tables, taxonomy_hash
+from shopsim.errors import ConfigError
+from shopsim.paths import cache_dir
+
+if TYPE_CHECKING:
+    from shopsim.search import SearchIndex
+
+log = logging.getLogger(__name__)
+
+#: bump when generation changes the bytes of a catalog for the same (size, seed, taxonomy)
+CATALOG_VERSION = 1
+MAX_SIZE = 4_000_000  # SKU arithmetic stays inside uint64 up to 2**22 products
+_META_KEY = b"shopsim.catalog"
+
+
+@dataclass(frozen=True)
+class Product:
+    """One catalog row as Python values (`Catalog.product(i)`)."""
+
+    product_id: int
+    sku: str
+    category: str
+    product_type: str
+    brand: str
+    title: str
+    description: str
+    price: float
+    rating: float
+    num_reviews: int
+    stock: int
+    attributes: list[str]
+    option_names: list[str]
+    option_values: list[list[str]]
+
+    @property
+    def options(self) -> dict[str, list[str]]:
+        return dict(zip(self.option_names, self.option_values))
+
+
+_PRODUCT_FIELDS = [f.name for f in fields(Product)]
+
+
+def _check_args(size, seed) -> tuple[int, int]:
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 1 <= size <= MAX_SIZE:
+        raise ConfigError(f"catalog size must be a whole number in 1..{MAX_SIZE:,}, got {size!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"catalog seed must be a non-negative whole number, got {seed!r}")
+    return int(size), int(seed)
+
+
+class Catalog:
+    """A read-only product table (`table`, a `pyarrow.Table`) plus array views and the search index.
+
+    Columns: product_id int64 (0..n-1), sku, category, product_type, brand, title, description (str), price
+    float64, rating float32 (1..5), num_reviews int32, stock int32, attributes list<str>, option_names list<str>,
+    option_values list<list<str>> (one value list per option name).
+    """
+
+    def __init__(self, table: pa.Table, size: int, seed: int, path: Path | None = None):
+        self.table = table.combine_chunks()  # one chunk per column: O(1) row access
+        self.size, self.seed, self.path = size, seed, path
+        tt = tables()
+        self.categories: list[str] = list(tt.categories)
+        self.product_types: list[str] = list(tt.types)
+        self.type_ids = self._codes("product_type", self.product_types)
+        self.category_ids = tt.type_category[self.type_ids]
+        self.prices: np.ndarray = self.table.column("price").to_numpy()
+        for arr in (self.type_ids, self.category_ids, self.prices):
+            arr.flags.writeable = False
+        self._sku_ab = generate.sku_params(seed)
+        self._sku_a_inv = pow(self._sku_ab[0], -1, generate.SKU_MOD)
+        self._indexes: dict[str, SearchIndex] = {}
+        self._lock = threading.Lock()
+
+    def _codes(self, column: str, values: list[str]) -> np.ndarray:
+        codes = pc.index_in(self.table.column(column), value_set=pa.array(values))
+        if codes.null_count:
+            raise ConfigError(f"catalog column {column!r} has values outside the taxonomy; rebuild the catalog")
+        return codes.to_numpy().astype(np.int32)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __repr__(self) -> str:
+        return f"Catalog(size={self.size}, seed={self.seed}, path={str(self.path) if self.path else None!r})"
+
+    @property
+    def taxonomy(self) -> dict:
+        """The parsed `data/taxonomy.json` (option sets expanded): categories -> types -> attributes, options."""
+        return load_taxonomy()
+
+    def product(self, i: int) -> Product:
+        i = int(i)
+        if not 0 <= i < len(self):
+            raise IndexError(f"product id {i} out of range 0..{len(self) - 1}")
+        row = self.table.slice(i, 1).to_pylist()[0]
+        return Product(**{k: row[k] for k in _PRODUCT_FIELDS})
+
+    def column(self, name: str) -> pa.Array:
+        return self.table.column(name).chunk(0) if self.table.num_rows else self.table.column(name)
+
+    def sku_to_id(self, sku: str) -> int | None:
+        """Product id of `sku`, or None: inverts the SKU bijection arithmetically (no 1M-entry dict)."""
+        num = generate.sku_to_number(sku) if isinstance(sku, str) else None
+        if num is None:
+            return None
+        pid = ((num - self._sku_ab[1]) * self._sku_a_inv) % generate.SKU_MOD
+        return pid if pid < len(self) else None
+
+    def index(self, backend: str | None = None) -> SearchIndex:
+        """The BM25 search index over this catalog (built once, cached on disk, shared in-process)."""
+        from shopsim.search import open_index, resolve_backend
+
+        name = resolve_backend(backend)
+        with self._lock:
+            if name not in self._indexes:
+                self._indexes[name] = open_index(self, name)
+            return self._indexes[name]
+
+    def cache_key(self) -> str:
+        return f"size{self.size}_seed{self.seed}_v{CATALOG_VERSION}_{taxonomy_hash()}"
+
+    def write_parquet(self, path: str | os.PathLike) -> Path:
+        """Write the catalog atomically (temp name + rename); same (size, seed) -> byte-identical file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = json.dumps({"size": self.size, "seed": self.seed, "version": CATALOG_VERSION,
+                           "taxonomy": taxonomy_hash()}, sort_keys=True).encode()
+        table = self.table.replace_schema_metadata({_META_KEY: meta})
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        try:
+            pq.write_table(table, tmp, compression="zstd", row_group_size=generate.CHUNK, write_statistics=False)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+
+def build_catalog(size: int, seed: int = 0) -> Catalog:
+    """Generate a catalog in memory (no cache): 1 to 4M products, deterministic in (size, seed)."""
+    size, seed = _check_args(size, seed)
+    return Catalog(generate.generate_table(tables(), size, seed), size, seed)
+
+
+def catalog_path(size: int, seed: int) -> Path:
+    return cache_dir() / "catalog" / f"size{size}_seed{seed}_v{CATALOG_VERSION}.parquet"
+
+
+def read_catalog(path: str | os.PathLike, size: int | None = None, seed: int | None = None) -> Catalog:
+    """Read a catalog Parquet file, checking its metadata; raises on anything unexpected."""
+    path = Path(path)
+    table = pq.read_table(path)
+    meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
+    expect = {"version": CATALOG_VERSION, "taxonomy": taxonomy_hash()}
+    if size is not None:
+        expect["size"] = size
+    if seed is not None:
+        expect["seed"] = seed
+    bad = {k: (meta.get(k), v) for k, v in expect.items() if meta.get(k) != v}
+    if bad or table.num_rows != meta.get("size") or not table.schema.remove_metadata().equals(generate.SCHEMA):
+        raise ValueError(f"{path}: not a catalog for {expect} (mismatch: {bad or 'rows/schema'})")
+    return Catalog(table.replace_schema_metadata(None), meta["size"], meta["seed"], path=path)
+
+
+_MEMO: dict[tuple, Catalog] = {}
+_MEMO_LOCK = threading.Lock()
+
+
+def load_catalog(size: int = 10_000, seed: int = 0, *, cache: bool = True) -> Catalog:
+    """The process-wide catalog for (size, seed): memoised, else read from the Parquet cache, else built+cached.
+
+    A cached file that fails to read or validate (truncated, corrupted, other version/taxonomy) is rebuilt.
+    `cache=False` skips the disk cache (still memoised).
+    """
+    size, seed = _check_args(size, seed)
+    path = catalog_path(size, seed)
+    key = (size, seed, str(path) if cache else None)
+    with _MEMO_LOCK:
+        if key in _MEMO:
+            return _MEMO[key]
+        cat = None
+        if cache and path.exists():
+            try:
+                cat = read_catalog(path, size, seed)
+            except Exception as exc:  # noqa: BLE001 - any unreadable cache is rebuilt
+                log.warning("rebuilding catalog cache %s: %s", path, exc)
+        if cat is None:
+            cat = build_catalog(size, seed)
+            if cache:
+                cat.path = cat.write_parquet(path)
+        _MEMO[key] = cat
+        return cat
+
+
+def clear_memo() -> None:
+    """Forget the in-process catalogs (tests; the disk cache is kept)."""
+    with _MEMO_LOCK:
+        _MEMO.clear()
