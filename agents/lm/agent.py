@@ -1,0 +1,198 @@
+"""`LMAgent`: a `transformers` causal LM acting in the shopping env (design §4-§5).
+
+Interface for trainers (kept stable; the RL baselines build on it):
+
+* ``agent = LMAgent(env_id=..., checkpoint=DIR | None, context_mode="window" | "concat", ...)``; ``checkpoint=None``
+  loads the shipped SFT checkpoint (``data/lm/sft``) when present, else a random-init default model with the shipped
+  tokenizer. ``model=`` / ``tokenizer=`` objects can be passed instead.
+* ``agent.model`` (a `PreTrainedModel`, train it in place), ``agent.tokenizer``, ``agent.policy`` (`LMPolicy`).
+* Every `Decision` carries ``prompt_ids`` (the exact context), ``action_ids`` (exactly the sampled ids, including
+  the stop token when one was produced), ``action_logprobs`` (``log_softmax(logits / T)`` of each sampled token,
+  T = sampling temperature, 1 for greedy) and, with ``record_hidden=True``, ``hidden = {"mean": [...], "last":
+  [...]}`` (last-layer mean over the prompt and last prompt token). ``extra["context_truncated"]`` flags prompts cut
+  to fit the context (concat mode then loses the prefix property for that episode).
+* Recompute log-probs for a batch with one forward pass:
+  ``logp, mask = agent.policy.action_logprobs(prompts, actions)`` (window rows: lists of ids; ``[B, A]`` tensors,
+  differentiable) or, for concat rows built with `agents.lm.prompts.concat_layout`,
+  ``logp, hidden = agent.policy.token_logprobs(input_ids, attention_mask, return_hidden=True)`` where
+  ``logp[b, t]`` is the log-prob of token t (mask it with the generated-token mask). ``hidden`` is the last-layer
+  state for a value head.
+* ``agent.save(dir)`` writes ``save_pretrained`` (safetensors) model + tokenizer + the shopsim manifest;
+  ``LMAgent.from_checkpoint(dir, env_id=...)`` / ``agents.load_checkpoint(dir)`` rebuild it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from agents.base import Agent, Decision
+from agents.lm.generation import SamplingConfig, action_logprobs, sample, token_logprobs
+from agents.lm.parsing import decode_action
+from agents.lm.prompts import DEFAULT_SYSTEM, ChatFormat, EpisodeContext
+from shopsim.errors import ConfigError
+
+#: options saved in the manifest and restored by `from_checkpoint` (constructor kwargs override them)
+SAVED_OPTIONS = ("context_mode", "history", "history_obs_chars", "max_new_tokens", "system_prompt")
+
+
+def default_checkpoint_dir() -> Path:
+    from shopsim.paths import data_dir
+
+    return data_dir() / "lm" / "sft"
+
+
+class LMPolicy:
+    """What a trainer needs from the LM: log-probs of given ids (one forward pass) and hidden states."""
+
+    def __init__(self, model, tokenizer, *, temperature: float = 1.0):
+        self.model, self.tokenizer, self.temperature = model, tokenizer, temperature
+
+    @property
+    def pad_id(self) -> int:
+        pid = self.tokenizer.pad_token_id
+        return pid if pid is not None else self.tokenizer.eos_token_id
+
+    def action_logprobs(self, prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]],
+                        temperature: float | None = None):
+        """``(logp [B, A], mask [B, A])`` of each action's tokens given its prompt (differentiable)."""
+        return action_logprobs(self.model, [list(p) for p in prompts], [list(a) for a in actions],
+                               pad_id=self.pad_id, temperature=temperature or self.temperature)
+
+    def token_logprobs(self, input_ids, attention_mask, temperature: float | None = None, return_hidden=False):
+        """``(logp [B, L], last_hidden | None)``: log-prob of every token given its prefix (differentiable)."""
+        return token_logprobs(self.model, input_ids, attention_mask, temperature=temperature or self.temperature,
+                              return_hidden=return_hidden)
+
+    @property
+    def hidden_size(self) -> int:
+        cfg = self.model.config
+        return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
+
+
+class LMAgent(Agent):
+    """Language-model agent for `shopsim/Shopping-v0` (see module docstring for the trainer interface)."""
+
+    learns = True
+
+    def __init__(self, env_id: str = "shopsim/Shopping-v0", checkpoint: str | Path | None = None,
+                 context_mode: str = "window", temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 48, greedy: bool = False, record_hidden: bool = False, device: str = "cpu",
+                 history: int = 2, history_obs_chars: int | None = 160, max_prompt_tokens: int | None = None,
+                 system_prompt: str = DEFAULT_SYSTEM, model=None, tokenizer=None):
+        self.env_id = env_id
+        self.device = torch.device(device)
+        self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                       greedy=greedy, record_hidden=record_hidden)
+        if (model is None) != (tokenizer is None):
+            raise ConfigError("pass both model= and tokenizer=, or neither (then checkpoint= is used)")
+        if model is None:
+            model, tokenizer = self._load(checkpoint)
+        self.checkpoint = str(checkpoint) if checkpoint is not None else None
+        self.model = model.to(self.device)
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self.tokenizer.padding_side = "left"
+        self.fmt = ChatFormat(tokenizer, system_prompt)
+        self.policy = LMPolicy(self.model, tokenizer, temperature=self.sampling.logprob_temperature)
+        from agents.lm.model import context_length
+
+        if max_prompt_tokens is None:
+            max_prompt_tokens = context_length(self.model) - max_new_tokens
+        if max_prompt_tokens < 16:
+            raise ConfigError(f"max_prompt_tokens={max_prompt_tokens} leaves no room for an observation")
+        self.options = dict(context_mode=context_mode, history=history, history_obs_chars=history_obs_chars,
+                            max_new_tokens=max_new_tokens, system_prompt=system_prompt)
+        self._ctx_kw = dict(mode=context_mode, history=history, history_obs_chars=history_obs_chars,
+                            max_prompt_tokens=max_prompt_tokens)
+        EpisodeContext(self.fmt, **self._ctx_kw)  # validate options now
+        self.contexts: dict[int, EpisodeContext] = {}
+        self.pending: dict[int, list[int]] = {}
+        self.generator = torch.Generator(device="cpu").manual_seed(0)
+        self.stats = {"generate_s": 0.0, "new_tokens": 0}
+
+    @staticmethod
+    def _load(checkpoint):
+        from agents.lm.model import build_model, load_model
+        from agents.lm.tokenizer import load_tokenizer
+
+        if checkpoint is None:
+            ckpt = default_checkpoint_dir()
+            if (ckpt / "config.json").is_file():
+                return load_model(ckpt), load_tokenizer(ckpt)
+            tok = load_tokenizer()
+            return build_model(tok), tok
+        path = Path(checkpoint)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} is not a model folder (no config.json); pass a save_pretrained directory")
+        return load_model(path), load_tokenizer(path)
+
+    # ------------------------------------------------------------------ agent protocol
+    def reset(self, num_slots: int, seed: int | None = None) -> None:
+        super().reset(num_slots, seed)
+        self.generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else int(seed))
+        self.contexts, self.pending = {}, {}
+
+    def begin_episode(self, slot: int, observation: Any, info: dict) -> None:
+        ctx = EpisodeContext(self.fmt, **self._ctx_kw)
+        ctx.start(observation)
+        self.contexts[slot] = ctx
+        self.pending.pop(slot, None)
+
+    def act(self, observations, infos, slots) -> list[Decision]:
+        import time
+
+        prompts = []
+        for obs, slot in zip(observations, slots):
+            if slot not in self.contexts:
+                self.begin_episode(slot, obs, {})
+            ctx = self.contexts[slot]
+            if slot in self.pending:
+                ctx.step(self.pending.pop(slot), obs)
+            prompts.append(ctx.prompt())
+        t0 = time.perf_counter()
+        self.model.eval()
+        out = sample(self.model, prompts, stop_ids=self.fmt.stop_ids, pad_id=self.policy.pad_id,
+                     config=self.sampling, generator=self.generator)
+        self.stats["generate_s"] += time.perf_counter() - t0
+        self.stats["new_tokens"] += out.new_tokens
+        decisions = []
+        for i, slot in enumerate(slots):
+            ids = out.ids[i]
+            self.pending[slot] = ids
+            extra = {"stopped": out.stopped[i]}
+            if self.contexts[slot].truncated:
+                extra["context_truncated"] = True
+            decisions.append(Decision(action=decode_action(self.tokenizer, ids), prompt_ids=prompts[i],
+                                      action_ids=list(ids), action_logprobs=list(out.logprobs[i]),
+                                      hidden=out.hidden[i] if out.hidden is not None else None, extra=extra))
+        return decisions
+
+    def observe(self, slot: int, reward: float, terminated: bool, truncated: bool, info: dict) -> None:
+        if terminated or truncated:
+            self.contexts.pop(slot, None)
+            self.pending.pop(slot, None)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: str | Path, **info: Any) -> Path:
+        """``save_pretrained`` (safetensors) model and tokenizer + the shopsim manifest."""
+        from agents.registry import save_manifest
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(directory), safe_serialization=True)
+        self.tokenizer.save_pretrained(str(directory))
+        save_manifest(directory, type(self), self.env_id, options=self.options, **info)
+        return directory
+
+    @classmethod
+    def from_checkpoint(cls, directory, env_id: str | None = None, **kwargs: Any) -> "LMAgent":
+        directory = Path(directory)
+        manifest = directory / "shopsim_agent.json"
+        opts = json.loads(manifest.read_text()).get("options", {}) if manifest.is_file() else {}
+        opts = {k: v for k, v in opts.items() if k in SAVED_OPTIONS}
+        opts.update(kwargs)
+        return cls(env_id=env_id or "shopsim/Shopping-v0", checkpoint=directory, **opts)

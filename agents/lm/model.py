@@ -1,0 +1,104 @@
+"""The default causal LM of the LM agent: a small model built from a config (design §5).
+
+The default is a Llama-architecture decoder (RoPE, so the context length is a config value, not a learned table)
+of about 3 million parameters with tied input/output embeddings, sized for CPU training (SFT in minutes on two
+cores). Any other `transformers` causal LM works with the agent; `build_model(..., arch="gpt2")` builds a GPT-2 of
+the same size, which the architecture-independence test uses. Models are saved with ``save_pretrained``
+(safetensors) and reloaded with ``AutoModelForCausalLM.from_pretrained`` — ordinary Hugging Face checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shopsim.errors import ConfigError
+
+ARCHS = ("llama", "gpt2")
+
+
+@dataclass
+class ModelSize:
+    """Width/depth of a from-scratch model."""
+
+    hidden: int = 256
+    """Model width (embedding size)."""
+    layers: int = 4
+    """Number of transformer blocks."""
+    heads: int = 4
+    """Attention heads (hidden must be divisible by heads)."""
+    ffn: int = 688
+    """Feed-forward width (Llama: SwiGLU intermediate size; GPT-2: n_inner)."""
+    max_positions: int = 4096
+    """Longest context (prompt + generated tokens) the model is configured for."""
+
+    def __post_init__(self) -> None:
+        if min(self.hidden, self.layers, self.heads, self.ffn, self.max_positions) <= 0:
+            raise ConfigError(f"model sizes must be positive, got {self}")
+        if self.hidden % self.heads:
+            raise ConfigError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
+
+
+#: named sizes; "small" is the default of the LM agent, "tiny" is for tests.
+SIZES = {
+    "tiny": ModelSize(hidden=32, layers=2, heads=2, ffn=64, max_positions=4096),
+    "small": ModelSize(),
+    "medium": ModelSize(hidden=384, layers=6, heads=6, ffn=1024, max_positions=4096),
+}
+
+
+def make_config(tokenizer, *, arch: str = "llama", size: str | ModelSize = "small"):
+    """A `transformers` config for a from-scratch model whose vocabulary and special ids match `tokenizer`."""
+    if arch not in ARCHS:
+        raise ConfigError(f"arch={arch!r}; choose one of {ARCHS}")
+    if isinstance(size, str):
+        if size not in SIZES:
+            raise ConfigError(f"size={size!r}; choose one of {sorted(SIZES)} or pass a ModelSize")
+        size = SIZES[size]
+    vocab = len(tokenizer)
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+               bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id)
+    if arch == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(vocab_size=vocab, hidden_size=size.hidden, intermediate_size=size.ffn,
+                           num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                           num_key_value_heads=size.heads, max_position_embeddings=size.max_positions,
+                           tie_word_embeddings=True, **ids)
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=vocab, n_embd=size.hidden, n_layer=size.layers, n_head=size.heads,
+                      n_inner=size.ffn, n_positions=size.max_positions, tie_word_embeddings=True, **ids)
+
+
+def build_model(tokenizer, *, arch: str = "llama", size: str | ModelSize = "small", seed: int = 0):
+    """A randomly initialised causal LM (seeded) for `tokenizer`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = make_config(tokenizer, arch=arch, size=size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return model
+
+
+def load_model(path, *, dtype=None):
+    """Load a local checkpoint folder (never downloads)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype or torch.float32)
+
+
+def context_length(model) -> int:
+    """The longest sequence the model's config allows (for prompt budgeting)."""
+    cfg = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def num_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

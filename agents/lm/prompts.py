@@ -1,0 +1,188 @@
+"""Prompt building for the two context modes of design §4 (anchors §5.6), token-in/token-out.
+
+Observations are tokenised once, as they arrive, and generated actions are kept as the exact ids the model
+sampled; nothing the model generated is ever decoded and re-encoded (anchors §7, retokenization drift).
+
+A `ChatFormat` cuts the tokenizer's chat template into the pieces a dialogue is assembled from, by rendering
+sentinel messages and splitting the text around them:
+
+* ``system_ids``: the rendered system message (including any BOS text the template adds);
+* ``observation_ids(obs)``: one user message *plus* the generation prompt (the assistant header);
+* ``close_ids(action_ids)``: what follows an assistant message up to the next user message (for the default
+  template ``<|end|>``, dropped when the action already ended with the stop token).
+
+Works with any template that renders messages in order (the shipped one, ChatML, Llama-3 style...); a tokenizer
+without a template gets `FALLBACK_TEMPLATE`.
+
+`EpisodeContext` holds one episode:
+
+* **concat**: one growing sequence. Turn k's prompt is exactly turn k-1's prompt + its action ids + the close ids
+  + the new observation's ids (strict prefix property, tested), so a trainer can score the whole episode in one
+  row with a mask over the generated segments (`concat_layout`).
+* **window**: each turn's prompt is rebuilt as system + the last `history` turns (their observations, cut to
+  `history_obs_chars` characters, and their exact action ids) + the current observation; the oldest history
+  turns are dropped first when the prompt would not fit in `max_prompt_tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shopsim.errors import ConfigError
+
+MODES = ("window", "concat")
+
+DEFAULT_SYSTEM = ("You are a shopping assistant. Read the page and reply with exactly one action, "
+                  "e.g. search[...] or click[...].")
+
+#: template for tokenizers that have none (plain-text roles; the eos token ends each message)
+FALLBACK_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + eos_token + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+
+_X, _Y = "\u241fOBSERVATION\u241f", "\u241fACTION\u241f"
+
+
+class ChatFormat:
+    """Token pieces of a tokenizer's chat template (see module docstring)."""
+
+    def __init__(self, tokenizer, system_prompt: str = DEFAULT_SYSTEM):
+        if not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = FALLBACK_TEMPLATE
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+
+        def render(messages, gen=False):
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+
+        sys_msgs = [{"role": "system", "content": system_prompt}]
+        sys_text = render(sys_msgs)
+        with_user = render(sys_msgs + [{"role": "user", "content": _X}], gen=True)
+        with_action = render(sys_msgs + [{"role": "user", "content": _X}, {"role": "assistant", "content": _Y},
+                                          {"role": "user", "content": _X}], gen=True)
+        if not with_user.startswith(sys_text) or _X not in with_user or _Y not in with_action:
+            raise ConfigError("the tokenizer's chat template does not render messages in order; "
+                              "give the LM agent a tokenizer with a standard chat template")
+        self.user_pre, self.user_post = with_user[len(sys_text):].split(_X)
+        after = with_action.split(_Y, 1)[1]
+        self.close_text = after.split(self.user_pre + _X, 1)[0] if self.user_pre else after.split(_X, 1)[0]
+        self.system_ids = self.encode(sys_text)
+        self.stop_ids = self._stop_ids()
+        self._close_cache: dict[int | None, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _stop_ids(self) -> set[int]:
+        """Ids that end an action: eos and the first token of the close text (e.g. ``<|end|>``, ``<|im_end|>``)."""
+        ids = set()
+        eos = self.tokenizer.eos_token_id
+        if isinstance(eos, int):
+            ids.add(eos)
+        close = self.encode(self.close_text.strip()) if self.close_text.strip() else []
+        if close and close[0] in set(self.tokenizer.all_special_ids):
+            ids.add(close[0])
+        return ids
+
+    def observation_ids(self, observation) -> list[int]:
+        return self.encode(self.user_pre + str(observation) + self.user_post)
+
+    def close_ids(self, action_ids: list[int]) -> list[int]:
+        """Tokens between a generated action and the next user message."""
+        last = action_ids[-1] if action_ids and action_ids[-1] in self.stop_ids else None
+        if last not in self._close_cache:
+            text = self.close_text
+            if last is not None:
+                stop_text = self.tokenizer.decode([last])
+                text = text[len(stop_text):] if text.startswith(stop_text) else text
+            self._close_cache[last] = self.encode(text) if text else []
+        return list(self._close_cache[last])
+
+
+@dataclass
+class EpisodeContext:
+    """The token context of one episode in one of the two modes."""
+
+    fmt: ChatFormat
+    mode: str = "window"
+    history: int = 2
+    history_obs_chars: int | None = 160
+    max_prompt_tokens: int = 4000
+    ids: list[int] = field(default_factory=list)  # concat: the running sequence
+    turns: list[tuple[list[int], list[int]]] = field(default_factory=list)  # window: (past obs ids, action ids)
+    current: list[int] = field(default_factory=list)  # window: current observation ids
+    truncated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"context_mode={self.mode!r}; choose one of {MODES}")
+        if self.history < 0:
+            raise ConfigError(f"history must be >= 0, got {self.history}")
+
+    def start(self, observation) -> None:
+        self.turns, self.truncated = [], False
+        self._obs = observation
+        if self.mode == "concat":
+            self.ids = self.fmt.system_ids + self.fmt.observation_ids(observation)
+        else:
+            self.current = self.fmt.observation_ids(observation)
+
+    def prompt(self) -> list[int]:
+        if self.mode == "concat":
+            if len(self.ids) > self.max_prompt_tokens:
+                # over budget: keep system + first observation + the most recent tokens (breaks the prefix
+                # property for the rest of the episode, which `truncated` records)
+                self.truncated = True
+                return self._cut(self.ids)
+            return list(self.ids)
+        sys_ids = self.fmt.system_ids
+        for start in range(max(0, len(self.turns) - self.history), len(self.turns) + 1):
+            body: list[int] = []
+            for obs_ids, act_ids in self.turns[start:]:
+                body += obs_ids + act_ids + self.fmt.close_ids(act_ids)
+            ids = sys_ids + body + self.current
+            if len(ids) <= self.max_prompt_tokens:
+                return ids
+        self.truncated = True
+        return self._cut(sys_ids + self.current)
+
+    def _cut(self, ids: list[int]) -> list[int]:
+        keep_head = len(self.fmt.system_ids)
+        return ids[:keep_head] + ids[len(ids) - (self.max_prompt_tokens - keep_head):]
+
+    def step(self, action_ids: list[int], observation) -> None:
+        """Record the action just taken and the observation that came back."""
+        if self.mode == "concat":
+            self.ids = self.ids + list(action_ids) + self.fmt.close_ids(action_ids) + \
+                self.fmt.observation_ids(observation)
+        else:
+            past = str(self._obs)
+            if self.history_obs_chars is not None and len(past) > self.history_obs_chars:
+                past = past[: self.history_obs_chars] + " ..."
+            self.turns.append((self.fmt.observation_ids(past), list(action_ids)))
+            self.turns = self.turns[-max(self.history, 1):]
+            self.current = self.fmt.observation_ids(observation)
+        self._obs = observation
+
+
+def concat_layout(turns) -> tuple[list[int], list[bool], list[int]]:
+    """One concat-mode episode as a single row: (ids, generated-token mask, turn index per token or -1).
+
+    `turns` are `Turn`s (or dicts) with `prompt_ids` and `action_ids`. Raises `ValueError` when a turn's prompt
+    does not extend the previous prompt + action (the strict prefix property), e.g. after context truncation.
+    """
+    ids: list[int] = []
+    gen: list[bool] = []
+    turn_of: list[int] = []
+    for k, turn in enumerate(turns):
+        p = turn["prompt_ids"] if isinstance(turn, dict) else turn.prompt_ids
+        a = turn["action_ids"] if isinstance(turn, dict) else turn.action_ids
+        p, a = list(p), list(a)
+        if p[: len(ids)] != ids:
+            raise ValueError(f"turn {k}: prompt does not extend the previous turns (prefix property broken)")
+        extra = p[len(ids):]
+        ids += extra + a
+        gen += [False] * len(extra) + [True] * len(a)
+        turn_of += [-1] * len(extra) + [k] * len(a)
+    return ids, gen, turn_of

@@ -1,0 +1,260 @@
+"""Supervised warm start of the LM agent on scripted-expert trajectories (behaviour cloning).
+
+Each expert turn becomes a training example built with exactly the prompt builder the agent uses at run time
+(`agents.lm.prompts.EpisodeContext`), so training and acting see the same token layout:
+
+* window mode: one row per turn, ``prompt_ids + action_ids``;
+* concat mode: one row per episode (`concat_layout`), all actions of the episode in one sequence.
+
+The expert's action text is tokenised once and followed by the stop token (so the model learns to stop); the loss
+is the cross-entropy of the agent tokens only (prompt and observation tokens are masked out), averaged over the
+agent tokens of the batch (token-mean). Held-out evaluation runs the agent greedily on the dev split with the
+rollout runner. Checkpoints are ``save_pretrained`` folders (safetensors) with the shopsim manifest
+(`agents.load_checkpoint` reads them). `train_sft` also writes ``metrics.csv`` and ``sft_curve.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from agents.lm.prompts import MODES, ChatFormat, EpisodeContext, concat_layout
+from shopsim.errors import ConfigError
+
+
+@dataclass
+class SFTConfig:
+    """Knobs of `train_sft`."""
+
+    steps: int = 1500
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Rows per step (turns in window mode, episodes in concat mode)."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate (a from-scratch few-million-parameter model tolerates a high one)."""
+    warmup: int = 50
+    """Linear warm-up steps, then cosine decay to 10% of `lr`."""
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    context_mode: str = "window"
+    """window | concat (design §4); the trained agent acts in this mode."""
+    history: int = 2
+    history_obs_chars: int | None = 160
+    only_success: bool = True
+    """Train on successful expert episodes only."""
+    eval_every: int = 500
+    """Evaluate on the dev split every this many steps (0: only at the end)."""
+    eval_episodes: int = 50
+    eval_split: str = "dev"
+    arch: str = "llama"
+    size: str = "small"
+    seed: int = 0
+    max_new_tokens: int = 48
+    num_envs: int = 16
+    reset_options: dict = field(default_factory=dict)
+    """Options for the evaluation resets (e.g. {"family": "find_and_buy"})."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ConfigError(f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+        if self.context_mode not in MODES:
+            raise ConfigError(f"context_mode={self.context_mode!r}; choose one of {MODES}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+
+
+def expert_trajectories(env_id: str, episodes: int, *, seed: int = 0, split: str = "train", reset_options=None,
+                        num_envs: int = 16, progress: bool = True):
+    """Scripted-expert episodes on `split` (seeds `seed .. seed+episodes-1`)."""
+    import agents
+    from shopsim.rollout import collect
+
+    expert = agents.make("expert", env_id)
+    return collect(env_id, expert, episodes=episodes, seed=seed, split=split, reset_options=reset_options,
+                   num_envs=num_envs, progress=progress)
+
+
+def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", history: int = 2,
+                   history_obs_chars: int | None = 160, max_tokens: int = 4096, only_success: bool = True):
+    """(ids, loss_mask) rows from trajectories; the mask is True on the agent's tokens (actions + stop token)."""
+    stop = min(fmt.stop_ids) if fmt.tokenizer.eos_token_id is None else fmt.tokenizer.eos_token_id
+    rows: list[tuple[list[int], list[bool]]] = []
+    for traj in trajectories:
+        if only_success and not traj.success:
+            continue
+        ctx = EpisodeContext(fmt, mode=mode, history=history, history_obs_chars=history_obs_chars,
+                             max_prompt_tokens=max_tokens)
+        turns = []
+        for k, turn in enumerate(traj.turns):
+            if k == 0:
+                ctx.start(turn.observation)
+            else:
+                ctx.step(turns[-1]["action_ids"], turn.observation)
+            action_ids = fmt.encode(str(turn.action)) + [stop]
+            turns.append({"prompt_ids": ctx.prompt(), "action_ids": action_ids})
+        if mode == "window":
+            rows += [(t["prompt_ids"] + t["action_ids"], [False] * len(t["prompt_ids"]) + [True] * len(t["action_ids"]))
+                     for t in turns]
+        else:
+            ids, gen, _ = concat_layout(turns)
+            rows.append((ids[:max_tokens], gen[:max_tokens]))
+    return rows
+
+
+def _batches(rows, batch_size: int, rng: np.random.Generator):
+    """Endless shuffled batches; rows of similar length share a batch (less padding)."""
+    while True:
+        order = rng.permutation(len(rows))
+        chunk = batch_size * 16
+        for c in range(0, len(order), chunk):
+            part = sorted(order[c: c + chunk], key=lambda i: len(rows[i][0]))
+            groups = [part[j: j + batch_size] for j in range(0, len(part), batch_size)]
+            for g in rng.permutation(len(groups)):
+                yield [rows[i] for i in groups[g]]
+
+
+def sft_loss(model, batch, pad_id: int) -> tuple[torch.Tensor, int]:
+    """Token-mean cross-entropy over the agent tokens of a right-padded batch."""
+    from agents.lm.generation import positions
+
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    lm = torch.zeros((len(batch), width), dtype=torch.bool)
+    for i, (row, mask) in enumerate(batch):
+        ids[i, : len(row)] = torch.tensor(row)
+        att[i, : len(row)] = 1
+        lm[i, : len(mask)] = torch.tensor(mask)
+    out = model(input_ids=ids, attention_mask=att, position_ids=positions(att), use_cache=False)
+    logits = out.logits[:, :-1].float()
+    target, tmask = ids[:, 1:], lm[:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits[tmask], target[tmask])
+    return loss, int(tmask.sum())
+
+
+def evaluate(agent, env_id: str, *, episodes: int, split: str = "dev", seed: int = 10_000, num_envs: int = 16,
+             reset_options=None, progress: bool = False) -> dict:
+    """Greedy rollouts on `split`: success, score, turns, invalid-action rate and success per task family."""
+    from shopsim.rollout import collect, summarize
+
+    trajs = collect(env_id, agent, episodes=episodes, seed=seed, split=split, num_envs=num_envs,
+                    reset_options=reset_options, progress=progress)
+    out = summarize(trajs)
+    fams: dict[str, list[bool]] = {}
+    for t in trajs:
+        fams.setdefault(str(t.meta.get("family", "all")), []).append(t.success)
+    for fam, succ in fams.items():
+        out[f"success/{fam}"] = float(np.mean(succ))
+    inv = [bool(turn.info.get("invalid_action")) for t in trajs for turn in t.turns]
+    out["invalid_rate"] = float(np.mean(inv)) if inv else 0.0
+    return out
+
+
+def plot_curve(history: Sequence[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps = [h["step"] for h in history if "loss" in h]
+    ax.plot(steps, [h["loss"] for h in history if "loss" in h], color="tab:blue", lw=0.8)
+    ax.set_xlabel("step"), ax.set_ylabel("SFT loss (agent tokens)", color="tab:blue"), ax.set_yscale("log")
+    ev = [h for h in history if "eval_success" in h]
+    if ev:
+        ax2 = ax.twinx()
+        ax2.plot([h["step"] for h in ev], [h["eval_success"] for h in ev], "o-", color="tab:red")
+        ax2.set_ylabel("dev success", color="tab:red"), ax2.set_ylim(0, 1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Path, tokenizer=None,
+              model=None, progress: bool = True):
+    """Behaviour-clone `trajectories`; returns ``(agent, history)``. Writes checkpoints, metrics.csv, the plot."""
+    from agents.lm.agent import LMAgent
+    from agents.lm.model import build_model
+    from agents.lm.tokenizer import load_tokenizer
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    tokenizer = tokenizer or load_tokenizer()
+    model = model or build_model(tokenizer, arch=config.arch, size=config.size, seed=config.seed)
+    agent = LMAgent(env_id=env_id, model=model, tokenizer=tokenizer, context_mode=config.context_mode,
+                    history=config.history, history_obs_chars=config.history_obs_chars, greedy=True,
+                    max_new_tokens=config.max_new_tokens)
+    rows = build_examples(trajectories, agent.fmt, mode=config.context_mode, history=config.history,
+                          history_obs_chars=config.history_obs_chars, only_success=config.only_success)
+    if not rows:
+        raise ConfigError("no training examples: the expert trajectories are empty or none succeeded")
+    rng = np.random.default_rng(config.seed)
+    batches = _batches(rows, config.batch_size, rng)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:
+        if step < config.warmup:
+            return config.lr * (step + 1) / config.warmup
+        frac = (step - config.warmup) / max(1, config.steps - config.warmup)
+        return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    history: list[dict] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.steps, desc="sft", unit="step")
+    t0 = time.perf_counter()
+    tokens_seen = 0
+    for step in range(config.steps):
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        batch = next(batches)
+        loss, n_tok = sft_loss(model, batch, agent.policy.pad_id)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        opt.step()
+        tokens_seen += sum(len(r[0]) for r in batch)
+        rec = {"step": step + 1, "loss": float(loss), "lr": lr_at(step), "agent_tokens": n_tok,
+               "tokens_seen": tokens_seen, "time_s": time.perf_counter() - t0}
+        last = step + 1 == config.steps
+        if last or (config.eval_every and (step + 1) % config.eval_every == 0):
+            model.eval()
+            ev = evaluate(agent, env_id, episodes=config.eval_episodes, split=config.eval_split,
+                          num_envs=config.num_envs, reset_options=config.reset_options or None)
+            rec.update({f"eval_{k}": v for k, v in ev.items()})
+            rec["time_s"] = time.perf_counter() - t0
+        history.append(rec)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}", **({"dev": f"{rec['eval_success']:.2f}"}
+                                                          if "eval_success" in rec else {}))
+    if bar is not None:
+        bar.close()
+    model.eval()
+    ckpt = agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows),
+                      final_eval={k: v for k, v in history[-1].items() if k.startswith("eval_")})
+    _write_csv(history, out_dir / "metrics.csv")
+    plot_curve(history, out_dir / "sft_curve.png")
+    agent.checkpoint = str(ckpt)
+    return agent, history
+
+
+def _write_csv(history: Sequence[dict], path: Path) -> None:
+    keys: list[str] = []
+    for h in history:
+        keys += [k for k in h if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(history)

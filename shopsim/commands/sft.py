@@ -1,0 +1,64 @@
+"""`shopsim sft`: supervised warm start of the LM agent on scripted-expert trajectories (agents.lm.sft).
+
+    shopsim sft --env shopsim/Shopping-v0 --expert-episodes 600 --out runs/sft [--steps 1500] [--seed 0]
+    shopsim sft --env shopsim/Shopping-v0 --data expert.parquet --out runs/sft
+
+Writes OUT/checkpoint (a save_pretrained folder + shopsim manifest: `shopsim eval --checkpoint OUT/checkpoint`),
+OUT/metrics.csv and OUT/sft_curve.png.
+"""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    from shopsim.commands import positive_int
+
+    p = sub.add_parser("sft", help="supervised warm start of the LM agent on expert trajectories",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", default="shopsim/Shopping-v0", help="env id (default: %(default)s)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help="a Parquet dataset of expert trajectories (from `shopsim rollout`)")
+    src.add_argument("--expert-episodes", type=positive_int, help="collect this many expert episodes first")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--steps", type=positive_int, default=1500, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--context-mode", choices=["window", "concat"], default="window")
+    p.add_argument("--family", default=None, help="restrict expert episodes and evaluation to one task family")
+    p.add_argument("--arch", choices=["llama", "gpt2"], default="llama")
+    p.add_argument("--size", choices=["tiny", "small", "medium"], default="small")
+    p.add_argument("--eval-every", type=int, default=500, help="dev evaluation interval in steps (0: end only)")
+    p.add_argument("--eval-episodes", type=positive_int, default=50)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from agents.lm.sft import SFTConfig, expert_trajectories, train_sft
+    from shopsim.commands import writable_output
+    from shopsim.envs import check_env_id
+
+    check_env_id(args.env)
+    out = writable_output(args.out, is_dir=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    opts = {"family": args.family} if args.family else {}
+    cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                    context_mode=args.context_mode, arch=args.arch, size=args.size, eval_every=args.eval_every,
+                    eval_episodes=args.eval_episodes, reset_options=opts)
+    if args.data:
+        from shopsim.datasets import read_trajectories
+
+        trajs = read_trajectories(args.data)
+    else:
+        trajs = expert_trajectories(args.env, args.expert_episodes, seed=args.seed, reset_options=opts or None,
+                                    progress=not args.no_progress)
+    agent, history = train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress)
+    last = history[-1]
+    print(f"sft: {len(trajs)} expert episodes, {cfg.steps} steps, final loss {last['loss']:.4f}, "
+          f"dev success {last.get('eval_success', float('nan')):.3f} -> {agent.checkpoint}")
+    return 0

@@ -1,0 +1,85 @@
+"""LMAgent: works with any causal LM architecture, checkpoints round-trip, actions are extracted not repaired."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import agents
+from agents.lm.agent import LMAgent
+from agents.lm.model import build_model
+from agents.lm.parsing import extract_action, is_tool_call
+from agents.lm.tokenizer import load_tokenizer
+from shopsim.errors import ConfigError
+from shopsim.rollout import collect
+from tests.lm_toy_env import ToyTextEnv
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_random_weight_model_of_each_architecture_runs_an_episode(tok, arch):
+    model = build_model(tok, arch=arch, size="tiny", seed=0)
+    agent = LMAgent(model=model, tokenizer=tok, max_new_tokens=8, record_hidden=True)
+    traj = collect("shopsim/Shopping-v0", agent, episodes=1, env_fns=[lambda: ToyTextEnv(3)], progress=False)[0]
+    assert traj.num_turns == 3
+    for turn in traj.turns:
+        assert isinstance(turn.action, str)
+        assert 1 <= len(turn.action_ids) <= 8 and len(turn.action_logprobs) == len(turn.action_ids)
+        assert all(lp <= 0 for lp in turn.action_logprobs)
+        assert len(turn.hidden["last"]) == model.config.hidden_size
+
+
+def test_checkpoint_round_trip(tok, tmp_path):
+    model = build_model(tok, size="tiny", seed=3)
+    agent = LMAgent(model=model, tokenizer=tok, context_mode="concat", greedy=True, max_new_tokens=6)
+    agent.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file()
+    again = agents.load_checkpoint(tmp_path / "ckpt", greedy=True, max_new_tokens=6)
+    assert isinstance(again, LMAgent) and again.options["context_mode"] == "concat"
+    runs = [collect("shopsim/Shopping-v0", a, episodes=2, env_fns=[lambda: ToyTextEnv(2)], progress=False)
+            for a in (agent, again)]
+    assert [t.action_ids for t in runs[0][0].turns] == [t.action_ids for t in runs[1][0].turns]
+
+
+def test_same_seed_same_trajectories(tok):
+    model = build_model(tok, size="tiny", seed=0)
+    agent = LMAgent(model=model, tokenizer=tok, max_new_tokens=6)
+    runs = [collect("shopsim/Shopping-v0", agent, episodes=2, seed=5, env_fns=[lambda: ToyTextEnv(2)],
+                    progress=False) for _ in range(2)]
+    assert [t.action_ids for t in runs[0][1].turns] == [t.action_ids for t in runs[1][1].turns]
+
+
+def test_bad_options(tok):
+    with pytest.raises(ConfigError):
+        LMAgent(model=build_model(tok, size="tiny"), tokenizer=None)
+    with pytest.raises(ConfigError, match="context_mode"):
+        LMAgent(model=build_model(tok, size="tiny"), tokenizer=tok, context_mode="bad")
+
+
+@pytest.mark.parametrize("text,want", [
+    (" search[red yoga mat] ", "search[red yoga mat]"),
+    ("click[B0U1Z8YZYE]\nclick[buy now]", "click[B0U1Z8YZYE]"),
+    ("buy", "buy"),
+    ('{"name": "search", "arguments": {"query": "mat"}} trailing', '{"name": "search", "arguments": {"query": "mat"}}'),
+    ("I think the answer is 3 [maybe]", "I think the answer is 3 [maybe]"),  # unparseable: passed on as is
+    ('{"name": broken', '{"name": broken'),
+])
+def test_extract_action(text, want):
+    assert extract_action(text) == want
+
+
+def test_is_tool_call():
+    assert is_tool_call('{"name": "buy", "arguments": {}}') and not is_tool_call("buy")
+
+
+def test_policy_logprobs_are_differentiable(tok):
+    model = build_model(tok, size="tiny", seed=0)
+    agent = LMAgent(model=model, tokenizer=tok)
+    lp, mask = agent.policy.action_logprobs([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]])
+    assert lp.shape == mask.shape == (2, 3) and mask.sum() == 5
+    lp[mask].sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
