@@ -1,0 +1,51 @@
+"""`shopsim bench`: the main job — train baselines briefly, evaluate them and the reference agents, render the
+leaderboard (see `shopsim.leaderboard.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from shopsim.commands import writable_output
+
+
+def add_parser(sub) -> None:
+    from shopsim.leaderboard.bench import MODES
+
+    p = sub.add_parser("bench", help="the benchmark: train, evaluate and render the leaderboard",
+                       description="For every env with an evaluation split: evaluate the reference agents, "
+                                   "train the baselines within the mode's budget, evaluate them on the test "
+                                   "split, and write results files plus the rendered leaderboard into --out.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="budget", action="store_const", const="quick",
+                      help="short budgets, about 10 minutes on 2 CPU cores (default)")
+    mode.add_argument("--full", dest="budget", action="store_const", const="full", help="the real budgets")
+    mode.add_argument("--budget", dest="budget", choices=MODES, help="a budget row by name (tiny: CI smoke run)")
+    p.add_argument("--out", default=None, help="output folder (default runs/<budget>)")
+    p.add_argument("--envs", nargs="+", default=None, help="env ids (or names like Replenishment-v0); default all")
+    p.add_argument("--algo", nargs="+", action="extend", default=[], metavar="MODULE:CLASS",
+                   help="also train and rank your own baselines.Algorithm subclass(es), e.g. mypkg.module:MyAlgo "
+                        "(imported from the current folder or an installed package)")
+    p.add_argument("--split", default="test", choices=["test", "dev"])
+    p.add_argument("--seed", type=int, default=0, help="training seed")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-plots", action="store_true")
+    p.set_defaults(func=run, budget="quick")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    from shopsim.leaderboard.bench import run_bench
+
+    if args.algo and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `--algo mypkg.module:MyAlgo` resolves like `python -m` would
+    out = writable_output(args.out or f"runs/{args.budget}", is_dir=True)
+    outcome = run_bench(args.budget, out, envs=args.envs, user_algos=args.algo, split=args.split,
+                        train_seed=args.seed, progress=not args.no_progress, plots=not args.no_plots)
+    print(outcome.markdown)
+    print(f"leaderboard: {outcome.written['html']} (also leaderboard.md, leaderboard.csv, plots/) "
+          f"in {outcome.wall_s:.0f}s")
+    if outcome.reference_failed:
+        print("error: a reference agent failed (see the error rows and OUT/logs/)", file=sys.stderr)
+    return outcome.exit_code

@@ -1,0 +1,70 @@
+"""`shopsim eval`: evaluate an agent or a checkpoint on an env's fixed evaluation split; write a results file."""
+
+from __future__ import annotations
+
+import argparse
+
+from shopsim.commands import positive_int, writable_output
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate an agent on the test split and write a results JSON",
+                       description="Evaluate an agent (by name) or a trained checkpoint on the env's fixed "
+                                   "evaluation split (data/splits/<Name-vN>.json): every test task is tried "
+                                   "--tries times under each eval seed; metrics get 95%% intervals over seeds.")
+    p.add_argument("--env", required=True, help="env id, e.g. shopsim/Replenishment-v0")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--agent", help="agent name (expert, random, s_S, ...) or module:Class")
+    who.add_argument("--checkpoint", help="a checkpoint folder written by training (has shopsim_agent.json)")
+    p.add_argument("--name", default=None, help="leaderboard entry name (default: the agent name / folder name)")
+    p.add_argument("--split", default="test", choices=["test", "dev"])
+    p.add_argument("--episodes", type=positive_int, default=None,
+                   help="episodes per seed: uses the first max(1, N // tries) tasks of the split")
+    p.add_argument("--tasks", type=positive_int, default=None, help="use the first N tasks of the split")
+    p.add_argument("--tries", type=positive_int, default=None, help="tries per task and seed (pass^k needs >= k)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="eval seeds (default: the split file's)")
+    p.add_argument("--num-envs", type=positive_int, default=8, help="env copies stepped together")
+    p.add_argument("--out", required=True, help="results JSON to write")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import agents
+    from shopsim.envs import check_env_id
+    from shopsim.leaderboard.evaluate import evaluate
+    from shopsim.leaderboard.protocols import load_protocol
+    from shopsim.leaderboard.render import fmt_metric
+    from shopsim.leaderboard.results import make_results, write_results
+
+    check_env_id(args.env)
+    out = writable_output(args.out)
+    protocol = load_protocol(args.env, args.split)
+    tries = args.tries or protocol.tries
+    tasks = args.tasks if args.episodes is None else max(1, args.episodes // tries)
+    protocol = protocol.limited(tasks=tasks, seeds=args.seeds, tries=args.tries)
+    if args.checkpoint:
+        agent = agents.load_checkpoint(args.checkpoint, env_id=args.env)
+        name, kind = args.name or Path(args.checkpoint).resolve().name, "checkpoint"
+        config = {"checkpoint": str(args.checkpoint)}
+        manifest = Path(args.checkpoint) / agents.registry.CHECKPOINT_MANIFEST
+        config["manifest"] = manifest.read_text() if manifest.is_file() else None
+    else:
+        agent = agents.make(args.agent, args.env)
+        name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")
+        config = {"agent": args.agent}
+    ev = evaluate(agent, protocol, progress=not args.no_progress, num_envs=args.num_envs)
+    rec = make_results(protocol=protocol, entry=name, kind=kind, metrics=ev.metrics,
+                       agent=f"{type(agent).__module__}:{type(agent).__qualname__}", config=config,
+                       wall_s=ev.wall_s, extra={"notes": ev.notes} if ev.notes else None)
+    write_results(out, rec)
+    for note in ev.notes:
+        print(f"note: {note}")
+    shown = [m for m in protocol.metrics if m in ev.metrics] or sorted(ev.metrics)[:6]
+    print(f"wrote {out}: {name} on {args.env} ({args.split}, {len(protocol.task_ids)} tasks x {protocol.tries} "
+          f"tries x {len(protocol.seeds)} seeds, {ev.wall_s:.1f}s)")
+    for m in shown:
+        print(f"  {m:>16}: {fmt_metric(ev.metrics[m])}")
+    return 0

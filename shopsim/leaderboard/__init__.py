@@ -1,0 +1,16 @@
+"""The leaderboard (design document §7): evaluation protocols, metrics, results files, rendering, the benchmark.
+
+* `protocols` — per-env evaluation protocol from ``data/splits/<Name-vN>.json`` (test task ids, eval seeds, tries);
+* `metrics` — per-episode records, pass^k / pass@k, 95% t-intervals over seeds;
+* `evaluate` — run an agent through a protocol with `shopsim.rollout.collect`;
+* `results` — schema-versioned results JSON (write, read, validate);
+* `render` — Markdown, CSV, static HTML and matplotlib plots; `viewer` — static trajectory viewer;
+* `bench` — ``shopsim bench --quick``: train, evaluate, render.
+"""
+
+from shopsim.leaderboard.metrics import pass_at_k, pass_hat_k
+from shopsim.leaderboard.protocols import Protocol, load_protocol
+from shopsim.leaderboard.results import SCHEMA_VERSION, read_results, validate_results, write_results
+
+__all__ = ["SCHEMA_VERSION", "Protocol", "load_protocol", "pass_at_k", "pass_hat_k", "read_results",
+           "validate_results", "write_results"]

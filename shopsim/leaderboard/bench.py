@@ -1,0 +1,345 @@
+"""The benchmark: train baselines briefly, evaluate them and the reference agents, render the leaderboard.
+
+`run_bench(mode="quick")` is the project's main job (``shopsim bench --quick``, ``make run``). For every env that
+has an evaluation split (`shopsim.leaderboard.protocols.protocol_envs`), in registry order:
+
+1. evaluate the reference agents (scripted expert, random; (s, S) and base-stock for replenishment; the shipped SFT
+   LM checkpoint for shopping when ``data/lm/`` has one);
+2. train each baseline of the env's row in `BUDGETS` for its iteration budget (shopping's LM trainers start from the
+   shipped SFT checkpoint, and are skipped with a printed note when there is none), plus every user class given as
+   ``--algo mypkg.module:MyAlgo`` on the envs of its ``families``, then evaluate the trained policy;
+3. write one results file per entry (``OUT/results/<Env>/<entry>.json``), training runs under
+   ``OUT/runs/<Env>/<entry>/`` (with ``metrics.csv`` for the learning curves), and render the leaderboard
+   (``OUT/leaderboard.md``, ``.csv``, ``index.html``, ``plots/``).
+
+A failing entry becomes an error row (its traceback in ``OUT/logs/``) and the run goes on; the exit status is
+non-zero only if a reference agent failed (then the table has no anchor to read the others against).
+
+All budgets live in `BUDGETS` (mode → env id or family → `Budget`): ``quick`` fits in about 10 minutes on 2 CPU
+cores, ``tiny`` is the CI smoke run, ``full`` uses the whole test split and the real iteration counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from shopsim.errors import ConfigError, ShopsimError
+from shopsim.leaderboard.evaluate import evaluate
+from shopsim.leaderboard.protocols import Protocol, load_protocol, protocol_envs
+from shopsim.leaderboard.results import find_results, make_results, write_results
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one env gets in one benchmark mode."""
+
+    references: tuple[str, ...] = ("expert", "random")
+    """Agent names (`agents.make`) evaluated as reference rows."""
+    algos: dict[str, int] = field(default_factory=dict)
+    """Baselines trained on the env: algorithm name -> training iterations."""
+    overrides: dict[str, dict] = field(default_factory=dict)
+    """Config overrides per algorithm name (small models / batches for the quick run)."""
+    user_iterations: int = 10
+    """Iterations for classes given with --algo."""
+    tasks: int | None = None
+    """Use the first `tasks` test tasks (None: all)."""
+    seeds: int | None = None
+    """Use the first `seeds` eval seeds (None: all)."""
+    tries: int | None = None
+    """Tries per task and seed (None: the protocol's; pass^k needs >= k)."""
+    num_envs: int = 8
+    needs_init: bool = False
+    """Trainers start from the shipped SFT checkpoint (LM envs); skipped when there is none."""
+
+
+_SHOP_REFS = ("expert", "random")
+_INV_REFS = ("s_S", "base_stock", "random")
+
+#: mode -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
+BUDGETS: dict[str, dict[str, Budget]] = {
+    "quick": {
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 3, "mpo": 3}, tasks=8, seeds=2, tries=4,
+                                      needs_init=True, user_iterations=3),
+        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 20, "reinforce": 20}, tasks=16, seeds=3, tries=4),
+        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 30, "top1": 30, "vpg": 30}, tasks=64, seeds=3,
+                                               tries=4),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 15, "ppo": 15}, tasks=8, seeds=3, tries=4),
+        "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
+    },
+    "tiny": {  # CI smoke run: every entry type once, seconds not minutes
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 1}, tasks=2, seeds=2, tries=4, needs_init=True,
+                                      user_iterations=1),
+        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 1}, tasks=2, seeds=2, tries=4, user_iterations=1),
+        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 1}, tasks=4, seeds=2, tries=4, user_iterations=1),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 1}, tasks=2, seeds=2, tries=4, user_iterations=1),
+        "*": Budget(tasks=2, seeds=2, tries=4, user_iterations=1),
+    },
+    "full": {
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 200, "mpo": 200, "ppo": 200, "reinforce": 200,
+                                                   "gigpo": 200, "dapo": 200}, needs_init=True,
+                                      user_iterations=200),
+        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 500, "grpo": 500, "reinforce": 500},
+                                          user_iterations=500),
+        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 2000, "capg_swr": 2000, "vpg": 2000,
+                                                      "vpg_swr": 2000, "top1": 2000}, user_iterations=2000),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 300, "ppo": 300}, user_iterations=300),
+        "*": Budget(user_iterations=100),
+    },
+}
+MODES = tuple(BUDGETS)
+
+
+def budget_for(mode: str, env_id: str, family: str, table: dict | None = None) -> Budget:
+    table = (table or BUDGETS)
+    if mode not in table:
+        raise ConfigError(f"unknown benchmark mode {mode!r}; choose one of {', '.join(table)}")
+    rows = table[mode]
+    return rows.get(env_id) or rows.get(family) or rows.get("*") or Budget()
+
+
+def sft_checkpoint(root: str | Path | None = None) -> Path | None:
+    """The shipped SFT LM checkpoint (a folder with the agent manifest under ``data/lm/``), if any."""
+    from agents.registry import CHECKPOINT_MANIFEST
+    from shopsim.paths import data_dir
+
+    base = Path(root) if root is not None else data_dir() / "lm"
+    if (base / CHECKPOINT_MANIFEST).is_file():
+        return base
+    found = sorted(base.glob(f"*/{CHECKPOINT_MANIFEST}")) if base.is_dir() else []
+    return found[0].parent if found else None
+
+
+@dataclass
+class Entry:
+    """One leaderboard row to produce: a reference agent, a registered baseline, or a user class."""
+
+    env_id: str
+    name: str
+    kind: str  # reference | trained | checkpoint
+    algorithm: str | None = None
+    iterations: int = 0
+    overrides: dict = field(default_factory=dict)
+    checkpoint: Path | None = None
+    skip_reason: str | None = None
+
+
+def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | None = None,
+         sft: Path | None = None) -> list[Entry]:
+    """Every entry of the run, in order (references first per env, so their failure shows early)."""
+    import agents
+    import baselines
+    from baselines.registry import load_target
+    from shopsim.envs import family_of
+
+    user_classes = []
+    for spec in user_algos:
+        cls = load_target(spec)
+        if not (isinstance(cls, type) and issubclass(cls, baselines.Algorithm)):
+            raise ConfigError(f"--algo {spec}: {cls!r} is not a baselines.Algorithm subclass")
+        if not cls.families:
+            raise ConfigError(f"--algo {spec}: set `families = (...)` on the class to say which envs it trains")
+        user_classes.append((spec, cls))
+    entries: list[Entry] = []
+    for env_id in env_ids:
+        family = family_of(env_id)
+        b = budget_for(mode, env_id, family, table)
+        known = set(agents.available(env_id))
+        for ref in b.references:
+            if ref in known:
+                entries.append(Entry(env_id, ref, "reference"))
+        if family == "shopping" and sft is not None:
+            entries.append(Entry(env_id, "lm-sft", "checkpoint", checkpoint=sft))
+        registered = set(baselines.available(env_id=env_id))
+        note = None
+        if b.needs_init and sft is None:
+            note = ("no shipped SFT checkpoint under data/lm/ (run `shopsim sft` to make one); "
+                    "LM training skipped")
+        for algo, iters in b.algos.items():
+            if algo not in registered:
+                continue
+            entries.append(Entry(env_id, algo, "trained", algorithm=algo, iterations=iters,
+                                 overrides=dict(b.overrides.get(algo, {})), skip_reason=note))
+        for spec, cls in user_classes:
+            if family in cls.families:
+                name = getattr(cls, "name", None) or cls.__name__
+                entries.append(Entry(env_id, name if name != "algorithm" else cls.__name__, "trained",
+                                     algorithm=spec, iterations=b.user_iterations, skip_reason=note))
+    return entries
+
+
+def _protocol(env_id: str, b: Budget, split: str) -> Protocol:
+    return load_protocol(env_id, split).limited(tasks=b.tasks, seeds=b.seeds, tries=b.tries)
+
+
+def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mode: str, train_seed: int = 0,
+              progress: bool = False, log: Callable[[str], None] = print) -> dict:
+    """Train (if needed) and evaluate one entry; returns its results record (an error row on failure)."""
+    import agents
+    import baselines
+
+    slug = entry.env_id.split("/")[-1]
+    res_path = out / "results" / slug / f"{entry.name}.json"
+    run_dir = out / "runs" / slug / entry.name
+    info: dict[str, Any] = {"protocol": protocol, "entry": entry.name, "kind": entry.kind,
+                            "algorithm": entry.algorithm}
+    if entry.kind == "trained":
+        info["budget"] = {"mode": mode, "iterations": entry.iterations, "train_seed": train_seed}
+    t0 = time.perf_counter()
+    if entry.skip_reason:
+        rec = make_results(**info, metrics={}, status="skipped", error=entry.skip_reason)
+        write_results(res_path, rec)
+        return rec
+    try:
+        if entry.kind == "reference":
+            agent = agents.make(entry.name, entry.env_id)
+            info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
+        elif entry.kind == "checkpoint":
+            agent = agents.load_checkpoint(entry.checkpoint, env_id=entry.env_id)
+            info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
+            info["config"] = {"checkpoint": str(entry.checkpoint)}
+        else:
+            algo = baselines.make(entry.algorithm, env_id=entry.env_id, **entry.overrides)
+            info["config"] = dataclasses.asdict(algo.config) if dataclasses.is_dataclass(algo.config) else {}
+            init = sft_checkpoint() if budget.needs_init else None
+            result = algo.train(entry.env_id, iterations=entry.iterations, seed=train_seed, out_dir=run_dir,
+                                init=init, progress=progress)
+            agent = result.agent
+            if agent is None and result.checkpoint is not None:
+                agent = agents.load_checkpoint(result.checkpoint, env_id=entry.env_id)
+            if agent is None:
+                raise ShopsimError(f"{entry.algorithm}.train returned no agent and no checkpoint")
+            info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
+            curve = Path(result.out_dir or run_dir) / "metrics.csv"
+            if curve.is_file():
+                info["curve"] = str(_relative(curve, res_path.parent))
+        ev = evaluate(agent, protocol, progress=progress, num_envs=budget.num_envs)
+        for note in ev.notes:
+            log(f"  note: {note}")
+        rec = make_results(**info, metrics=ev.metrics, wall_s=time.perf_counter() - t0,
+                           extra={"notes": ev.notes} if ev.notes else None)
+    except Exception as exc:  # noqa: BLE001 - one entry's failure becomes an error row, the run goes on
+        tb = traceback.format_exc()
+        log_path = out / "logs" / f"{slug}_{entry.name}.txt"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(tb)
+        rec = make_results(**{k: v for k, v in info.items() if k != "metrics"}, metrics={}, status="error",
+                           error=f"{type(exc).__name__}: {exc} (traceback: {log_path})",
+                           wall_s=time.perf_counter() - t0)
+    write_results(res_path, rec)
+    return rec
+
+
+def _relative(path: Path, start: Path) -> Path:
+    import os
+
+    try:
+        return Path(os.path.relpath(path.resolve(), start.resolve()))
+    except ValueError:  # another drive (Windows)
+        return path.resolve()
+
+
+@dataclass
+class BenchOutcome:
+    results: list[dict]
+    written: dict[str, Path]
+    markdown: str
+    reference_failed: bool
+    wall_s: float
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.reference_failed else 0
+
+
+def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list[str] | None = None,
+              user_algos: list[str] = (), split: str = "test", train_seed: int = 0, progress: bool = True,
+              table: dict | None = None, log: Callable[[str], None] | None = None,
+              plots: bool = True) -> BenchOutcome:
+    """Run the benchmark (see module docstring) and render the leaderboard into `out`."""
+    from shopsim.envs import check_env_id, family_of, is_pettingzoo
+    from shopsim.leaderboard.render import render_all, to_markdown
+
+    t_start = time.perf_counter()
+    out = Path(out)
+    log = log or _console_log()
+    if envs:
+        env_ids = [check_env_id(e if "/" in e else f"shopsim/{e}") for e in envs]
+    else:
+        env_ids = [e for e in protocol_envs() if not is_pettingzoo(e)]
+        if not env_ids:
+            raise ShopsimError("no env has an evaluation split under data/splits/; nothing to benchmark")
+    entries = plan(mode, env_ids, list(user_algos), table=table, sft=sft_checkpoint())
+    protocols: dict[str, Protocol] = {}
+    results: list[dict] = []
+    bar = _progress(len(entries), progress)
+    for i, entry in enumerate(entries, 1):
+        b = budget_for(mode, entry.env_id, family_of(entry.env_id), table)
+        label = f"[{i}/{len(entries)}] {entry.env_id} · {entry.kind} {entry.name}"
+        if entry.kind == "trained" and not entry.skip_reason:
+            label += f" ({entry.iterations} it)"
+        bar.describe(label)
+        t0 = time.perf_counter()
+        try:
+            if entry.env_id not in protocols:
+                protocols[entry.env_id] = _protocol(entry.env_id, b, split)
+        except ShopsimError as exc:
+            log(f"{label}: no protocol: {exc}")
+            bar.advance()
+            continue
+        rec = run_entry(entry, protocols[entry.env_id], out, budget=b, mode=mode, train_seed=train_seed,
+                        progress=progress, log=log)
+        results.append(rec)
+        status = rec["status"] if rec["status"] != "ok" else f"ok ({time.perf_counter() - t0:.1f}s)"
+        if rec["status"] != "ok":
+            status += f": {rec.get('error')}"
+        log(f"{label}: {status}")
+        bar.advance()
+    bar.close()
+    all_results = find_results(out / "results") if (out / "results").is_dir() else []
+    current = {(r["env_id"], r["entry"]) for r in results}
+    shown = [r for r in all_results if (r["env_id"], r["entry"]) in current]
+    written = render_all(shown, out, plots=plots)
+    ref_failed = any(r["kind"] == "reference" and r["status"] == "error" for r in results)
+    return BenchOutcome(results=shown, written=written, markdown=to_markdown(shown), reference_failed=ref_failed,
+                        wall_s=time.perf_counter() - t_start)
+
+
+class _Bar:
+    """The overall progress bar; the rollout and training bars (tqdm, leave=False) appear below it."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="bench", unit="entry", position=0)
+
+    def describe(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(text[:70])
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _progress(total: int, enabled: bool) -> _Bar:
+    return _Bar(total, enabled)
+
+
+def _console_log() -> Callable[[str], None]:
+    """Log lines that do not break the progress bars (tqdm.write prints above them)."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    return lambda msg: tqdm.write(msg, file=sys.stderr)

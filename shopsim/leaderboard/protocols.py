@@ -1,0 +1,159 @@
+"""Evaluation protocols: which tasks, seeds and tries an env is scored on, and which metrics its table shows.
+
+Design document §7: an evaluation split is a fixed list of task ids in ``data/splits/<Name-vN>.json`` that training
+never samples. The file is shared with the env (which resolves ``reset(options={"split": ..., "task_id": ...})``)::
+
+    {"env_id": "shopsim/Shopping-v0", "train": {"range": [lo, hi]}, "dev": [...], "test": [...],
+     "eval_seeds": [0, 1, 2], "tries": 4}
+
+``tries`` (optional, default 4) is the number of episodes per task and eval seed; pass^k needs ``tries >= k``, and
+the leaderboard reports k = 1..4 as τ-bench does (anchors §6). An eval seed fixes the per-episode reset seeds (see
+`Protocol.episode_seed`), so a protocol names every episode exactly; confidence intervals are taken over the eval
+seeds (`shopsim.leaderboard.metrics`).
+
+Which metrics a table shows depends on the env family (`FAMILY_METRICS`); the results file stores every metric
+the episodes produced, so a table can be re-rendered with other columns later.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from shopsim.errors import ConfigError, DatasetError
+from shopsim.paths import data_dir
+
+#: default episodes per (task, eval seed); pass^k is reported for k = 1..min(4, tries)
+DEFAULT_TRIES = 4
+MAX_K = 4
+#: reset seed of try j of task i under eval seed s: s * SEED_STRIDE + i * tries + j (see `Protocol.episode_seed`)
+SEED_STRIDE = 100_000
+
+#: family -> table columns (metric names as in the results file), first = the column the table is sorted by
+FAMILY_METRICS: dict[str, tuple[str, ...]] = {
+    "shopping": ("success_rate", "score", "pass^1", "pass^2", "pass^3", "pass^4", "turns", "tokens", "invalid_rate"),
+    "rec": ("return", "IoI", "IoR", "CTR", "length", "success_rate"),
+    "retrieval": ("policy_value", "regret", "recall", "success_rate"),
+    "inventory": ("cost", "gap_to_s_S_pct", "fill_rate", "order_rate"),
+}
+DEFAULT_METRICS: tuple[str, ...] = ("success_rate", "score", "return", "pass^1", "pass^4", "turns")
+#: metrics where lower is better (the table sorts ascending on them)
+LOWER_IS_BETTER = frozenset({"cost", "gap_to_s_S_pct", "turns", "tokens", "invalid_rate", "regret"})
+#: family -> the reference agent whose per-seed cost every entry's gap is measured against (same episodes)
+FAMILY_REFERENCE: dict[str, str] = {"inventory": "s_S"}
+
+
+def splits_path(env_id: str, root: str | Path | None = None) -> Path:
+    """``data/splits/<Name-vN>.json`` for ``shopsim/<Name-vN>``."""
+    name = env_id.split("/")[-1]
+    return Path(root if root is not None else data_dir()) / "splits" / f"{name}.json"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Every episode an evaluation runs: (eval seed, task id, try) → one reset of `env_id` on `split`."""
+
+    env_id: str
+    family: str
+    split: str = "test"
+    task_ids: tuple = ()
+    seeds: tuple[int, ...] = (0, 1, 2)
+    tries: int = DEFAULT_TRIES
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    reference: str | None = None
+    env_kwargs: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.task_ids:
+            raise ConfigError(f"{self.env_id}: the {self.split!r} split has no task ids; list them in "
+                              f"{splits_path(self.env_id)}")
+        if self.tries < 1:
+            raise ConfigError(f"tries must be >= 1 (pass^k needs tries >= k), got {self.tries}")
+        if not self.seeds:
+            raise ConfigError("give at least one eval seed")
+        if len(self.task_ids) * self.tries > SEED_STRIDE:
+            raise ConfigError(f"{len(self.task_ids)} tasks x {self.tries} tries exceeds {SEED_STRIDE} episodes "
+                              "per seed; use fewer tasks or tries")
+
+    @property
+    def episodes_per_seed(self) -> int:
+        return len(self.task_ids) * self.tries
+
+    @property
+    def max_k(self) -> int:
+        return min(MAX_K, self.tries)
+
+    def episode_seed(self, seed: int, task_index: int, try_index: int) -> int:
+        """The reset seed of one episode: distinct for every (eval seed, task, try), stable across runs."""
+        return int(seed) * SEED_STRIDE + task_index * self.tries + try_index
+
+    def episodes(self, seed: int) -> tuple[list, list[int]]:
+        """(task ids, reset seeds) of every episode under one eval seed, tries of a task adjacent."""
+        tasks, seeds = [], []
+        for i, task in enumerate(self.task_ids):
+            for j in range(self.tries):
+                tasks.append(task)
+                seeds.append(self.episode_seed(seed, i, j))
+        return tasks, seeds
+
+    def limited(self, *, tasks: int | None = None, seeds: int | list[int] | None = None,
+                tries: int | None = None) -> "Protocol":
+        """A smaller protocol: the first `tasks` task ids, the first `seeds` eval seeds (or these seeds)."""
+        kw: dict = {}
+        if tasks is not None:
+            if tasks < 1:
+                raise ConfigError(f"tasks must be >= 1, got {tasks}")
+            kw["task_ids"] = tuple(self.task_ids[:tasks])
+        if seeds is not None:
+            kw["seeds"] = tuple(self.seeds[:seeds]) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
+        if tries is not None:
+            kw["tries"] = int(tries)
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return {"env_id": self.env_id, "family": self.family, "split": self.split, "task_ids": list(self.task_ids),
+                "seeds": list(self.seeds), "tries": self.tries, "metrics": list(self.metrics),
+                "reference": self.reference}
+
+
+def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None = None,
+                  family: str | None = None) -> Protocol:
+    """The evaluation protocol of `env_id` on `split` ("test" or "dev"), read from its splits file."""
+    if family is None:
+        from shopsim.envs import family_of
+
+        family = family_of(env_id)
+    path = splits_path(env_id, root)
+    if not path.is_file():
+        raise DatasetError(f"no evaluation split for {env_id}: expected {path} with "
+                           '{"env_id", "train", "dev", "test", "eval_seeds"} (the env issue ships it)')
+    try:
+        spec = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path} is not valid JSON ({exc}); fix or regenerate it") from exc
+    if not isinstance(spec, dict):
+        raise DatasetError(f"{path} must hold a JSON object with 'test' and 'eval_seeds' keys")
+    if spec.get("env_id", env_id) != env_id:
+        raise DatasetError(f"{path} is for {spec.get('env_id')!r}, not {env_id!r}")
+    if split not in ("test", "dev"):
+        raise ConfigError(f"evaluate on split 'test' or 'dev', not {split!r} (training samples 'train')")
+    ids = spec.get(split)
+    if not isinstance(ids, list) or not ids:
+        raise DatasetError(f"{path} has no {split!r} task-id list; add one (e.g. \"{split}\": [0, 1, 2])")
+    seeds = spec.get("eval_seeds", [0, 1, 2])
+    if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds) or not seeds:
+        raise DatasetError(f"{path}: 'eval_seeds' must be a non-empty list of integers, got {seeds!r}")
+    tries = spec.get("tries", DEFAULT_TRIES)
+    if not isinstance(tries, int) or tries < 1:
+        raise DatasetError(f"{path}: 'tries' must be a positive integer, got {tries!r}")
+    return Protocol(env_id=env_id, family=family, split=split, task_ids=tuple(ids), seeds=tuple(seeds),
+                    tries=tries, metrics=FAMILY_METRICS.get(family, DEFAULT_METRICS),
+                    reference=FAMILY_REFERENCE.get(family))
+
+
+def protocol_envs(root: str | Path | None = None) -> list[str]:
+    """Registered env ids that have a splits file (the envs a leaderboard can cover)."""
+    from shopsim.envs import all_env_ids
+
+    return [e for e in all_env_ids() if splits_path(e, root).is_file()]

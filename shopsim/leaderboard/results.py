@@ -1,0 +1,185 @@
+"""Results files: one JSON file per leaderboard entry, schema-versioned and validated on read.
+
+Design document §7: an entry is (env id + version, split, algorithm, config hash, seeds, budget) → metrics with
+confidence intervals over seeds. Results are files that anyone can re-render (`shopsim leaderboard`).
+
+Schema (``schema_version`` = `SCHEMA_VERSION`)::
+
+    {"schema": "shopsim.results", "schema_version": 1,
+     "env_id": "shopsim/Replenishment-v0", "env_version": 0, "family": "inventory", "split": "test",
+     "task_ids": [...], "seeds": [0, 1, 2], "tries": 4, "episodes": 96,
+     "entry": "hpo", "kind": "reference" | "trained" | "agent" | "checkpoint",
+     "agent": "module:Class", "algorithm": "hpo" | null, "config": {...}, "config_hash": "1f0c...",
+     "budget": {"iterations": 20, "train_seed": 0} | null,
+     "metrics": {"cost": {"mean", "std", "ci95": [lo, hi] | null, "n", "per_seed": [...]}, ...},
+     "status": "ok" | "error" | "skipped", "error": null | "message",
+     "curve": "relative/or/absolute/metrics.csv" | null,
+     "package_version": "0.1.0", "git_commit": "abc123..." | "unknown", "created": "2026-...Z", "wall_s": 12.3}
+
+Version history: 1 — first version.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from shopsim.errors import DatasetError
+from shopsim.paths import atomic_path
+from shopsim.trajectory import to_jsonable
+
+SCHEMA = "shopsim.results"
+SCHEMA_VERSION = 1
+KINDS = ("reference", "trained", "agent", "checkpoint")
+STATUSES = ("ok", "error", "skipped")
+
+#: key -> accepted types (checked by `validate_results`)
+REQUIRED: dict[str, tuple[type, ...]] = {
+    "schema": (str,), "schema_version": (int,), "env_id": (str,), "split": (str,), "seeds": (list,),
+    "entry": (str,), "kind": (str,), "config_hash": (str,), "metrics": (dict,), "status": (str,),
+    "package_version": (str,), "git_commit": (str,),
+}
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def git_commit(root: str | Path = _REPO_ROOT) -> str:
+    """The checkout's commit (with ``+dirty`` if it has local changes), or "unknown" (no git, not a checkout)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{sha}+dirty" if sha and dirty else (sha or "unknown")
+
+
+def config_hash(payload: Any) -> str:
+    """First 16 hex digits of the SHA-256 of the canonical JSON of `payload` (keys sorted)."""
+    text = json.dumps(to_jsonable(payload), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def env_version(env_id: str) -> int | None:
+    tail = env_id.rsplit("-v", 1)
+    return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else None
+
+
+def make_results(*, protocol, entry: str, kind: str, metrics: dict, agent: str | None = None,
+                 algorithm: str | None = None, config: dict | None = None, budget: dict | None = None,
+                 status: str = "ok", error: str | None = None, curve: str | None = None,
+                 wall_s: float | None = None, extra: dict | None = None) -> dict:
+    """A results record for one leaderboard entry evaluated under `protocol` (see module docstring)."""
+    from shopsim import __version__
+
+    config = dict(config or {})
+    hashed = {"entry": entry, "agent": agent, "algorithm": algorithm, "config": config, "budget": budget}
+    data = {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "env_id": protocol.env_id, "env_version": env_version(protocol.env_id), "family": protocol.family,
+        "split": protocol.split, "task_ids": list(protocol.task_ids), "seeds": list(protocol.seeds),
+        "tries": protocol.tries, "episodes": protocol.episodes_per_seed * len(protocol.seeds),
+        "entry": entry, "kind": kind, "agent": agent, "algorithm": algorithm, "config": config,
+        "config_hash": config_hash(hashed), "budget": budget, "metrics": metrics,
+        "status": status, "error": error, "curve": curve,
+        "package_version": __version__, "git_commit": git_commit(),
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "wall_s": None if wall_s is None else round(float(wall_s), 3),
+    }
+    if extra:
+        data.update(extra)
+    return to_jsonable(data)
+
+
+def validate_results(data: Any, source: str = "results") -> dict:
+    """Check a results record; raise `DatasetError` naming the file and what to change."""
+    if not isinstance(data, dict):
+        raise DatasetError(f"{source}: not a shopsim results file (expected a JSON object, got "
+                           f"{type(data).__name__}); write it with `shopsim eval`")
+    if data.get("schema") != SCHEMA:
+        raise DatasetError(f"{source}: not a shopsim results file (missing \"schema\": \"{SCHEMA}\"); "
+                           "write it with `shopsim eval`")
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise DatasetError(f"{source}: 'schema_version' must be an integer, got {version!r}")
+    if version < SCHEMA_VERSION:
+        raise DatasetError(f"{source}: results schema_version {version} is older than the supported "
+                           f"{SCHEMA_VERSION}; re-run `shopsim eval` (or `shopsim bench`) to regenerate it")
+    if version > SCHEMA_VERSION:
+        raise DatasetError(f"{source}: results schema_version {version} is newer than this shopsim reads "
+                           f"({SCHEMA_VERSION}); upgrade shopsim")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise DatasetError(f"{source}: missing field(s) {', '.join(missing)}; regenerate it with `shopsim eval`")
+    for key, types in REQUIRED.items():
+        if not isinstance(data[key], types) or isinstance(data[key], bool):
+            raise DatasetError(f"{source}: field {key!r} must be {' or '.join(t.__name__ for t in types)}, "
+                               f"got {type(data[key]).__name__}")
+    if data["kind"] not in KINDS:
+        raise DatasetError(f"{source}: kind {data['kind']!r} is not one of {', '.join(KINDS)}")
+    if data["status"] not in STATUSES:
+        raise DatasetError(f"{source}: status {data['status']!r} is not one of {', '.join(STATUSES)}")
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in data["seeds"]):
+        raise DatasetError(f"{source}: 'seeds' must be a list of integers")
+    for name, value in data["metrics"].items():
+        if not isinstance(value, dict) or not isinstance(value.get("mean"), (int, float)):
+            raise DatasetError(f"{source}: metric {name!r} must be an object with a numeric 'mean' "
+                               "(and 'std', 'ci95', 'n'); regenerate the file with `shopsim eval`")
+        ci = value.get("ci95")
+        if ci is not None and not (isinstance(ci, list) and len(ci) == 2
+                                   and all(isinstance(v, (int, float)) for v in ci)):
+            raise DatasetError(f"{source}: metric {name!r} has a malformed 'ci95' {ci!r} (want [lo, hi] or null)")
+    if data["status"] == "ok" and not data["metrics"]:
+        raise DatasetError(f"{source}: status 'ok' but no metrics; regenerate the file")
+    return data
+
+
+def write_results(path: str | Path, data: dict) -> Path:
+    """Validate and write atomically (temporary sibling, then rename)."""
+    path = Path(path)
+    validate_results(data, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_path(path)
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_results(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such results file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: not valid JSON ({exc}); regenerate it with `shopsim eval`") from exc
+    data = validate_results(data, str(path))
+    data["_path"] = str(path)
+    return data
+
+
+def find_results(directory: str | Path) -> list[dict]:
+    """Every results file under `directory` (recursively, ``*.json`` with the results schema marker).
+
+    JSON files that are not results files (no "schema" key, e.g. a checkpoint manifest) are ignored; a file that
+    claims to be one but is malformed or of another schema version raises `DatasetError`.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DatasetError(f"{directory}: no such folder of results files")
+    out = []
+    for path in sorted(directory.rglob("*.json")):
+        try:
+            head = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if path.suffix == ".json" and path.name.endswith(".results.json"):
+                raise DatasetError(f"{path}: not valid JSON ({exc})") from exc
+            continue
+        if isinstance(head, dict) and ("schema" in head or "schema_version" in head and "metrics" in head):
+            out.append(read_results(path))
+    return out

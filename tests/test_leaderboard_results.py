@@ -1,0 +1,121 @@
+"""Results files: round trip, schema validation with clear errors, protocol loading, evaluation on a toy env."""
+
+import json
+
+import pytest
+
+from shopsim.errors import ConfigError, DatasetError
+from shopsim.leaderboard.evaluate import evaluate
+from shopsim.leaderboard.protocols import Protocol, load_protocol
+from shopsim.leaderboard.results import (SCHEMA_VERSION, config_hash, find_results, git_commit, make_results,
+                                         read_results, validate_results, write_results)
+from tests.fixtures.leaderboard_toy import FAMILY, TEST_IDS, TOY_ID, CoinExpert, CoinPolicy, toy_world  # noqa: F401
+
+PROTO = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(1, 2), seeds=(0, 1), tries=4)
+METRICS = {"success_rate": {"mean": 0.5, "std": 0.1, "ci95": [0.4, 0.6], "n": 2, "per_seed": [0.45, 0.55]}}
+
+
+def good():
+    return make_results(protocol=PROTO, entry="expert", kind="reference", metrics=METRICS, agent="m:C",
+                        budget={"iterations": 3})
+
+
+def test_round_trip_and_fields(tmp_path):
+    rec = good()
+    assert rec["schema_version"] == SCHEMA_VERSION and rec["env_version"] == 0 and rec["episodes"] == 16
+    assert rec["git_commit"] and rec["package_version"] and len(rec["config_hash"]) == 16
+    path = write_results(tmp_path / "a" / "r.json", rec)
+    back = read_results(path)
+    assert back["metrics"] == METRICS and back["_path"] == str(path)
+    assert [r["entry"] for r in find_results(tmp_path)] == ["expert"]
+
+
+def test_config_hash_is_stable_and_sensitive():
+    assert config_hash({"b": 1, "a": [1, 2]}) == config_hash({"a": [1, 2], "b": 1})
+    assert config_hash({"a": 1}) != config_hash({"a": 2})
+    other = make_results(protocol=PROTO, entry="expert", kind="reference", metrics=METRICS, agent="m:C",
+                         budget={"iterations": 4})
+    assert other["config_hash"] != good()["config_hash"]
+
+
+def test_git_commit_outside_a_checkout_is_unknown(tmp_path):
+    assert git_commit(tmp_path) == "unknown"
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.update(schema_version=0), "older than the supported.*re-run `shopsim eval`"),
+    (lambda d: d.update(schema_version=SCHEMA_VERSION + 1), "newer.*upgrade shopsim"),
+    (lambda d: d.pop("schema"), "not a shopsim results file"),
+    (lambda d: d.pop("config_hash"), "missing field.*config_hash"),
+    (lambda d: d.update(seeds="0,1"), "'seeds' must be list"),
+    (lambda d: d.update(kind="winner"), "kind 'winner' is not one of"),
+    (lambda d: d["metrics"].update(score=0.3), "metric 'score' must be an object"),
+    (lambda d: d["metrics"]["success_rate"].update(ci95=[0.1]), "malformed 'ci95'"),
+    (lambda d: d.update(metrics={}), "status 'ok' but no metrics"),
+])
+def test_malformed_records_raise_clear_errors(mutate, match):
+    d = good()
+    mutate(d)
+    with pytest.raises(DatasetError, match=match):
+        validate_results(d, "r.json")
+
+
+def test_malformed_files_name_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(DatasetError, match="bad.json: not valid JSON"):
+        read_results(bad)
+    with pytest.raises(DatasetError, match="expected a JSON object"):
+        validate_results([1, 2], "x.json")
+    old = tmp_path / "old.json"
+    rec = good()
+    rec["schema_version"] = 0
+    old.write_text(json.dumps(rec))
+    (tmp_path / "other.json").write_text(json.dumps({"class": "m:C"}))  # not a results file: ignored
+    with pytest.raises(DatasetError, match="old.json: results schema_version 0"):
+        find_results(tmp_path)
+    with pytest.raises(DatasetError, match="no such folder"):
+        find_results(tmp_path / "nope")
+
+
+def test_protocol_from_splits_file(toy_world):
+    p = load_protocol(TOY_ID)
+    assert p.task_ids == tuple(TEST_IDS) and p.seeds == (0, 1, 2) and p.tries == 4 and p.family == FAMILY
+    tasks, seeds = p.episodes(1)
+    assert tasks[:5] == [100, 100, 100, 100, 101] and len(set(seeds)) == len(seeds) == 24
+    assert set(seeds).isdisjoint(p.episodes(0)[1])
+    small = p.limited(tasks=2, seeds=1)
+    assert small.task_ids == (100, 101) and small.seeds == (0,)
+    assert load_protocol(TOY_ID, "dev").task_ids == (200, 201)
+    with pytest.raises(ConfigError, match="split 'test' or 'dev'"):
+        load_protocol(TOY_ID, "train")
+    (toy_world / "splits" / "ToyCoin-v0.json").unlink()
+    with pytest.raises(DatasetError, match="no evaluation split for shopsim/ToyCoin-v0"):
+        load_protocol(TOY_ID)
+
+
+def test_evaluate_expert_beats_random_and_is_deterministic(toy_world):
+    p = load_protocol(TOY_ID)
+    ev = evaluate(CoinExpert(), p, num_envs=3)
+    again = evaluate(CoinExpert(), p, num_envs=5)
+    assert ev.metrics == again.metrics  # same episodes whatever the number of env copies
+    rand = evaluate(CoinPolicy(q=0.5), p)
+    # expert: success prob = mean p over tasks 100..105 = 0.3 + 0.1 * mean(4,5,0,1,2,3) = 0.55
+    assert 0.4 < ev.metrics["success_rate"]["mean"] < 0.7
+    assert rand.metrics["success_rate"]["mean"] < ev.metrics["success_rate"]["mean"]
+    m = ev.metrics
+    assert m["pass^1"]["mean"] == pytest.approx(m["success_rate"]["mean"])
+    assert m["pass^1"]["mean"] >= m["pass^2"]["mean"] >= m["pass^3"]["mean"] >= m["pass^4"]["mean"]
+    assert m["success_rate"]["n"] == 3 and len(m["success_rate"]["ci95"]) == 2
+    assert m["turns"]["mean"] == 2.0 and m["episodes"]["mean"] == 24
+
+
+def test_evaluate_gap_to_reference(toy_world):
+    p = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100, 101), seeds=(0, 1), tries=4, reference="half")
+    ev = evaluate(CoinPolicy(q=0.5), p)  # "half" always plays 1 like the expert
+    ref = evaluate(CoinExpert(), Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100, 101), seeds=(0, 1), tries=4))
+    for s, (mine, theirs) in enumerate(zip(ev.per_seed, ref.per_seed)):
+        assert mine["gap_to_s_S_pct"] == pytest.approx(100 * (mine["cost"] - theirs["cost"]) / theirs["cost"])
+    broken = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100,), seeds=(0,), tries=1, reference="nope")
+    out = evaluate(CoinExpert(), broken)
+    assert "gap_to_s_S_pct" not in out.metrics and "reference failed" in out.notes[0]
