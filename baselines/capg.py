@@ -1,0 +1,327 @@
+"""The CA-PG family for early-stage retrieval: v-pg, v-pg-swr, ca-pg, ca-pg-swr, top1-pg (algorithm card §16).
+
+Kiyohara et al., "Credit-assigned Policy Gradient for Early Stage Retrieval in Two-stage Ranking", arXiv 2605.26385
+(ICML 2026), §3-§4; defaults from the released code as the card records them. One trainer, five estimators that
+differ only in the differentiable term w_ℓ of the loss
+
+    loss = −mean_batch mean_ℓ [ w_ℓ · r_ℓ ]           (no baseline; r_ℓ = observed reward at shown position ℓ)
+
+* ``vpg``      w = log π_θ(S | x), the exact Plackett–Luce likelihood of the ordered candidate set
+* ``vpg_swr``  w = Σ_k log softmax(s)(a_k), each pick as a with-replacement draw
+* ``capg``     w = log P̂_θ(y_ℓ ∈ S | x) with the released approximation (see `capg_log_inclusion`)
+* ``top1``     w = log softmax(s)(y_ℓ)   (M = 1)
+* ``capg_swr`` w = logsumexp_m (K_m · log softmax(s_m)(y_ℓ))  (the released MoE term; default M = 5 [derived]);
+  ``swr_inclusion="literal"`` uses log(1 − Π_m (1 − p_m(y))^{K_m}) instead (the card's alternative reading)
+
+Optimiser Adagrad; lr 0.1 (vpg, vpg_swr), 0.01 (capg, top1, capg_swr); batch 128 contexts; 10 steps per iteration
+("epoch"); evaluation on fresh contexts with deterministic top-K and deterministic LSR. A NaN/Inf gradient stops the
+run and logs "gradient overflow" (``history[-1]["overflow"] == 1``).
+
+``numerics="released"`` (default) computes the v-pg / ca-pg normalisers as Σ_all exp s − Σ_removed exp s in float32,
+as the card writes them; that is where v-pg overflows. ``numerics="stable"`` uses log-space sums instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from agents.retrieval_policies import (MoERetriever, PLRetriever, gumbel_top_k, pl_log_prob, slot_owners)
+from baselines.base import Algorithm, TrainResult
+from shopsim.envs.two_stage_retrieval import TwoStageRetrievalConfig, TwoStageRetrievalSim, load_splits, split_ids
+from shopsim.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ESTIMATORS = ("vpg", "vpg_swr", "capg", "capg_swr", "top1")
+DEFAULT_LR = {"vpg": 0.1, "vpg_swr": 0.1, "capg": 0.01, "top1": 0.01, "capg_swr": 0.01}
+
+
+# ---------------------------------------------------------------------------------------------- estimator terms
+def capg_log_inclusion(scores: torch.Tensor, y: torch.Tensor, owners: np.ndarray, numerics: str = "released"
+                       ) -> torch.Tensor:
+    """log P̂(y_ℓ ∈ S | x), (B, L), the released CA-PG inclusion probability (card §16).
+
+    p_k(a) = exp s_{o(k)}(a) / (Σ_all exp s_{o(k)} − Σ_{b ∈ B_{k−1}(a)} exp s_{o(k)}(b)), where B_{k−1}(a) is the
+    first k−1 deterministic picks with a excluded (top-(k−1) by score for M = 1), a stand-in for the random earlier
+    picks; P̂(a ∈ S) = 1 − Π_k (1 − p_k(a)), in log space with log1p and a 1e-10 guard. Gradients flow through
+    numerators and normalisers; the sets B are chosen without gradient. Exact for K = 1 and for equal scores; see
+    tests/test_capg.py for the measured error against enumeration.
+    """
+    b, m, n = scores.shape
+    k, n_show = len(owners), y.shape[1]
+    own = torch.as_tensor(owners, dtype=torch.long)
+    s_y = scores.gather(2, y[:, None, :].expand(b, m, n_show))[:, own, :]  # (B, K, L): s_{o(k)}(y_ℓ)
+    if k == 1:
+        return torch.log_softmax(scores, -1).gather(2, y[:, None, :])[:, 0]
+    with torch.no_grad():  # B_{K−1}(y_ℓ): deterministic picks with y_ℓ masked, one pass per shown item
+        prev = torch.stack([gumbel_top_k(scores.scatter(2, y[:, None, l:l + 1].expand(b, m, 1), float("-inf")),
+                                         owners, None)[:, : k - 1] for l in range(n_show)], 1)  # (B, L, K−1)
+    g = scores[:, None, :, :].expand(b, n_show, m, n).gather(3, prev[:, :, None, :].expand(b, n_show, m, k - 1))
+    g = g[:, :, own, :]  # (B, L, K, K−1): s_{o(k)}(b_j)
+    earlier = torch.tril(torch.ones(k, k - 1, dtype=torch.bool), diagonal=-1)  # j < k
+    if numerics == "released":
+        total = scores.exp().sum(-1)[:, own]  # (B, K)
+        removed = (g.exp() * earlier).sum(-1)  # (B, L, K)
+        p = s_y.transpose(1, 2).exp() / (total[:, None, :] - removed)
+    elif numerics == "stable":
+        lse_all = torch.logsumexp(scores, -1)[:, own][:, None, :]  # (B, 1, K)
+        lse_rm = torch.logsumexp(g.masked_fill(~earlier, float("-inf")), -1)  # (B, L, K), −inf for k = 1
+        log_den = lse_all + torch.log(-torch.expm1(torch.clamp(lse_rm - lse_all, max=-1e-7)))
+        p = torch.exp(s_y.transpose(1, 2) - log_den)
+    else:
+        raise ConfigError(f"numerics={numerics!r}; choose released or stable")
+    log_not = torch.log1p(-torch.clamp(p, max=1.0 - 1e-7)).sum(-1)
+    return torch.log(torch.clamp(-torch.expm1(log_not), min=1e-10))
+
+
+def estimator_term(estimator: str, scores: torch.Tensor, cand: torch.Tensor, shown: torch.Tensor,
+                   owners: np.ndarray, *, numerics: str = "released", swr_inclusion: str = "released"
+                   ) -> torch.Tensor:
+    """The differentiable w, (B, L) (or (B, 1) when the same for every shown position)."""
+    own = torch.as_tensor(owners, dtype=torch.long)
+    if estimator == "vpg":
+        return pl_log_prob(scores, cand, owners, numerics)[:, None]
+    if estimator == "vpg_swr":
+        k = cand.shape[1]
+        logp = torch.log_softmax(scores, -1).gather(2, cand[:, None, :].expand(-1, scores.shape[1], -1))
+        return logp[:, own, torch.arange(k)].sum(1, keepdim=True)  # slot k scored by its owner expert
+    if estimator == "capg":
+        return capg_log_inclusion(scores, shown, owners, numerics)
+    logp_y = torch.log_softmax(scores, -1).gather(2, shown[:, None, :].expand(-1, scores.shape[1], -1))  # (B,M,L)
+    if estimator == "top1":
+        if scores.shape[1] != 1:
+            raise ConfigError("top1 is the M = 1 estimator; use capg_swr for a mixture of experts")
+        return logp_y[:, 0]
+    if estimator == "capg_swr":
+        k_m = torch.as_tensor(np.bincount(owners), dtype=scores.dtype)[None, :, None]
+        if swr_inclusion == "released":
+            return torch.logsumexp(k_m * logp_y, dim=1)
+        log_not = (k_m * torch.log1p(-torch.clamp(logp_y.exp(), max=1.0 - 1e-7))).sum(1)
+        return torch.log(torch.clamp(-torch.expm1(log_not), min=1e-10))
+    raise ConfigError(f"estimator={estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+@dataclass
+class CAPGConfig:
+    lr: float | None = None
+    """Adagrad learning rate; None = the card's default for the estimator (vpg/vpg_swr 0.1, others 0.01)."""
+    optimizer: str = "adagrad"
+    """adagrad (card) | adam | sgd."""
+    batch_size: int = 128
+    """Contexts per gradient step."""
+    steps_per_iteration: int = 10
+    """Gradient steps per iteration (the released code's 'epoch')."""
+    eval_every: int = 100
+    """Evaluate every this many iterations (card: every 1,000 steps); the last iteration is always evaluated."""
+    eval_contexts: int = 10_000
+    """Contexts of `eval_split` used for evaluation (deterministic top-K ESR and deterministic LSR)."""
+    eval_split: str = "dev"
+    num_experts: int | None = None
+    """Experts M; None = 1, except capg_swr which defaults to 5 [derived]."""
+    emb_dim: int = 10
+    numerics: str = "released"
+    """released (plain float32 exponential sums, as the card) | stable (log-space); affects vpg and capg."""
+    swr_inclusion: str = "released"
+    """capg_swr term: released (logsumexp_m K_m log p_m) | literal (1 − Π_m (1 − p_m)^{K_m})."""
+    stop_on_overflow: bool = True
+    """Stop at the first NaN/Inf gradient and log 'gradient overflow' (card)."""
+    env_kwargs: dict = field(default_factory=dict)
+    """TwoStageRetrievalConfig fields (k, l, lsr, n_items, ...)."""
+
+    def __post_init__(self) -> None:
+        if self.lr is not None and self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.optimizer not in ("adagrad", "adam", "sgd"):
+            raise ConfigError(f"optimizer={self.optimizer!r}; choose adagrad, adam or sgd")
+        if min(self.batch_size, self.steps_per_iteration, self.eval_every, self.eval_contexts, self.emb_dim) < 1:
+            raise ConfigError("batch_size, steps_per_iteration, eval_every, eval_contexts and emb_dim must be >= 1")
+        if self.eval_split not in ("dev", "test", "train"):
+            raise ConfigError(f"eval_split={self.eval_split!r}; choose dev, test or train")
+        if self.numerics not in ("released", "stable"):
+            raise ConfigError(f"numerics={self.numerics!r}; choose released or stable")
+        if self.swr_inclusion not in ("released", "literal"):
+            raise ConfigError(f"swr_inclusion={self.swr_inclusion!r}; choose released or literal")
+        TwoStageRetrievalConfig(**self.env_kwargs)  # validates the env options early
+
+
+def evaluate_policy(agent: PLRetriever, sim: TwoStageRetrievalSim, task_ids: np.ndarray, seed: int = 0) -> float:
+    """Mean value (softplus(q) + 1 of the shown items) of the deterministic top-K policy with deterministic LSR."""
+    rng = np.random.default_rng(seed)
+    x, z = sim.contexts(task_ids), sim.user_types(task_ids)
+    cand, _ = agent.sample(x, rng, greedy=True)
+    return float(sim.evaluate_batch(x, cand, rng, user_types=z, deterministic=True, validate=False).value.mean())
+
+
+class CAPGTrainer(Algorithm):
+    """Shared trainer of the CA-PG family; subclasses fix `estimator` (card §16)."""
+
+    name: ClassVar[str] = "capg_family"
+    families: ClassVar[tuple[str, ...]] = ("retrieval",)
+    Config: ClassVar[type] = CAPGConfig
+    estimator: ClassVar[str] = ""
+
+    @property
+    def lr(self) -> float:
+        return self.config.lr if self.config.lr is not None else DEFAULT_LR[self.estimator]
+
+    @property
+    def num_experts(self) -> int:
+        if self.config.num_experts is not None:
+            return self.config.num_experts
+        return 5 if self.estimator == "capg_swr" else 1
+
+    def make_agent(self, seed: int, env_id: str) -> PLRetriever:
+        cls = MoERetriever if self.num_experts > 1 else PLRetriever
+        if self.estimator == "top1" and self.num_experts != 1:
+            raise ConfigError("top1 is the M = 1 estimator; use capg_swr for a mixture of experts")
+        return cls(env_id=env_id, env_kwargs=self.config.env_kwargs, emb_dim=self.config.emb_dim,
+                   num_experts=self.num_experts, seed=seed)
+
+    def loss(self, agent: PLRetriever, sim: TwoStageRetrievalSim, ids: np.ndarray, rng: np.random.Generator):
+        """One on-policy batch: sample S by Gumbel-top-K, run the LSR and rewards, return (loss, mean reward)."""
+        x, z = sim.contexts(ids), sim.user_types(ids)
+        scores = agent.scorer(torch.as_tensor(x))
+        gumbel = torch.as_tensor(rng.gumbel(size=tuple(scores.shape)).astype(np.float32))
+        cand = gumbel_top_k(scores.detach(), agent.owners, gumbel)
+        out = sim.evaluate_batch(x, cand.numpy(), rng, user_types=z, validate=False)
+        w = estimator_term(self.estimator, scores, cand, torch.as_tensor(out.shown), agent.owners,
+                           numerics=self.config.numerics, swr_inclusion=self.config.swr_inclusion)
+        r = torch.as_tensor(out.position_rewards, dtype=scores.dtype)
+        return -(w * r).mean(), float(out.reward.mean())
+
+    def train(self, env_id: str = "shopsim/TwoStageRetrieval-v0", *, iterations: int, seed: int = 0,
+              out_dir: str | Path = "runs/capg", init: str | Path | None = None, progress: bool = True,
+              **kwargs: Any) -> TrainResult:
+        if iterations < 1:
+            raise ConfigError(f"iterations must be >= 1, got {iterations}")
+        c = self.config
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(seed)
+        sim = TwoStageRetrievalSim(TwoStageRetrievalConfig(**c.env_kwargs))
+        agent = self.make_agent(seed, env_id)
+        if init is not None:
+            agent.scorer.load_state_dict(PLRetriever.from_checkpoint(init, env_id=env_id).scorer.state_dict())
+        params = list(agent.scorer.parameters())
+        opt = {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[c.optimizer](
+            params, lr=self.lr)
+        rng = np.random.default_rng(seed)
+        splits = load_splits()
+        eval_ids = (np.asarray(splits[c.eval_split][: c.eval_contexts]) if c.eval_split != "train"
+                    else split_ids("train", c.eval_contexts, np.random.default_rng(seed + 1), splits))
+        history: list[dict] = []
+        step, train_seconds, overflow = 0, 0.0, False
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=iterations, desc=f"{self.estimator} K={sim.config.k}")
+        for it in range(iterations):
+            losses, rewards = [], []
+            t0 = time.perf_counter()
+            for _ in range(c.steps_per_iteration):
+                loss, mean_r = self.loss(agent, sim, split_ids("train", c.batch_size, rng, splits), rng)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                step += 1
+                finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p.grad).all()) for p in params)
+                if not finite and c.stop_on_overflow:
+                    overflow = True
+                    log.warning("gradient overflow at step %d (%s, K=%d)", step, self.estimator, sim.config.k)
+                    break
+                opt.step()
+                losses.append(float(loss.detach()))
+                rewards.append(mean_r)
+            train_seconds += time.perf_counter() - t0
+            row = {"iteration": it, "step": step, "loss": float(np.mean(losses)) if losses else float("nan"),
+                   "reward": float(np.mean(rewards)) if rewards else float("nan"), "overflow": int(overflow),
+                   "train_seconds": train_seconds}
+            if overflow or it % c.eval_every == c.eval_every - 1 or it == iterations - 1:
+                row["value"] = evaluate_policy(agent, sim, eval_ids, seed)
+            history.append(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(value=row.get("value", float("nan")), reward=row["reward"])
+            if overflow:
+                break
+        if bar is not None:
+            bar.close()
+        _write_csv(out_dir / "metrics.csv", history)
+        agent.greedy = True  # the card evaluates the deterministic top-K retriever
+        ckpt = agent.save(out_dir / "checkpoint", algorithm=self.estimator, seed=seed, steps=step,
+                          config=dataclasses.asdict(c), overflow=overflow)
+        return TrainResult(out_dir=out_dir, history=history, agent=agent, checkpoint=ckpt)
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
+def gradient_variance(trainer: CAPGTrainer, agent: PLRetriever, sim: TwoStageRetrievalSim, *, batches: int = 64,
+                      batch_size: int = 128, seed: int = 0) -> dict:
+    """Variance of the estimator's batch gradient at fixed parameters: tr Cov over `batches` independent batches,
+    the squared norm of the mean gradient, and their ratio (scale-free, since estimators differ in scale)."""
+    rng = np.random.default_rng(seed)
+    params = list(agent.scorer.parameters())
+    grads = []
+    for _ in range(batches):
+        loss, _ = trainer.loss(agent, sim, split_ids("train", batch_size, rng), rng)
+        g = torch.autograd.grad(loss, params)
+        grads.append(torch.cat([t.reshape(-1) for t in g]).double())
+    G = torch.stack(grads)
+    if not torch.isfinite(G).all():
+        return {"trace_cov": float("inf"), "mean_sq_norm": float("nan"), "relative": float("inf")}
+    tr = float(G.var(0).sum())
+    mn = float(G.mean(0).pow(2).sum())
+    return {"trace_cov": tr, "mean_sq_norm": mn, "relative": tr / max(mn, 1e-30)}
+
+
+class VPG(CAPGTrainer):
+    """v-pg: REINFORCE with the exact PL log-likelihood of the candidate set (card §16)."""
+
+    name = "vpg"
+    estimator = "vpg"
+
+
+class VPGSwR(CAPGTrainer):
+    """v-pg-swr: each pick scored as a with-replacement softmax draw (card §16)."""
+
+    name = "vpg_swr"
+    estimator = "vpg_swr"
+
+
+class CAPG(CAPGTrainer):
+    """ca-pg: credit assigned to each shown item via its approximate inclusion probability (card §16)."""
+
+    name = "capg"
+    estimator = "capg"
+
+
+class CAPGSwR(CAPGTrainer):
+    """ca-pg-swr: the released MoE term logsumexp_m K_m log p_m(y) (card §16)."""
+
+    name = "capg_swr"
+    estimator = "capg_swr"
+
+
+class Top1(CAPGTrainer):
+    """top1-pg: log softmax of the shown item (card §16)."""
+
+    name = "top1"
+    estimator = "top1"
