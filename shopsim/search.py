@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shopsim.catalog.core import interprocess_lock
 from shopsim.errors import ConfigError
 from shopsim.paths import cache_dir
 
@@ -80,6 +81,13 @@ def resolve_backend(backend: str | None) -> str:
         raise ConfigError(f"unknown search backend {name!r}; choose one of {', '.join(BACKENDS)} "
                           "(argument backend= or env var SHOPSIM_SEARCH_BACKEND)")
     return name
+
+
+def backend_available(name: str) -> bool:
+    """Whether the optional package behind `name` is importable."""
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def _check_paging(k: int, offset: int) -> tuple[int, int]:
@@ -262,27 +270,31 @@ def open_index(catalog: Catalog, backend: str | None = None, *, rebuild: bool = 
     which also shares the opened index in-process."""
     backend = resolve_backend(backend)
     cls = _CLASSES[backend]
-    if backend == "bm25s":
-        try:
-            import bm25s  # noqa: F401
-        except ImportError:
-            raise ConfigError("search backend 'bm25s' needs the bm25s package: pip install bm25s "
-                              "(or use backend='tantivy')") from None
+    if not backend_available(backend):
+        raise ConfigError(f"search backend {backend!r} needs the {backend} package: pip install {backend} "
+                          "(or use backend='tantivy')")
     final = index_path(catalog, backend)
-    with _BUILD_LOCK:
-        if not rebuild and final.exists():
-            try:
-                manifest = json.loads((final / _MANIFEST).read_text())
-                if manifest != _manifest(catalog, backend):
-                    raise ValueError(f"manifest {manifest} does not match")
-                idx = cls(final)
-                if len(idx) != len(catalog):
-                    raise ValueError(f"{len(idx)} documents, catalog has {len(catalog)}")
-                return idx
-            except Exception as exc:  # noqa: BLE001 - a bad cache is rebuilt, never trusted
-                log.warning("rebuilding search index %s: %s", final, exc)
+    # one builder per index: threads via _BUILD_LOCK, processes (async vector envs) via a lock file
+    with _BUILD_LOCK, interprocess_lock(final.with_name(final.name + ".lock")):
+        if final.exists():
+            if not rebuild:
+                try:
+                    return _open_checked(cls, final, catalog, backend)
+                except Exception as exc:  # noqa: BLE001 - a bad cache is rebuilt, never trusted
+                    log.warning("rebuilding search index %s: %s", final, exc)
+            shutil.rmtree(final)
         build_index(catalog, backend, final)
         return cls(final)
+
+
+def _open_checked(cls, path: Path, catalog: Catalog, backend: str) -> SearchIndex:
+    manifest = json.loads((path / _MANIFEST).read_text())
+    if manifest != _manifest(catalog, backend):
+        raise ValueError(f"manifest {manifest} does not match")
+    idx = cls(path)
+    if len(idx) != len(catalog):
+        raise ValueError(f"{len(idx)} documents, catalog has {len(catalog)}")
+    return idx
 
 
 def build_index(catalog: Catalog, backend: str, final: Path) -> Path:
@@ -294,9 +306,7 @@ def build_index(catalog: Catalog, backend: str, final: Path) -> Path:
     try:
         _CLASSES[backend].build(catalog, tmp)
         (tmp / _MANIFEST).write_text(json.dumps(_manifest(catalog, backend), sort_keys=True))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        os.replace(tmp, final)  # a folder rename: fails rather than clobber an index someone else finished
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -9,6 +9,7 @@ rebuilt, never trusted. The Parquet bytes depend only on (size, seed, taxonomy, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -154,7 +155,7 @@ class Catalog:
         table = self.table.replace_schema_metadata({_META_KEY: meta})
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         try:
-            pq.write_table(table, tmp, compression="zstd", row_group_size=generate.CHUNK, write_statistics=False)
+            pq.write_table(table, tmp, compression="zstd", row_group_size=generate.ROW_GROUP, write_statistics=False)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -187,6 +188,23 @@ def read_catalog(path: str | os.PathLike, size: int | None = None, seed: int | N
     return Catalog(table.replace_schema_metadata(None), meta["size"], meta["seed"], path=path)
 
 
+@contextlib.contextmanager
+def interprocess_lock(path: Path):
+    """Exclusive advisory lock on `path` (created if needed) so that concurrent processes build a cache once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as fh:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: builds may race, writes are still atomic
+            yield
+            return
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 _MEMO: dict[tuple, Catalog] = {}
 _MEMO_LOCK = threading.Lock()
 
@@ -203,16 +221,19 @@ def load_catalog(size: int = 10_000, seed: int = 0, *, cache: bool = True) -> Ca
     with _MEMO_LOCK:
         if key in _MEMO:
             return _MEMO[key]
-        cat = None
-        if cache and path.exists():
-            try:
-                cat = read_catalog(path, size, seed)
-            except Exception as exc:  # noqa: BLE001 - any unreadable cache is rebuilt
-                log.warning("rebuilding catalog cache %s: %s", path, exc)
-        if cat is None:
+        if not cache:
             cat = build_catalog(size, seed)
-            if cache:
-                cat.path = cat.write_parquet(path)
+        else:
+            with interprocess_lock(path.with_name(path.name + ".lock")):
+                cat = None
+                if path.exists():
+                    try:
+                        cat = read_catalog(path, size, seed)
+                    except Exception as exc:  # noqa: BLE001 - any unreadable cache is rebuilt
+                        log.warning("rebuilding catalog cache %s: %s", path, exc)
+                if cat is None:
+                    cat = build_catalog(size, seed)
+                    cat.path = cat.write_parquet(path)
         _MEMO[key] = cat
         return cat
 

@@ -3,8 +3,8 @@
 A seeded `Faker` produces only small vocabularies once per catalog (extra brand names per category, product-line
 names, filler sentences); every product is then a handful of integer draws that index those vocabularies and the
 taxonomy tables. Products are generated in fixed-size chunks, each from its own `SeedSequence([seed, chunk])`
-stream, so memory stays bounded for 1M products and the result depends only on (size, seed, taxonomy, version) —
-a catalog of size N is the first N rows of any larger catalog with the same seed.
+stream drawn at full chunk length, so memory stays bounded for 1M products and row i depends only on (i, seed,
+taxonomy, version): a catalog of size N is the first N rows of any larger catalog with the same seed.
 
 SKUs are an affine bijection of the product id modulo 36**8 (``a*id + b``, ``a`` a unit), written in base 36 after a
 "B0" prefix like Amazon ASINs: unique by construction, and `sku_id` inverts them without a lookup table.
@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 
 from shopsim.catalog.taxonomy import TaxonomyTables
 
-CHUNK = 65_536
+CHUNK = 8_192  # products per independent RNG stream (a catalog is a prefix of any larger one)
+ROW_GROUP = 65_536
 SKU_MOD = 36**8
 _B36 = np.frombuffer(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ", dtype=np.uint8)
 _B36_POW = 36 ** np.arange(7, -1, -1, dtype=np.uint64)
@@ -136,7 +137,7 @@ def generate_chunk(tt: TaxonomyTables, vocab: Vocab, seed: int, chunk: int, star
     chars[:, 2:] = _B36[((num[:, None] // _B36_POW[None, :]) % np.uint64(36)).astype(np.intp)]
     sku = pa.array(chars.view("S10").ravel(), type=pa.binary()).cast(pa.string())
 
-    s = lambda words: pa.array(words, type=pa.string())  # noqa: E731
+    s = lambda words: pa.array(words, type=pa.string())
     brand_s = s(vocab.brands).take(brand)
     type_s = s(tt.types).take(t)
     attrs = _list_array(s(tt.attr_vocab).take(attr_ids), n_attr)
@@ -165,6 +166,7 @@ def generate_chunk(tt: TaxonomyTables, vocab: Vocab, seed: int, chunk: int, star
 def generate_table(tt: TaxonomyTables, size: int, seed: int) -> pa.Table:
     vocab = Vocab(tt, seed)
     ab = sku_params(seed)
-    batches = [generate_chunk(tt, vocab, seed, i, start, min(CHUNK, size - start), ab)
+    # every chunk is drawn at full length and the last one cut, so row i never depends on `size`
+    batches = [generate_chunk(tt, vocab, seed, i, start, CHUNK, ab).slice(0, min(CHUNK, size - start))
                for i, start in enumerate(range(0, size, CHUNK))]
     return pa.Table.from_batches(batches, schema=SCHEMA)
