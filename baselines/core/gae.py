@@ -34,10 +34,10 @@ def _decay_matrix(c: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def discounted_reverse_cumsum(x: torch.Tensor, c, block: int = 64) -> torch.Tensor:
-    """y[b, t] = Σ_{u ≥ t} c^(u−t) · x[b, u] for x of shape [B, T].
+    """y[b, t] = Σ_{u ≥ t} c^(u−t) · x[b, u] for x of shape [B, T]  (i.e. y_t = x_t + c·y_{t+1}).
 
-    `c` is a float (shared decay) or a tensor [B] (per-row decay, e.g. VAPO's length-adaptive λ). No Python loop
-    over time: two blocked matmuls (see the module docstring).
+    `c` is a float (shared decay), a tensor [B] (per-row decay, e.g. VAPO's length-adaptive λ) or a tensor [B, T]
+    (per-step decay: y_t = x_t + c_t·y_{t+1}). No Python loop over time: blocked matmuls (module docstring).
     """
     if x.dim() != 2:
         raise ValueError(f"x must be [B, T], got shape {tuple(x.shape)}")
@@ -45,6 +45,10 @@ def discounted_reverse_cumsum(x: torch.Tensor, c, block: int = 64) -> torch.Tens
     if T == 0:
         return x.clone()
     c_t = torch.as_tensor(c, dtype=x.dtype, device=x.device)
+    if c_t.dim() == 2:
+        if c_t.shape != x.shape:
+            raise ValueError(f"per-step decay must have shape {tuple(x.shape)}, got {tuple(c_t.shape)}")
+        return _per_step_scan(x, c_t, min(block, 16))
     per_row = c_t.dim() == 1
     if per_row and c_t.shape[0] != B:
         raise ValueError(f"per-row decay must have shape [{B}], got {tuple(c_t.shape)}")
@@ -74,6 +78,32 @@ def discounted_reverse_cumsum(x: torch.Tensor, c, block: int = 64) -> torch.Tens
     else:
         carry_w = torch.pow(c_t, block - j)  # [L]
         out = local + nxt[:, :, None] * carry_w[None, None, :]
+    return out.reshape(B, -1)[:, :T]
+
+
+def _per_step_scan(x: torch.Tensor, c: torch.Tensor, block: int) -> torch.Tensor:
+    """y_t = x_t + c_t·y_{t+1}: within blocks products of decays are exp(differences of log-cumsums); the block
+    carries are the same scan one level up (recursion on T/block steps)."""
+    B, T = x.shape
+    block = max(2, min(block, T))
+    nb = -(-T // block)
+    pad = nb * block - T
+    xb = torch.nn.functional.pad(x, (0, pad)).view(B, nb, block)
+    logc = torch.log(c.clamp_min(1e-30))
+    lb = torch.nn.functional.pad(logc, (0, pad)).view(B, nb, block)
+    P = torch.cumsum(lb, -1) - lb  # exclusive prefix: P[j] = Σ_{w<j} log c_w
+    diff = P[..., None, :] - P[..., :, None]  # [B, nb, j, u] = Σ_{w=j}^{u-1} log c_w
+    tri = torch.ones(block, block, dtype=torch.bool, device=x.device).triu()
+    E = torch.where(tri, torch.exp(diff.clamp_max(0.0) if bool((c <= 1).all()) else diff), torch.zeros((), dtype=x.dtype))
+    local = torch.einsum("bnju,bnu->bnj", E, xb)
+    if nb == 1:
+        return local.reshape(B, -1)[:, :T]
+    Ptot = P[..., -1] + lb[..., -1]  # Σ over the block
+    full_starts = _per_step_scan(local[:, :, 0], torch.exp(torch.nn.functional.pad(Ptot[:, :-1], (0, 1))) , block)
+    # full_starts[n] = local0[n] + Π(block n)·full_starts[n+1]
+    nxt = torch.nn.functional.pad(full_starts[:, 1:], (0, 1))
+    carry_w = torch.exp(Ptot[..., None] - P)  # Π_{w=j}^{end} c_w
+    out = local + nxt[:, :, None] * carry_w
     return out.reshape(B, -1)[:, :T]
 
 
@@ -110,7 +140,8 @@ def gae(
       (verl's multi-turn rule for env tokens), so a row may interleave valid and invalid steps.
     * `last_value` [B] bootstraps after each row's last valid step (the value of the state after it: V(s_next)
       for a truncated episode, 0 — or None — for a terminated one).
-    * `lam` is a float or a per-row tensor [B] (VAPO's length-adaptive λ).
+    * `lam` is a float, a per-row tensor [B] (VAPO's length-adaptive λ) or per-step [B, T] (λ_t scales the
+      carry from the next valid step into step t).
     * returns = advantages + values (the critic target; the λ-return).
     """
     if rewards.shape != values.shape or rewards.shape != mask.shape or rewards.dim() != 2:
@@ -138,6 +169,8 @@ def gae(
         next_v = torch.where(is_last & valid_c, lv[:, None], next_v)
     delta = (rc + gamma * next_v - vc) * valid_c
     lam_t = torch.as_tensor(lam, dtype=dtype, device=r.device)
+    if lam_t.dim() == 2:  # per-step λ: compact it like the rewards
+        lam_t = _scatter_front(lam_t * m, idx)
     adv_c = discounted_reverse_cumsum(delta, gamma * lam_t, block=block)
     adv = torch.gather(torch.nn.functional.pad(adv_c, (0, 1)), 1, idx) * m
     return adv, (adv + v) * m

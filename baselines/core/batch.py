@@ -1,0 +1,308 @@
+"""The training batch built from `Trajectory` lists (design document §4, algorithms.md §0.4).
+
+Two context modes (design §4):
+
+* **concat** — one row per trajectory. The last turn's ``prompt_ids + action_ids`` is the whole dialogue; turn k's
+  ``prompt_ids`` must extend turn k−1's ``prompt_ids + action_ids`` (checked, never re-tokenised). Generated
+  segments are masked; env/user/tool tokens between them are not trained on.
+* **window** — one row per turn: ``prompt_ids_k + action_ids_k`` (the prompt is rebuilt by the agent).
+
+Conventions. Per-token tensors are [R, S] (rows × padded length, right padding) aligned with `input_ids`: the
+log-prob / value at position p belongs to the token at p (computed from the model's output at p−1), so
+``gen_mask[r, p] = 1`` exactly at recorded action ids. Per-trajectory tensors are [N, K] (trajectories × turns).
+
+Advantages that run across turns (token GAE, MPO) are computed in the **trajectory-token layout** [N, L]: each
+trajectory's generated tokens in order, whatever the mode (`to_traj_tokens` / `from_traj_tokens` gather and
+scatter between layouts). GAE skips env tokens anyway, so this is exact in both modes.
+
+What later algorithms need travels here too: per-turn hidden summaries (BiPACE, DelTA) in `turn_hidden`,
+strategy ids (ARC), task ids for batch-level baselines with one rollout per task (BASIS), teacher log-probs and
+top-k teacher ids/log-probs (TrOPD) from ``turn.extra`` (`teacher_logprobs`, `teacher_topk_ids`,
+`teacher_topk_logprobs`, one entry per action token), anchor keys (GiGPO) from ``turn.extra["anchor"]`` or
+``turn.info["anchor"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Sequence
+
+import torch
+
+from shopsim.errors import ConfigError
+from shopsim.trajectory import Trajectory
+
+from .stats import group_index
+
+__all__ = ["Batch", "build_batch", "detect_mode", "anchor_key"]
+
+MODES = ("concat", "window")
+
+
+def anchor_key(turn) -> Any:
+    """GiGPO's anchor-state key of a turn (the pre-action state without history)."""
+    a = turn.extra.get("anchor") if turn.extra else None
+    if a is None:
+        a = turn.info.get("anchor") if turn.info else None
+    if a is None:
+        a = turn.observation if isinstance(turn.observation, str) else repr(turn.observation)
+    return a if isinstance(a, (str, int, float, tuple)) else repr(a)
+
+
+def detect_mode(trajs: Sequence[Trajectory]) -> str:
+    """'concat' when every turn's prompt extends the previous prompt+action (and some trajectory has ≥ 2 turns)."""
+    multi = False
+    for tr in trajs:
+        for prev, cur in zip(tr.turns, tr.turns[1:]):
+            multi = True
+            full = list(prev.prompt_ids or []) + list(prev.action_ids or [])
+            if list(cur.prompt_ids or [])[: len(full)] != full:
+                return "window"
+    return "concat" if multi else "window"
+
+
+@dataclass
+class Batch:
+    """Tensors for one training step. See the module docstring for layouts."""
+
+    mode: str
+    # per-row tokens [R, S]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    gen_mask: torch.Tensor
+    turn_index: torch.Tensor  # turn of each generated token, -1 elsewhere
+    old_logp: torch.Tensor  # behaviour log-probs at generated tokens, 0 elsewhere
+    row_traj: torch.Tensor  # [R] trajectory of each row
+    row_turn: torch.Tensor  # [R] turn of each row (window) or -1 (concat)
+    # per trajectory [N] / [N, K]
+    turn_rewards: torch.Tensor
+    turn_mask: torch.Tensor
+    turn_len: torch.Tensor  # generated tokens per turn
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    returns: torch.Tensor  # sum of rewards
+    success: torch.Tensor
+    score: torch.Tensor
+    group_ids: torch.Tensor
+    task_ids: torch.Tensor
+    strategy_ids: torch.Tensor
+    group_keys: list
+    task_keys: list
+    strategy_keys: list
+    # trajectory-token layout [N, L]
+    traj_tok_index: torch.Tensor  # flat index into R*S
+    traj_tok_mask: torch.Tensor
+    traj_tok_turn: torch.Tensor
+    # optional extras
+    anchors: list[list[Any]] = field(default_factory=list)
+    turn_hidden: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N, K, H]
+    teacher_logp: torch.Tensor | None = None  # [R, S]
+    teacher_topk_ids: torch.Tensor | None = None  # [R, S, k]
+    teacher_topk_logp: torch.Tensor | None = None  # [R, S, k]
+    trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+
+    # ----------------------------------------------------------------- views
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_trajectories(self) -> int:
+        return self.turn_rewards.shape[0]
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return int(self.gen_mask.sum())
+
+    @property
+    def traj_gen_len(self) -> torch.Tensor:
+        return self.turn_len.sum(1)
+
+    def to_traj_tokens(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """[R, S] per-token tensor -> [N, L] trajectory-token layout (generated tokens only, in order)."""
+        flat = x.reshape(-1)
+        out = flat[self.traj_tok_index.clamp_min(0)]
+        return torch.where(self.traj_tok_mask, out, torch.full_like(out, fill))
+
+    def from_traj_tokens(self, y: torch.Tensor) -> torch.Tensor:
+        """[N, L] trajectory-token layout -> [R, S] (0 at non-generated positions)."""
+        R, S = self.input_ids.shape
+        out = torch.zeros(R * S + 1, dtype=y.dtype, device=y.device)
+        idx = torch.where(self.traj_tok_mask, self.traj_tok_index, torch.full_like(self.traj_tok_index, R * S))
+        out = out.scatter(0, idx.reshape(-1), y.reshape(-1))
+        return out[: R * S].reshape(R, S)
+
+    def traj_to_tokens(self, v: torch.Tensor) -> torch.Tensor:
+        """Broadcast a per-trajectory value [N] to every generated token [R, S] (0 elsewhere)."""
+        return v[self.row_traj][:, None] * self.gen_mask
+
+    def turn_to_tokens(self, v: torch.Tensor) -> torch.Tensor:
+        """Broadcast a per-turn value [N, K] to every generated token of that turn [R, S] (0 elsewhere)."""
+        ti = self.turn_index.clamp_min(0)
+        per_row = v[self.row_traj]  # [R, K]
+        return torch.gather(per_row, 1, ti) * self.gen_mask
+
+    def turn_starts(self) -> torch.Tensor:
+        """[N, K] flat index (into R*S) of the first generated token of each turn, -1 where the turn is empty."""
+        tt = self.traj_tok_turn
+        first = torch.ones_like(self.traj_tok_mask)
+        first[:, 1:] = tt[:, 1:] != tt[:, :-1]
+        first &= self.traj_tok_mask
+        N, K = self.turn_mask.shape
+        out = torch.full((N, K + 1), -1, dtype=torch.long)
+        k = torch.where(first, tt, torch.full_like(tt, K))
+        out.scatter_(1, k, torch.where(first, self.traj_tok_index, torch.full_like(tt, -1)))
+        return out[:, :K]
+
+    def select_rows(self, rows: torch.Tensor, **per_token: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A minibatch of rows: the token tensors plus any extra per-token tensors given as keywords."""
+        out = {k: getattr(self, k)[rows] for k in ("input_ids", "attention_mask", "gen_mask", "turn_index", "old_logp", "row_traj")}
+        out.update({k: v[rows] for k, v in per_token.items() if v is not None})
+        return out
+
+    def to(self, device) -> "Batch":
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                setattr(self, f.name, v.to(device))
+        return self
+
+
+def _keys(values) -> tuple[torch.Tensor, list]:
+    return group_index([None if v is None else v for v in values])
+
+
+def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id: int = 0,
+                max_length: int | None = None) -> Batch:
+    """Build a `Batch` from trajectories recorded by an LM agent (`prompt_ids`, `action_ids`, `action_logprobs`).
+
+    `mode` is 'concat' or 'window' (default: detected). `max_length` truncates rows from the left in window mode
+    and raises in concat mode (cutting a dialogue would silently drop turns).
+    """
+    trajs = list(trajs)
+    if not trajs:
+        raise ConfigError("build_batch needs at least one trajectory")
+    for i, tr in enumerate(trajs):
+        for k, t in enumerate(tr.turns):
+            if t.action_ids is None or t.prompt_ids is None:
+                raise ConfigError(f"trajectory {i} turn {k} has no prompt_ids/action_ids; collect it with an LM agent")
+    mode = mode or detect_mode(trajs)
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+    N = len(trajs)
+    K = max(1, max(len(tr.turns) for tr in trajs))
+    rows: list[list[int]] = []
+    segs: list[list[tuple[int, int, int]]] = []  # per row: (start, turn, traj)
+    row_traj, row_turn = [], []
+    for i, tr in enumerate(trajs):
+        if mode == "concat":
+            seq: list[int] = []
+            rs = []
+            for k, t in enumerate(tr.turns):
+                p = list(t.prompt_ids)
+                if p[: len(seq)] != seq:
+                    raise ConfigError(
+                        f"concat mode: turn {k} of trajectory {i} does not extend the previous prompt+action "
+                        "(the agent must record exact ids); build the batch with mode='window'"
+                    )
+                rs.append((len(p), k, i))
+                seq = p + list(t.action_ids)
+            rows.append(seq)
+            segs.append(rs)
+            row_traj.append(i)
+            row_turn.append(-1)
+        else:
+            for k, t in enumerate(tr.turns):
+                p = list(t.prompt_ids)
+                a = list(t.action_ids)
+                if max_length is not None and len(p) + len(a) > max_length:
+                    p = p[len(p) + len(a) - max_length:]
+                rows.append(p + a)
+                segs.append([(len(p), k, i)])
+                row_traj.append(i)
+                row_turn.append(k)
+    S = max(1, max(len(r) for r in rows))
+    if max_length is not None and mode == "concat" and S > max_length:
+        raise ConfigError(f"concat row of {S} tokens exceeds max_length={max_length}; raise it or use window mode")
+    R = len(rows)
+    input_ids = torch.full((R, S), pad_id, dtype=torch.long)
+    attn = torch.zeros(R, S, dtype=torch.long)
+    gen = torch.zeros(R, S, dtype=torch.bool)
+    tix = torch.full((R, S), -1, dtype=torch.long)
+    old = torch.zeros(R, S)
+    has_teacher = any("teacher_logprobs" in (t.extra or {}) for tr in trajs for t in tr.turns)
+    has_topk = any("teacher_topk_ids" in (t.extra or {}) for tr in trajs for t in tr.turns)
+    t_logp = torch.zeros(R, S) if has_teacher else None
+    topk = None
+    if has_topk:
+        kk = max(len(t.extra["teacher_topk_ids"][0]) for tr in trajs for t in tr.turns
+                 if t.extra.get("teacher_topk_ids"))
+        topk_ids = torch.zeros(R, S, kk, dtype=torch.long)
+        topk_lp = torch.full((R, S, kk), float("-inf"))
+        topk = (topk_ids, topk_lp)
+    tok_lists: list[list[tuple[int, int]]] = [[] for _ in range(N)]  # per traj: (flat index, turn)
+    for r, (seq, rs) in enumerate(zip(rows, segs)):
+        input_ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attn[r, : len(seq)] = 1
+        for start, k, i in rs:
+            t = trajs[i].turns[k]
+            n = len(t.action_ids)
+            if n == 0:
+                continue
+            gen[r, start : start + n] = True
+            tix[r, start : start + n] = k
+            if t.action_logprobs is not None:
+                if len(t.action_logprobs) != n:
+                    raise ConfigError(f"trajectory {i} turn {k}: {len(t.action_logprobs)} log-probs for {n} action ids")
+                old[r, start : start + n] = torch.tensor(t.action_logprobs, dtype=torch.float32)
+            if t_logp is not None and "teacher_logprobs" in t.extra:
+                t_logp[r, start : start + n] = torch.tensor(t.extra["teacher_logprobs"], dtype=torch.float32)
+            if topk is not None and t.extra.get("teacher_topk_ids"):
+                ids = torch.tensor(t.extra["teacher_topk_ids"], dtype=torch.long)
+                lps = torch.tensor(t.extra["teacher_topk_logprobs"], dtype=torch.float32)
+                topk[0][r, start : start + n, : ids.shape[1]] = ids
+                topk[1][r, start : start + n, : lps.shape[1]] = lps
+            tok_lists[i].extend((r * S + start + j, k) for j in range(n))
+    L = max(1, max(len(tl) for tl in tok_lists))
+    tti = torch.full((N, L), -1, dtype=torch.long)
+    ttt = torch.full((N, L), -1, dtype=torch.long)
+    for i, tl in enumerate(tok_lists):
+        if tl:
+            tti[i, : len(tl)] = torch.tensor([a for a, _ in tl])
+            ttt[i, : len(tl)] = torch.tensor([b for _, b in tl])
+    rew = torch.zeros(N, K)
+    tmask = torch.zeros(N, K, dtype=torch.bool)
+    tlen = torch.zeros(N, K, dtype=torch.long)
+    for i, tr in enumerate(trajs):
+        for k, t in enumerate(tr.turns):
+            rew[i, k] = float(t.reward)
+            tmask[i, k] = True
+            tlen[i, k] = len(t.action_ids)
+    hidden: dict[str, torch.Tensor] = {}
+    names = {n for tr in trajs for t in tr.turns if t.hidden for n in t.hidden}
+    for name in sorted(names):
+        dim = next(len(t.hidden[name]) for tr in trajs for t in tr.turns if t.hidden and name in t.hidden)
+        h = torch.zeros(N, K, dim)
+        for i, tr in enumerate(trajs):
+            for k, t in enumerate(tr.turns):
+                if t.hidden and name in t.hidden:
+                    h[i, k] = torch.tensor(t.hidden[name], dtype=torch.float32)
+        hidden[name] = h
+    gids, gkeys = _keys([tr.group_id if tr.group_id is not None else ("traj", i) for i, tr in enumerate(trajs)])
+    tids, tkeys = _keys([tr.task_id for tr in trajs])
+    sids, skeys = _keys([tr.strategy for tr in trajs])
+    return Batch(
+        mode=mode, input_ids=input_ids, attention_mask=attn, gen_mask=gen, turn_index=tix, old_logp=old,
+        row_traj=torch.tensor(row_traj, dtype=torch.long), row_turn=torch.tensor(row_turn, dtype=torch.long),
+        turn_rewards=rew, turn_mask=tmask, turn_len=tlen,
+        terminated=torch.tensor([tr.terminated for tr in trajs]),
+        truncated=torch.tensor([tr.truncated for tr in trajs]),
+        returns=rew.sum(1), success=torch.tensor([float(tr.success) for tr in trajs]),
+        score=torch.tensor([tr.score for tr in trajs], dtype=torch.float32),
+        group_ids=gids, task_ids=tids, strategy_ids=sids, group_keys=gkeys, task_keys=tkeys, strategy_keys=skeys,
+        traj_tok_index=tti, traj_tok_mask=tti >= 0, traj_tok_turn=ttt,
+        anchors=[[anchor_key(t) for t in tr.turns] for tr in trajs],
+        turn_hidden=hidden, teacher_logp=t_logp,
+        teacher_topk_ids=None if topk is None else topk[0], teacher_topk_logp=None if topk is None else topk[1],
+        trajectories=trajs,
+    )

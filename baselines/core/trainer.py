@@ -1,0 +1,547 @@
+"""The shared training loop of the language-agent algorithms (design document §6, algorithms.md §0).
+
+One iteration: collect G rollouts per task with `shopsim.rollout.collect(..., group_size=G)` → build the
+`Batch` → recompute π_old (and π_ref, critic values) over the recorded ids → the algorithm's advantages →
+`update_epochs` × `minibatches` optimizer steps → evaluation on the dev split → checkpoint. Seeded and resumable
+(`out_dir/state.pt` holds optimizer, RNG states, iteration and history; a second `train` call with the same
+`out_dir` continues where the first stopped). Metrics go to `out_dir/metrics.csv` and TensorBoard
+(`out_dir/tb`); a tqdm bar shows progress.
+
+An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
+
+* `compute_advantages(batch, ctx)`  → `Advantages` (token advantages [R, S], optional critic targets)
+* `policy_loss_tok(mb, logp, adv)`  → per-token policy loss (default: clipped surrogate, §0.3)
+* `extra_loss(mb, logp)`            → additional loss terms (VAPO's positive-example NLL)
+* `collect_batch(...)`              → rollout policy (DAPO's dynamic sampling)
+* `before_training(...)`            → e.g. VAPO's value pre-training
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from baselines.base import Algorithm, TrainResult
+from shopsim.errors import ConfigError
+
+from .batch import Batch, build_batch
+from .losses import AGG_MODES, aggregate, clipped_surrogate, entropy_from_logits, kl_term, token_logprobs, value_loss
+from .stats import explained_variance, masked_mean, masked_whiten
+from .value_head import ValueModel
+
+__all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "forward_policy"]
+
+
+@dataclass
+class LMConfig:
+    """Options shared by every LM algorithm; each algorithm's Config subclasses this with its paper's defaults."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    group_size: int = 8
+    """Rollouts per task (G); they share the task and the reset seed."""
+    tasks_per_iter: int = 8
+    update_epochs: int = 1
+    minibatches: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    loss_agg: str = "token-mean"
+    normalize_advantage: bool = False
+    """Whiten advantages over all generated tokens of the batch."""
+    kl_coef: float = 0.0
+    kl_kind: str = "k3"
+    entropy_coef: float = 0.0
+    recompute_old_logp: bool = True
+    """π_old = log-probs recomputed over the recorded ids before the update (True) or the behaviour log-probs."""
+    # critic (ppo, vapo, mpo)
+    vf_coef: float = 0.5
+    critic_lr: float = 1e-5
+    value_clip: float | None = None
+    critic_shared: bool = False
+    """Value head on the policy backbone instead of a separate copy (§2 alternative)."""
+    # rollouts
+    temperature: float = 1.0
+    max_new_tokens: int | None = None
+    """Per-turn generation limit (None: the agent's default)."""
+    context_mode: str | None = None
+    """'concat' or 'window' (None: the agent's default)."""
+    reset_options: dict = field(default_factory=dict)
+    """Extra reset options for training episodes (e.g. {"family": "find_and_buy"})."""
+    task_families: tuple = ()
+    """Restrict training/eval tasks to these task families (empty: all)."""
+    num_envs: int = 8
+    agent_kwargs: dict = field(default_factory=dict)
+    """Keyword options for `agents.make("lm", ...)` when no `init` checkpoint is given."""
+    max_length: int | None = None
+    # evaluation / checkpoints
+    eval_every: int = 1
+    """Evaluate on the dev split every N iterations (0: only after the last one)."""
+    eval_episodes: int = 16
+    eval_split: str = "dev"
+    eval_greedy: bool = True
+    checkpoint_every: int = 1
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.loss_agg not in AGG_MODES:
+            raise ConfigError(f"loss_agg={self.loss_agg!r}; choose one of {', '.join(AGG_MODES)}")
+        if self.kl_kind not in ("k1", "k3"):
+            raise ConfigError(f"kl_kind={self.kl_kind!r}; choose 'k1' or 'k3'")
+        for name in ("group_size", "tasks_per_iter", "update_epochs", "minibatches", "num_envs"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.critic_lr <= 0:
+            raise ConfigError("lr and critic_lr must be > 0")
+        if not (0 <= self.clip_low < 1) or self.clip_high < 0:
+            raise ConfigError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+        if self.context_mode not in (None, "concat", "window"):
+            raise ConfigError(f"context_mode={self.context_mode!r}; choose 'concat' or 'window'")
+        if self.eval_every < 0 or self.eval_episodes < 0:
+            raise ConfigError("eval_every and eval_episodes must be >= 0")
+        if isinstance(self.task_families, str):
+            self.task_families = tuple(f for f in self.task_families.split(",") if f)
+        self.task_families = tuple(self.task_families)
+
+
+@dataclass
+class Advantages:
+    """What `compute_advantages` returns. Token tensors are [R, S] like the batch."""
+
+    adv: torch.Tensor
+    returns: torch.Tensor | None = None
+    """Critic targets per token (None: no critic loss)."""
+    value_mask: torch.Tensor | None = None
+    """Tokens whose value is regressed (default: generated tokens)."""
+    token_mask: torch.Tensor | None = None
+    """Tokens that enter the policy loss (default: generated tokens; DAPO/WAPO may drop some)."""
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class Ctx:
+    """Per-batch tensors computed under no_grad before the update."""
+
+    old_logp: torch.Tensor
+    behav_logp: torch.Tensor
+    values: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    iteration: int = 0
+
+
+def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0, need_hidden: bool = False,
+                   need_entropy: bool = False):
+    """One forward over right-padded rows: (logp [B,S] aligned with tokens, entropy [B,S] or None, hidden or None).
+
+    Position ids are ``cumsum(mask) − 1`` (the LM agent's convention), log-probs use the sampling temperature.
+    """
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
+                output_hidden_states=need_hidden)
+    logits = out.logits[:, :-1, :].float() / temperature
+    lp = token_logprobs(logits, input_ids[:, 1:])
+    lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+    ent = None
+    if need_entropy:
+        ent = entropy_from_logits(logits)
+        ent = torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
+    return lp, ent, (out.hidden_states[-1] if need_hidden else None)
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+class LMAlgorithm(Algorithm):
+    """Base of the Shopping LM algorithms: the shared loop; subclasses define advantages (and loss tweaks)."""
+
+    families: ClassVar[tuple[str, ...]] = ("shopping",)
+    Config: ClassVar[type] = LMConfig
+    uses_critic: ClassVar[bool] = False
+    needs_entropy: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ hooks
+    def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
+        raise NotImplementedError
+
+    def policy_loss_tok(self, mb: dict, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
+        c = self.config
+        return clipped_surrogate(logp, mb["old_logp_pi"], adv, mask, c.clip_low, c.clip_high, c.dual_clip)
+
+    def extra_loss(self, mb: dict, logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+        return None, {}
+
+    def before_training(self, env_id: str, agent, rng: np.random.Generator, out_dir: Path) -> dict:
+        return {}
+
+    # ------------------------------------------------------------------ setup
+    def make_agent(self, env_id: str, init, seed: int):
+        import agents
+
+        c = self.config
+        if init is not None:
+            agent = agents.load_checkpoint(init, env_id=env_id)
+        else:
+            agent = agents.make("lm", env_id, **dict(c.agent_kwargs))
+        self._configure_agent(agent)
+        return agent
+
+    def _configure_agent(self, agent) -> None:
+        """Apply the config's sampling options to the agent, where it exposes them."""
+        c = self.config
+        samp = getattr(agent, "sampling", None)
+        if samp is not None:
+            if hasattr(samp, "temperature"):
+                samp.temperature = c.temperature
+            if c.max_new_tokens is not None and hasattr(samp, "max_new_tokens"):
+                samp.max_new_tokens = c.max_new_tokens
+            if hasattr(samp, "greedy"):
+                samp.greedy = False
+        if c.context_mode is not None and hasattr(agent, "context_mode"):
+            agent.context_mode = c.context_mode
+
+    def setup(self, agent) -> None:
+        """Optimizers, critic and reference model for `agent.model`."""
+        c = self.config
+        self.agent = agent
+        self.model = agent.model
+        self.model.to(c.device)
+        tok = getattr(agent, "tokenizer", None)
+        self.pad_id = int(getattr(agent, "pad_id", None) or getattr(tok, "pad_token_id", None) or 0)
+        self.temperature = c.temperature
+        params = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": c.lr}]
+        self.critic = None
+        if self.uses_critic:
+            self.critic = ValueModel(self.model, shared=c.critic_shared).to(c.device)
+            params.append({"params": list(self.critic.parameters()), "lr": c.critic_lr})
+        self.optimizer = torch.optim.AdamW(params, weight_decay=c.weight_decay)
+        self.ref_model = None
+        if c.kl_coef > 0 or getattr(c, "kl_in_reward", 0) > 0:
+            import copy
+
+            self.ref_model = copy.deepcopy(self.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+
+    # ------------------------------------------------------------------ one update
+    def _rows_forward(self, model, ids, attn, *, need_entropy=False, need_hidden=False):
+        return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
+                              need_hidden=need_hidden)
+
+    @torch.no_grad()
+    def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
+        """π_old, π_ref and critic values over the recorded ids (no grad)."""
+        c = self.config
+        self.model.eval()
+        old, _, hid = self._rows_forward(self.model, batch.input_ids, batch.attention_mask,
+                                         need_hidden=self.critic is not None and self.critic.shared)
+        self.model.train()
+        ref = None
+        if self.ref_model is not None:
+            ref, _, _ = self._rows_forward(self.ref_model, batch.input_ids, batch.attention_mask)
+        values = None
+        if self.critic is not None:
+            values = self.critic(batch.input_ids, batch.attention_mask, hidden=hid) * batch.gen_mask
+        behav = batch.old_logp
+        old_pi = old * batch.gen_mask if c.recompute_old_logp else behav
+        return Ctx(old_logp=old_pi, behav_logp=behav, values=values, ref_logp=ref, iteration=iteration)
+
+    def update(self, batch: Batch, iteration: int = 0, generator: torch.Generator | None = None) -> dict:
+        """Advantages and `update_epochs` × `minibatches` optimizer steps on `batch`; returns mean metrics."""
+        c = self.config
+        batch = batch.to(c.device)
+        ctx = self.prepare(batch, iteration)
+        advs = self.compute_advantages(batch, ctx)
+        gen = batch.gen_mask.float()
+        tok_mask = gen if advs.token_mask is None else advs.token_mask.float() * gen
+        adv = advs.adv * gen
+        if c.normalize_advantage:
+            adv = masked_whiten(adv, tok_mask)
+        metrics: dict[str, float] = {k: float(v) for k, v in advs.metrics.items()}
+        metrics["adv_mean"] = float(masked_mean(adv, tok_mask))
+        if advs.returns is not None and ctx.values is not None:
+            vm = gen if advs.value_mask is None else advs.value_mask.float()
+            metrics["explained_variance"] = explained_variance(ctx.values, advs.returns, vm)
+        R = batch.num_rows
+        acc: dict[str, list[float]] = {}
+        for _ in range(c.update_epochs):
+            perm = torch.randperm(R, generator=generator)
+            for rows in torch.tensor_split(perm, min(c.minibatches, R)):
+                if rows.numel() == 0:
+                    continue
+                rows = rows.sort().values.to(c.device)
+                m = self._minibatch_step(batch, rows, ctx, advs, adv, tok_mask)
+                for k, v in m.items():
+                    acc.setdefault(k, []).append(v)
+        metrics.update({k: float(np.mean(v)) for k, v in acc.items()})
+        return metrics
+
+    def _minibatch_step(self, batch: Batch, rows, ctx: Ctx, advs: Advantages, adv, tok_mask) -> dict:
+        c = self.config
+        ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
+        mask = tok_mask[rows]
+        need_ent = c.entropy_coef > 0 or self.needs_entropy
+        shared = self.critic is not None and self.critic.shared
+        logp, ent, hid = self._rows_forward(self.model, ids, attn, need_entropy=need_ent, need_hidden=shared)
+        seq_index = None
+        if batch.mode == "window":
+            seq_index = torch.unique(batch.row_traj[rows], return_inverse=True)[1]
+        mb = {
+            "rows": rows, "gen_mask": batch.gen_mask[rows], "turn_index": batch.turn_index[rows],
+            "row_traj": batch.row_traj[rows], "old_logp_pi": ctx.old_logp[rows], "behav_logp": ctx.behav_logp[rows],
+            "seq_index": seq_index, "batch": batch, "adv": adv[rows],
+        }
+        pg_tok, st = self.policy_loss_tok(mb, logp, adv[rows], mask)
+        loss = aggregate(pg_tok, mask, c.loss_agg, seq_index=seq_index)
+        out = {"loss_policy": float(loss.detach()), **{k: float(v) for k, v in st.items()}}
+        if ctx.ref_logp is not None and c.kl_coef > 0:
+            kl = aggregate(kl_term(logp, ctx.ref_logp[rows], c.kl_kind), mask, c.loss_agg, seq_index=seq_index)
+            loss = loss + c.kl_coef * kl
+            out["kl_ref"] = float(kl.detach())
+        if ent is not None:
+            h = aggregate(ent, mask, "token-mean")
+            out["entropy"] = float(h.detach())
+            if c.entropy_coef > 0:
+                loss = loss - c.entropy_coef * h
+        extra, em = self.extra_loss(mb, logp, mask)
+        if extra is not None:
+            loss = loss + extra
+        out.update(em)
+        if self.critic is not None and advs.returns is not None:
+            v_new = self.critic(ids, attn, hidden=hid)
+            vmask = (batch.gen_mask if advs.value_mask is None else advs.value_mask)[rows].float()
+            vl_tok, vclip = value_loss(v_new, ctx.values[rows], advs.returns[rows], c.value_clip)
+            vl = aggregate(vl_tok, vmask, "token-mean")
+            loss = loss + c.vf_coef * vl
+            out["loss_value"] = float(vl.detach())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        gn = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
+        self.optimizer.step()
+        out["grad_norm"] = float(gn)
+        out["loss"] = float(loss.detach())
+        return out
+
+    # ------------------------------------------------------------------ rollouts
+    def train_tasks(self, env_id: str, rng: np.random.Generator, n: int) -> list | None:
+        """n training task ids drawn from the env's train split (None: let the env draw from the seed)."""
+        from baselines.core.tasks import sample_tasks
+
+        return sample_tasks(env_id, "train", rng, n, families=self.config.task_families)
+
+    def collect_batch(self, env_id: str, agent, iteration: int, rng: np.random.Generator,
+                      env_kwargs: dict | None = None, env_fns=None, progress: bool = False):
+        """G rollouts for each of `tasks_per_iter` tasks; returns (trajectories, metrics)."""
+        from shopsim.rollout import collect
+
+        c = self.config
+        tasks = self.train_tasks(env_id, rng, c.tasks_per_iter)
+        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=c.tasks_per_iter)]
+        trajs = collect(env_id, agent, tasks=tasks, seeds=seeds, episodes=c.tasks_per_iter if tasks else None,
+                        split="train", group_size=c.group_size, num_envs=c.num_envs, env_kwargs=env_kwargs,
+                        reset_options=dict(c.reset_options) or None, progress=progress, env_fns=env_fns,
+                        agent_seed=int(rng.integers(0, 2**31 - 1)))
+        return trajs, {"rollouts": len(trajs)}
+
+    def evaluate(self, env_id: str, agent, *, seed: int, env_kwargs=None, env_fns=None) -> dict:
+        """Success / score on the eval split (greedy by default) with fixed task ids and seeds."""
+        from baselines.core.tasks import eval_tasks
+        from shopsim.rollout import collect
+
+        c = self.config
+        if c.eval_episodes == 0:
+            return {}
+        tasks = eval_tasks(env_id, c.eval_split, c.eval_episodes, families=c.task_families)
+        samp = getattr(agent, "sampling", None)
+        old = getattr(samp, "greedy", None)
+        if samp is not None and old is not None:
+            samp.greedy = c.eval_greedy
+        try:
+            trajs = collect(env_id, agent, tasks=tasks, seeds=[seed + i for i in range(len(tasks or [None] * c.eval_episodes))],
+                            episodes=c.eval_episodes if tasks is None else None, split=c.eval_split,
+                            num_envs=c.num_envs, env_kwargs=env_kwargs, progress=False, env_fns=env_fns,
+                            reset_options=dict(c.reset_options) or None, agent_seed=seed)
+        finally:
+            if samp is not None and old is not None:
+                samp.greedy = old
+        return {f"{c.eval_split}_success": float(np.mean([t.success for t in trajs])),
+                f"{c.eval_split}_score": float(np.mean([t.score for t in trajs])),
+                f"{c.eval_split}_turns": float(np.mean([t.num_turns for t in trajs]))}
+
+    def pretrain_critic(self, env_id: str, agent, rng: np.random.Generator, steps: int, batches: int = 2) -> dict:
+        """VAPO-style value pre-training (arXiv 2504.05118): roll out the frozen initial policy, regress the critic
+        on Monte-Carlo returns (token GAE with λ = 1, γ = 1) for `steps` critic-only steps."""
+        from .advantages import token_gae_for_batch
+
+        if self.critic is None:
+            raise ConfigError(f"{self.name}: value pre-training needs a critic")
+        c = self.config
+        data = []
+        for _ in range(max(1, batches)):
+            trajs, _ = LMAlgorithm.collect_batch(self, env_id, agent, -1, rng, env_kwargs=self._env_kwargs,
+                                                 env_fns=self._env_fns)
+            b = build_batch(trajs, mode=c.context_mode or getattr(agent, "context_mode", None), pad_id=self.pad_id,
+                            max_length=c.max_length).to(c.device)
+            zeros = torch.zeros_like(b.old_logp)
+            _, ret = token_gae_for_batch(b, zeros, gamma=1.0, lam=1.0)
+            hid = None
+            if self.critic.shared:
+                with torch.no_grad():
+                    _, _, hid = self._rows_forward(self.model, b.input_ids, b.attention_mask, need_hidden=True)
+            data.append((b, ret, hid))
+        params = [p for p in (self.critic.head.parameters() if self.critic.shared else self.critic.parameters())]
+        opt = torch.optim.AdamW(params, lr=c.critic_lr)
+        losses = []
+        for s in range(steps):
+            b, ret, hid = data[s % len(data)]
+            v = self.critic(b.input_ids, b.attention_mask, hidden=hid)
+            vl = aggregate(value_loss(v, None, ret)[0], b.gen_mask, "token-mean")
+            opt.zero_grad(set_to_none=True)
+            vl.backward()
+            torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
+            opt.step()
+            losses.append(float(vl.detach()))
+        with torch.no_grad():
+            b, ret, hid = data[0]
+            ev = explained_variance(self.critic(b.input_ids, b.attention_mask, hidden=hid), ret, b.gen_mask)
+        return {"pretrain_steps": steps, "pretrain_value_loss_first": losses[0] if losses else float("nan"),
+                "pretrain_value_loss_last": losses[-1] if losses else float("nan"),
+                "pretrain_explained_variance": ev}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, directory: Path, env_id: str) -> Path:
+        """Save the policy so `agents.load_checkpoint(directory)` rebuilds it (and the critic next to it)."""
+        directory = Path(directory)
+        save = getattr(self.agent, "save_checkpoint", None) or getattr(self.agent, "save", None)
+        if save is None:
+            raise ConfigError(f"{type(self.agent).__name__} cannot be saved (no save_checkpoint/save method)")
+        save(directory)
+        if self.critic is not None:
+            self.critic.save(directory)
+        return directory
+
+    def _state(self, iteration: int, history: list, rng: np.random.Generator) -> dict:
+        state = {"iteration": iteration, "history": history, "rng": rng.bit_generator.state,
+                 "torch_rng": torch.get_rng_state(), "model": self.model.state_dict(),
+                 "optimizer": self.optimizer.state_dict(), "config": asdict(self.config)}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
+
+    def _load_state(self, state: dict, rng: np.random.Generator) -> tuple[int, list]:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.critic is not None and "critic" in state:
+            self.critic.load_state_dict(state["critic"])
+        rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        return int(state["iteration"]), list(state["history"])
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, env_id: str, *, iterations: int, seed: int = 0, out_dir="runs/train", init=None,
+              progress: bool = True, resume: bool = True, env_kwargs: dict | None = None, env_fns=None,
+              agent=None, **kwargs: Any) -> TrainResult:
+        """Train for `iterations` iterations (see module docstring). `agent` overrides `init` (tests)."""
+        if kwargs:
+            raise ConfigError(f"unknown train() argument(s): {', '.join(sorted(kwargs))}")
+        if iterations < 0:
+            raise ConfigError(f"iterations must be >= 0, got {iterations}")
+        c = self.config
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        _seed_all(seed)
+        rng = np.random.default_rng(seed)
+        if agent is None:
+            agent = self.make_agent(env_id, init, seed)
+        else:
+            self._configure_agent(agent)
+        self.setup(agent)
+        self._env_kwargs, self._env_fns = env_kwargs, env_fns
+        start, history = 0, []
+        state_path = out / "state.pt"
+        if resume and state_path.is_file():
+            start, history = self._load_state(torch.load(state_path, map_location="cpu", weights_only=False), rng)
+        else:
+            (out / "config.json").write_text(json.dumps({"algo": self.name, "env_id": env_id, "seed": seed,
+                                                         "init": None if init is None else str(init),
+                                                         "config": asdict(c)}, indent=2, default=str))
+            pre = self.before_training(env_id, agent, rng, out)
+            if pre:
+                (out / "pretrain.json").write_text(json.dumps(pre, indent=2, default=float))
+        writer = _tb_writer(out / "tb")
+        gen = torch.Generator().manual_seed(seed)
+        ckpt = out / "checkpoint" if (out / "checkpoint").exists() else None
+        from tqdm.auto import tqdm
+
+        bar = tqdm(range(start, iterations), desc=f"{self.name} {env_id}", disable=not progress, unit="it")
+        for it in bar:
+            t0 = time.perf_counter()
+            trajs, cm = self.collect_batch(env_id, agent, it, rng, env_kwargs=env_kwargs, env_fns=env_fns)
+            t1 = time.perf_counter()
+            batch = build_batch(trajs, mode=getattr(agent, "context_mode", None) if c.context_mode is None else c.context_mode,
+                                pad_id=self.pad_id, max_length=c.max_length)
+            gen.manual_seed(seed * 1_000_003 + it)
+            m = self.update(batch, it, generator=gen)
+            t2 = time.perf_counter()
+            row = {"iteration": it + 1, **cm,
+                   "train_success": float(np.mean([t.success for t in trajs])),
+                   "train_score": float(np.mean([t.score for t in trajs])),
+                   "train_return": float(np.mean([t.total_reward for t in trajs])),
+                   "train_turns": float(np.mean([t.num_turns for t in trajs])),
+                   "gen_tokens": batch.num_generated_tokens,
+                   "rollout_s": t1 - t0, "update_s": t2 - t1,
+                   "train_tokens_per_s": float(batch.attention_mask.sum()) * c.update_epochs / max(t2 - t1, 1e-9),
+                   **m}
+            last = it + 1 == iterations
+            if (c.eval_every and (it + 1) % c.eval_every == 0) or last:
+                row.update(self.evaluate(env_id, agent, seed=10_000 + seed, env_kwargs=env_kwargs, env_fns=env_fns))
+            history.append(row)
+            _write_csv(out / "metrics.csv", history)
+            if writer is not None:
+                for k, v in row.items():
+                    if isinstance(v, (int, float)) and math.isfinite(float(v)):
+                        writer.add_scalar(k, float(v), it + 1)
+                writer.flush()
+            if (c.checkpoint_every and (it + 1) % c.checkpoint_every == 0) or last:
+                ckpt = self.save_checkpoint(out / "checkpoint", env_id)
+                tmp = out / "state.pt.tmp"
+                torch.save(self._state(it + 1, history, rng), tmp)
+                tmp.replace(state_path)
+            bar.set_postfix(success=f"{row['train_success']:.2f}", loss=f"{row.get('loss', float('nan')):.3g}")
+        if writer is not None:
+            writer.close()
+        return TrainResult(out_dir=out, history=history, agent=agent, checkpoint=ckpt)
+
+
+def _tb_writer(path: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # pragma: no cover - tensorboard is a dependency, but never fail training on logging
+        return None
+    return SummaryWriter(str(path))
+
+
+def _write_csv(path: Path, history: list[dict]) -> None:
+    keys: list[str] = []
+    for row in history:
+        keys.extend(k for k in row if k not in keys)
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for row in history:
+            w.writerow(row)
+    tmp.replace(path)

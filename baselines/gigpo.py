@@ -1,0 +1,121 @@
+"""GiGPO for the Shopping LM agent (algorithms.md §5).
+
+Feng, Xue, Liu, An, "Group-in-Group Policy Optimization for LLM Agent Training", arXiv 2505.10978 (NeurIPS 2025),
+§3 (episode-level and step-level relative advantages); reference code langfengQ/verl-agent ``core_gigpo.py``.
+
+    episode:  A^E_i = R_i − mean_g R                       (mode mean_norm; mean_std_norm divides by std + 1e-6)
+    step:     R_{i,k} = r_{i,k} + γ R_{i,k+1}  (γ = 0.95)
+              anchor group = rows of one task group whose anchor state is identical (``info["anchor"]``);
+              A^S_{i,k} = R_{i,k} − mean_{anchor group} R  (singleton anchor group → 0)
+    joint:    A_{i,k} = A^E_i + w·A^S_{i,k}  broadcast to the tokens of action k
+    loss:     clipped surrogate (ε = 0.2) + β_KL·k3 (0.01), token-mean
+
+Option ``enable_similarity``: anchor groups by greedy clustering of anchor texts with difflib ratio ≥ threshold.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import torch
+
+from baselines.core.advantages import turn_returns_to_go
+from baselines.core.batch import Batch
+from baselines.core.stats import group_index, group_normalize, group_stats
+from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
+from baselines.grpo import trajectory_reward
+from shopsim.errors import ConfigError
+
+MODES = {"mean_norm": "mean", "mean_std_norm": "mean_std"}
+
+
+@dataclass
+class GiGPOConfig(LMConfig):
+    gamma: float = 0.95
+    step_advantage_w: float = 1.0
+    mode: str = "mean_norm"
+    enable_similarity: bool = False
+    similarity_thresh: float = 0.95
+    group_size: int = 8
+    tasks_per_iter: int = 16
+    kl_coef: float = 0.01
+    kl_kind: str = "k3"
+    lr: float = 1e-6
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_agg: str = "token-mean"
+    reward: str = "return"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode={self.mode!r}; choose one of {', '.join(MODES)}")
+        if not 0 < self.similarity_thresh <= 1:
+            raise ConfigError(f"similarity_thresh must be in (0, 1], got {self.similarity_thresh}")
+        super().__post_init__()
+
+
+def similarity_clusters(texts: list[str], thresh: float) -> list[int]:
+    """Greedy clustering: join the first cluster whose representative has difflib ratio ≥ thresh."""
+    reps: list[str] = []
+    out = []
+    for s in texts:
+        for j, r in enumerate(reps):
+            if difflib.SequenceMatcher(None, s, r).ratio() >= thresh:
+                out.append(j)
+                break
+        else:
+            reps.append(s)
+            out.append(len(reps) - 1)
+    return out
+
+
+def gigpo_advantages(R: torch.Tensor, step_returns: torch.Tensor, turn_mask: torch.Tensor, group_ids: torch.Tensor,
+                     anchors: list[list], *, mode: str = "mean_norm", w: float = 1.0,
+                     similarity: float | None = None) -> tuple[torch.Tensor, dict]:
+    """Joint advantages [N, K] from episode returns R [N] and step returns [N, K] (see module docstring)."""
+    norm = MODES[mode]
+    AE = group_normalize(R, group_ids, norm)
+    idx = turn_mask.nonzero(as_tuple=False)  # [M, 2] (i, k) of valid steps
+    if idx.numel() == 0:
+        return torch.zeros_like(step_returns), {"anchor_group_size": 0.0, "anchor_singleton_share": 0.0}
+    g = group_ids[idx[:, 0]].tolist()
+    keys = [anchors[i][k] for i, k in idx.tolist()]
+    if similarity is not None:
+        by_group: dict = {}
+        for n, (gg, key) in enumerate(zip(g, keys)):
+            by_group.setdefault(gg, []).append(n)
+        clus = [0] * len(keys)
+        for gg, members in by_group.items():
+            labels = similarity_clusters([str(keys[n]) for n in members], similarity)
+            for n, lab in zip(members, labels):
+                clus[n] = lab
+        full = list(zip(g, clus))
+    else:
+        full = list(zip(g, keys))
+    aid, _ = group_index(full)
+    vals = step_returns[idx[:, 0], idx[:, 1]]
+    AS = group_normalize(vals, aid, norm, singleton="zero")
+    _, _, cnt = group_stats(vals, aid)
+    A = torch.zeros_like(step_returns)
+    A[idx[:, 0], idx[:, 1]] = AS
+    A = (AE[:, None] + w * A) * turn_mask
+    n_groups = int(aid.max()) + 1
+    sizes = torch.bincount(aid, minlength=n_groups).float()
+    return A, {"anchor_group_size": float(sizes.mean()), "anchor_singleton_share": float((sizes == 1).float().mean()),
+               "anchor_steps_in_singletons": float((cnt == 1).float().mean())}
+
+
+class GiGPO(LMAlgorithm):
+    """Group-in-Group Policy Optimization: episode-level + anchor-state step-level relative advantages."""
+
+    name = "gigpo"
+    Config = GiGPOConfig
+
+    def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
+        c = self.config
+        R = trajectory_reward(batch, c.reward)
+        Rk = turn_returns_to_go(batch, c.gamma)
+        A, m = gigpo_advantages(R, Rk, batch.turn_mask.float(), batch.group_ids, batch.anchors, mode=c.mode,
+                                w=c.step_advantage_w, similarity=c.similarity_thresh if c.enable_similarity else None)
+        return Advantages(adv=batch.turn_to_tokens(A), metrics=m)

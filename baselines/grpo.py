@@ -1,0 +1,102 @@
+"""GRPO for the Shopping LM agent (algorithms.md §3).
+
+Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+arXiv 2402.03300, §4.1 (outcome supervision); Dr.GRPO (no std division): arXiv 2503.20783.
+
+    A_i = (R_i − mean_g R) / (std_g R + ε_std)     broadcast to every generated token of every turn of trajectory i
+    L   = −agg min(ρ·A_i, clip(ρ, 1−ε, 1+ε)·A_i) + β·agg k3        agg = seq-mean-token-mean
+
+Statistics are computed once per trajectory (`stats_over="trajectory"`); `"rows"` weighs each trajectory by its
+number of turns, as verl-agent's step rows do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from baselines.core.batch import Batch
+from baselines.core.stats import group_normalize, group_stats
+from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
+from shopsim.errors import ConfigError
+
+SCALES = ("group", "batch", "none")
+REWARDS = ("return", "score", "success")
+
+
+@dataclass
+class GRPOConfig(LMConfig):
+    group_size: int = 8
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_kind: str = "k3"
+    scale_rewards: str = "group"
+    eps_std: float = 1e-6
+    loss_agg: str = "seq-mean-token-mean"
+    lr: float = 1e-6
+    stats_over: str = "trajectory"
+    singleton: str = "zero"
+    reward: str = "return"
+    """Trajectory reward R_i: the sum of env rewards ('return'), the final score, or the success flag."""
+
+    def __post_init__(self) -> None:
+        if self.scale_rewards not in SCALES:
+            raise ConfigError(f"scale_rewards={self.scale_rewards!r}; choose one of {', '.join(SCALES)}")
+        if self.stats_over not in ("trajectory", "rows"):
+            raise ConfigError(f"stats_over={self.stats_over!r}; choose 'trajectory' or 'rows'")
+        if self.reward not in REWARDS:
+            raise ConfigError(f"reward={self.reward!r}; choose one of {', '.join(REWARDS)}")
+        if self.singleton not in ("zero", "raw"):
+            raise ConfigError(f"singleton={self.singleton!r}; choose 'zero' or 'raw'")
+        super().__post_init__()
+
+
+def trajectory_reward(batch: Batch, kind: str = "return") -> torch.Tensor:
+    return {"return": batch.returns, "score": batch.score, "success": batch.success}[kind].float()
+
+
+def grpo_advantages(R: torch.Tensor, group_ids, *, scale: str = "group", eps: float = 1e-6,
+                    singleton: str = "zero", weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Group-relative outcome advantages [N]. `weights` (turn counts) reproduce verl-agent's row statistics."""
+    if weights is None:
+        if scale == "group":
+            return group_normalize(R, group_ids, "mean_std", eps=eps, singleton=singleton)
+        A = group_normalize(R, group_ids, "mean", singleton=singleton)
+        if scale == "batch":
+            A = A / (R.std() + eps) if R.numel() > 1 else A
+        return A
+    # rows: each trajectory repeated once per turn
+    reps = weights.long().clamp_min(1)
+    Rr = R.repeat_interleave(reps)
+    gr = torch.as_tensor(group_ids).repeat_interleave(reps)
+    mean, std, cnt = group_stats(Rr, gr)
+    first = torch.cumsum(reps, 0) - reps
+    mean, std, cnt = mean[first], std[first], cnt[first]
+    A = R - mean
+    if scale == "group":
+        A = A / (std + eps)
+    elif scale == "batch":
+        A = A / (Rr.std() + eps)
+    single = cnt <= reps.float()  # one trajectory in the group
+    return torch.where(single, R if singleton == "raw" else torch.zeros_like(R), A)
+
+
+def zero_variance_share(R: torch.Tensor, group_ids) -> float:
+    _, std, cnt = group_stats(R, group_ids)
+    return float(((std == 0) & (cnt > 1)).float().mean()) if R.numel() else 0.0
+
+
+class GRPO(LMAlgorithm):
+    """Group Relative Policy Optimization: outcome advantage normalised within each task's G rollouts."""
+
+    name = "grpo"
+    Config = GRPOConfig
+
+    def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
+        c = self.config
+        R = trajectory_reward(batch, c.reward)
+        w = batch.turn_mask.sum(1) if c.stats_over == "rows" else None
+        A = grpo_advantages(R, batch.group_ids, scale=c.scale_rewards, eps=c.eps_std, singleton=c.singleton, weights=w)
+        return Advantages(adv=batch.traj_to_tokens(A), metrics={"zero_variance_groups": zero_variance_share(R, batch.group_ids)})

@@ -1,0 +1,74 @@
+"""PPO for the Shopping LM agent, token-level GAE with a critic (algorithms.md §2, LM flavour).
+
+Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347, eq. 7 (clipped surrogate) and eq. 9
+(combined loss); GAE: Schulman et al., arXiv 1506.02438, eq. 16. Multi-turn token GAE as in verl: every generated
+token is an action, r_k sits on the last generated token of turn k, and env tokens are skipped (next value and
+running advantage carry over them). Advantages are whitened over the batch's generated tokens.
+
+    actor:  L_π = −token-mean min(ρ·A, clip(ρ, 1−ε, 1+ε)·A)      (optional dual clip c = 3)
+    critic: L_V = ½·token-mean max((V − R)², (clip(V, V_old ± ε_v) − R)²)
+    total:  L = L_π + c_v·L_V − c_ent·H (+ β·k3)
+
+The critic is a separate copy of the policy backbone with a fresh scalar head (`critic_shared=True`: a head on the
+policy backbone). The numeric (Replenishment) flavour lives in `baselines.hybrid_ppo`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from baselines.core.advantages import token_gae_for_batch
+from baselines.core.batch import Batch
+from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
+from shopsim.errors import ConfigError
+
+
+@dataclass
+class PPOConfig(LMConfig):
+    gamma: float = 1.0
+    gae_lambda: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    value_clip: float | None = 0.5
+    vf_coef: float = 0.5
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    kl_in_reward: float = 0.0
+    """β of the in-reward KL penalty r_t −= β·k1_t on generated tokens (verl); needs no reference copy if 0."""
+    lr: float = 1e-6
+    critic_lr: float = 1e-5
+    update_epochs: int = 1
+    minibatches: int = 4
+    normalize_advantage: bool = True
+    loss_agg: str = "token-mean"
+    group_size: int = 1
+    truncation: str = "terminal"
+    """'terminal' or 'last_value' (proxy bootstrap, see baselines.core.advantages)."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
+            raise ConfigError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
+        if self.truncation not in ("terminal", "last_value"):
+            raise ConfigError(f"truncation={self.truncation!r}; choose 'terminal' or 'last_value'")
+        super().__post_init__()
+
+
+class PPO(LMAlgorithm):
+    """Token-level PPO with a learned critic (verl's multi-turn GAE that skips env tokens)."""
+
+    name = "ppo"
+    Config = PPOConfig
+    uses_critic = True
+
+    def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
+        c = self.config
+        values = ctx.values
+        extra, m = None, {}
+        if c.kl_in_reward > 0 and ctx.ref_logp is not None:
+            kl = (ctx.old_logp - ctx.ref_logp) * batch.gen_mask  # k1 on generated tokens (verl)
+            extra = -c.kl_in_reward * kl
+            m["kl_in_reward"] = float(kl.sum() / batch.gen_mask.sum().clamp_min(1))
+        adv, ret = token_gae_for_batch(batch, values, gamma=c.gamma, lam=c.gae_lambda, truncation=c.truncation,
+                                       extra_rewards=extra)
+        return Advantages(adv=adv, returns=ret, metrics=m)
