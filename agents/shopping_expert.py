@@ -1,0 +1,222 @@
+"""Scripted expert for `shopsim/Shopping-v0` (it reads the privileged ``info["oracle"]``).
+
+Its episodes are the supervised-fine-tuning data of the language agent, so it acts like a good assistant would, in
+the text grammar, and keeps episodes short:
+
+| family | typical actions |
+|---|---|
+| find_and_buy | ``search[<attributes> <type>]`` -> ``click[<sku>]`` (first result that fully matches; ``click[next >]`` if none on the page) -> ``click[<option value>]`` per option -> ``click[buy now]`` |
+| clarify_and_buy | one ``ask[...]`` per hidden preference (e.g. ``ask[Which color would you like?]``), then as find_and_buy |
+| bundle | per item: ``search`` -> ``click[<sku>]`` -> options -> ``click[add to cart]``; then ``view_cart`` -> ``answer[<summary>]`` -> ``click[checkout]`` |
+| after_sales | ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it -> ``answer[<what was done / why not>]`` -> ``finish`` |
+
+If no matching product shows up in two result pages it searches the target product's title (a fallback that
+rarely fires). Strategy instructions are followed: ``ask_first`` asks before searching, ``confirm_before_buying``
+sends an ``answer[...]`` naming the product before buying.
+"""
+
+from __future__ import annotations
+
+from agents.base import ScriptedAgent
+from shopsim.envs.shopping.grading import Goal, best_options, satisfies
+
+MAX_PAGES = 2
+
+
+def _goal(d: dict) -> Goal:
+    return Goal(d["product_type"], tuple(d["attributes"]), tuple(d["options"].items()), d["price_ceiling"],
+                d["target_id"])
+
+
+def _question(slot: list[str]) -> str:
+    kind, name = slot
+    if kind == "option":
+        return f"Which {name} would you like?"
+    if kind == "attribute":
+        return "Is there a feature it must have?"
+    return "What is your budget?"
+
+
+class ShoppingExpert(ScriptedAgent):
+    """Oracle policy for every Shopping-v0 family (see module docstring)."""
+
+    name = "expert"
+
+    def __init__(self, env_id: str = "shopsim/Shopping-v0", catalog_size: int | None = None,
+                 catalog_seed: int | None = None):
+        self.env_id = env_id
+        self.catalog_size, self.catalog_seed = catalog_size, catalog_seed
+        self.state: dict[int, dict] = {}
+
+    def begin_episode(self, slot, observation, info) -> None:
+        self.state[slot] = {"asked": 0, "goal": 0, "pages": 0, "fallback": False, "confirmed": False,
+                            "phase": "start", "visited": set(),
+                            "task": (info.get("task_id"), info.get("family"))}
+
+    def _catalog(self, info):
+        from shopsim.catalog import load_catalog
+
+        cat = info["oracle"].get("catalog", {})
+        return load_catalog(self.catalog_size or cat.get("size", 10_000), self.catalog_seed or cat.get("seed", 0))
+
+    def act_one(self, slot, observation, info):
+        st = self.state.get(slot)
+        if st is None or st["task"] != (info.get("task_id"), info.get("family")):
+            self.begin_episode(slot, observation, info)
+            st = self.state[slot]
+        oracle = info["oracle"]
+        if oracle["family"] == "after_sales":
+            return self._after_sales(st, oracle["request"], info)
+        return self._shop(st, oracle, info)
+
+    # ---- shopping families -------------------------------------------------------------------------------
+    def _shop(self, st, oracle, info) -> str:
+        s = info["structured"]
+        hidden = oracle["hidden"]
+        if st["asked"] < len(hidden):
+            st["asked"] += 1
+            return f"ask[{_question(hidden[st['asked'] - 1])}]"
+        if info.get("strategy") == "ask_first" and st["asked"] == 0:
+            st["asked"] = 1
+            return "ask[Is there anything else I should know before I search?]"
+        goals = [_goal(g) for g in oracle["goals"]]
+        bundle = oracle["family"] == "bundle"
+        cat = self._catalog(info)
+        if bundle:
+            done = {c["product_id"] for c in s["cart"]}
+            todo = [i for i, g in enumerate(goals) if not self._covered(cat, g, s["cart"])]
+            if not todo:
+                if s["page"] != "cart":
+                    return "view_cart"
+                if not st["confirmed"]:
+                    st["confirmed"] = True
+                    return (f"answer[Your {len(s['cart'])} items are in the cart for "
+                            f"${s['cart_total']:.2f}, within your budget. Checking out now.]")
+                return "click[checkout]"
+            del done
+            gi = todo[0]
+        else:
+            gi = 0
+        goal = goals[gi]
+        if st["goal"] != gi:
+            st.update(goal=gi, pages=0, fallback=False, phase="start", visited=set())
+        page = s["page"]
+        if page == "item":
+            prod = s["product"]
+            if satisfies(goal, _P(prod), with_price=not bundle) and self._affordable(cat, goals, gi, s, prod):
+                want = best_options(goal, _P(prod))
+                for name, value in want.items():
+                    if s["selected"].get(name) != value:
+                        return f"click[{self._label(prod, name, value)}]"
+                if bundle:
+                    return "click[add to cart]"
+                if info.get("strategy") == "confirm_before_buying" and not st["confirmed"]:
+                    st["confirmed"] = True
+                    return f"answer[I found the {prod['title']} for ${prod['price']:.2f}. I will buy it now.]"
+                return "click[buy now]"
+            st["visited"].add(prod["product_id"])
+            return "click[< prev]"
+        if page == "results" and st["phase"] == "searched":
+            pick = self._candidate(goal, s, st, cat, goals, gi, bundle)
+            if pick is not None:
+                return f"click[{pick}]"
+            if not st["fallback"] and st["pages"] < MAX_PAGES - 1 and "click[next >]" in info["valid_actions"]:
+                st["pages"] += 1
+                return "click[next >]"
+            if not st["fallback"]:
+                st["fallback"] = True
+                return f"search[{cat.product(goal.target_id).title.lower()}]"
+            return "finish"  # nothing fits even after searching the target's title (not seen in tests)
+        st["phase"] = "searched"
+        st["pages"] = 0
+        words = [*goal.attributes, *(v for _, v in goal.options), goal.product_type]
+        return f"search[{' '.join(words)}]"
+
+    def _candidate(self, goal: Goal, s: dict, st: dict, cat, goals, gi, bundle) -> str | None:
+        """The result to open, judged only from what the result line shows (title and price), as an LM must:
+        the right type in the title, the price within the ceiling (budget), most goal attributes in the title."""
+        best, best_key = None, None
+        for pos, r in enumerate(s["results"]):
+            title = r["title"].lower()
+            if r["product_id"] in st["visited"] or goal.product_type not in title:
+                continue
+            if not bundle and r["price"] > goal.price_ceiling + 1e-9:
+                continue
+            if bundle and not self._affordable(cat, goals, gi, s, r):
+                continue
+            key = (-sum(a.lower() in title for a in goal.attributes), pos)
+            if best_key is None or key < best_key:
+                best, best_key = r["sku"], key
+        return best
+
+    @staticmethod
+    def _covered(cat, goal: Goal, cart: list[dict]) -> bool:
+        for c in cart:
+            p = cat.product(c["product_id"])
+            from shopsim.envs.shopping.grading import score_purchase
+
+            if score_purchase(goal, p, c["options"], with_price=False)[0] >= 1.0 - 1e-9:
+                return True
+        return False
+
+    @staticmethod
+    def _affordable(cat, goals, gi, s, prod) -> bool:
+        """Bundle: keep the remaining budget enough for the remaining goals' target prices."""
+        if s.get("budget") is None:
+            return True
+        rest = sum(cat.prices[g.target_id] for i, g in enumerate(goals) if i > gi)
+        return s["cart_total"] + prod["price"] + rest <= s["budget"] + 1e-9 or prod["product_id"] == goals[gi].target_id
+
+    @staticmethod
+    def _label(prod: dict, name: str, value: str) -> str:
+        owners = [n for n, vals in prod["options"].items() if value.lower() in (v.lower() for v in vals)]
+        return value if len(owners) == 1 else f"{name}: {value}"
+
+    # ---- after-sales -------------------------------------------------------------------------------------
+    def _after_sales(self, st, req, info) -> str:
+        s = info["structured"]
+        kind, oid = req["kind"], req["order_id"]
+        phase = st["phase"]
+        if phase == "start":
+            st["phase"] = "listed"
+            return "list_orders"
+        if phase == "listed":
+            st["phase"] = "viewed"
+            return f"get_order[{oid}]"
+        if phase == "viewed":
+            if kind == "exchange":
+                st["phase"] = "searched"
+                title = self._catalog(info).product(req["new_id"]).title
+                return f"search[{title.lower()}]"
+            st["phase"] = "written"
+            if kind == "cancel":
+                return f"cancel_order[{oid}, {req['reason']}]"
+            if kind == "return":
+                return f"return_item[{oid}, {req['sku']}]"
+        if phase == "searched":
+            st["phase"] = "written"
+            return f"exchange_item[{oid}, {req['sku']}, {req['new_sku']}]"
+        if phase in ("viewed", "written"):
+            st["phase"] = "answered"
+            msg = {
+                "cancel": f"I cancelled order {oid}; the refund goes to your original payment method.",
+                "return": f"The return of item {req['sku']} from order {oid} is accepted; the refund goes to your "
+                          "original payment method.",
+                "exchange": f"I exchanged item {req['sku']} in order {oid} for {req.get('new_sku')}.",
+                "refuse_window": f"Sorry, order {oid} was delivered more than 30 days ago, so the item can no "
+                                 "longer be returned under our policy.",
+                "refuse_type": "Sorry, an item can only be exchanged for a product of the same type, so I cannot "
+                               "make this exchange.",
+            }[kind]
+            return f"answer[{msg}]"
+        del s
+        return "finish"
+
+
+class _P:
+    """Adapter: a structured product dict that quacks like `shopsim.catalog.Product` for grading."""
+
+    def __init__(self, d: dict):
+        self.product_type, self.attributes, self.price = d["product_type"], d["attributes"], d["price"]
+        self.options = d["options"]
+        self.product_id = d["product_id"]

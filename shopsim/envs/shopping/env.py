@@ -1,0 +1,432 @@
+"""`ShoppingEnv` (``shopsim/Shopping-v0``): a multi-turn shopping assistant with a simulated customer."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from shopsim.envs.shopping import render
+from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, ActionError, parse, tool_schemas
+from shopsim.envs.shopping.customer import Customer
+from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
+from shopsim.envs.shopping.orders import ToolError, apply_gold, grade
+from shopsim.envs.shopping.tasks import FAMILIES, SPLITS, make_task, split_ids
+from shopsim.errors import ConfigError
+
+ACTION_CHARSET = "".join(chr(c) for c in range(32, 127))
+MAX_OBS_CHARS = 20_000
+STRATEGIES = {
+    "recommend_directly": "Recommend and buy directly; ask the customer only if something is unclear.",
+    "ask_first": "Ask the customer a question before you search.",
+    "confirm_before_buying": "Tell the customer what you are about to buy (answer[...]) before buying.",
+}
+
+
+class ShoppingEnv(gym.Env):
+    """
+    ## Description
+    A shopping assistant serves a simulated customer on a seeded synthetic catalog (`shopsim.catalog`): it searches
+    (BM25), opens products, chooses options, asks clarifying questions, fills a cart and checks out, or handles an
+    after-sales request on the customer's order database. Four task families (`tasks.FAMILIES`): find_and_buy
+    (WebShop-like), clarify_and_buy (hidden constraints revealed by asking), bundle (2-4 items under a budget, the
+    long-horizon family) and after_sales (tau-bench-like cancel/return/exchange under a written policy).
+
+    ## Action Space
+    `Text(max_length=max_input_chars)`: one action string per step, either the WebShop-compatible text grammar
+    (``search[query]``, ``click[target]``, ``ask[...]``, ``answer[...]``, ``buy``, ``checkout``, after-sales tools...)
+    or a JSON tool call ``{"name": ..., "arguments": {...}}``; the table is in `shopsim.envs.shopping.actions` and the
+    OpenAI-style schemas in ``env.tool_schemas``. Anything that does not parse or does not apply to the current page
+    is an *invalid action*: ``info["invalid_action"]`` holds the reason, the observation says it, the reward is
+    ``-invalid_penalty`` and the episode continues.
+
+    ## Observation Space
+    `Text(max_length=20000, charset=printable ASCII + newline)`: the page rendered as text (`render`): compact
+    (about 400 tokens or fewer; instruction, page, last feedback) or full. ``info`` carries ``valid_actions`` (text
+    forms; entries ending in ``[...]`` are templates), ``structured`` (a JSON view of the page), ``anchor`` (a state
+    key without history, for anchor-state grouping) and ``oracle`` (the hidden goal: privileged, for scripted
+    experts only).
+
+    ## Rewards
+    Zero until the episode ends (minus ``invalid_penalty`` per invalid action). At the end: find_and_buy and
+    clarify_and_buy use WebShop's partial credit (`grading.score_purchase`); bundle the mean item score times
+    budget satisfied (`grading.score_bundle`); after_sales 1 if the final order database equals the gold one and the
+    agent answered the customer (`orders.grade`). ``info["score"]`` is that number, ``info["success"]`` is
+    ``score == 1``; ``info["reward_parts"]`` has the components.
+
+    ## Starting State
+    ``reset(options={"split": "train"|"dev"|"test", "task_id": int, "family": str, "strategy": str})``. The task is a
+    pure function of (family, task id, catalog); without ``task_id`` one is drawn from the split with `np_random`;
+    without a family the constructor's family is used, else the default mix (family = ``FAMILIES[task_id % 4]``).
+    The reset seed only drives the customer's phrasing. The agent starts on the search page.
+
+    ## Episode End
+    Terminated on ``buy``/``click[buy now]``, ``checkout``, ``finish``, or when the customer runs out of patience
+    (``info["end_reason"]``). Truncated after ``max_invalid`` consecutive invalid actions or at the step limit
+    (``max_turns``, or the spec's ``max_episode_steps`` when made with `gymnasium.make`: the env truncates itself at
+    that step so that ``info["episode_metrics"]`` is present at every episode end).
+
+    ## Arguments
+    ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"``,
+    ``family=None`` (default mix) or one of `FAMILIES`, ``invalid_penalty=0.0``, ``max_invalid=5``,
+    ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop), ``max_input_chars=1000``,
+    ``max_turns=60``, ``render_mode=None|"ansi"``.
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
+                 family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
+                 results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+                 max_turns: int = 60, render_mode: str | None = None):
+        if obs_mode not in ("compact", "full"):
+            raise ConfigError(f"obs_mode={obs_mode!r}; choose 'compact' or 'full'")
+        if family is not None and family not in FAMILIES:
+            raise ConfigError(f"family={family!r}; choose one of {', '.join(FAMILIES)} or None (default mix)")
+        for name, v, lo in (("max_invalid", max_invalid, 1), ("results_per_page", results_per_page, 1),
+                            ("max_results", max_results, 1), ("max_input_chars", max_input_chars, 16),
+                            ("max_turns", max_turns, 1)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if not np.isfinite(invalid_penalty) or invalid_penalty < 0:
+            raise ConfigError(f"invalid_penalty must be a finite number >= 0, got {invalid_penalty!r}")
+        if render_mode not in (None, "ansi"):
+            raise ConfigError(f"render_mode={render_mode!r}; choose None or 'ansi'")
+        self.catalog_size, self.catalog_seed = int(catalog_size), int(catalog_seed)
+        self.obs_mode, self.family = obs_mode, family
+        self.invalid_penalty, self.max_invalid = float(invalid_penalty), int(max_invalid)
+        self.results_per_page, self.max_results = int(results_per_page), int(max_results)
+        self.max_input_chars, self.max_turns, self.render_mode = int(max_input_chars), int(max_turns), render_mode
+        self._attach_catalog()
+        self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
+        self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
+        self.tool_schemas = tool_schemas()
+        self.task = None
+
+    # ---- catalog sharing / pickling ----------------------------------------------------------------------
+    def _attach_catalog(self) -> None:
+        from shopsim.catalog import load_catalog
+
+        self.catalog = load_catalog(self.catalog_size, self.catalog_seed)  # memoised: shared by every copy
+        self.index = self.catalog.index()
+        self._titles, self._skus = self.catalog.column("title"), self.catalog.column("sku")
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for k in ("catalog", "index", "_titles", "_skus"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._attach_catalog()
+
+    def _title(self, pid) -> str:
+        return self._titles[int(pid)].as_py()
+
+    def _sku(self, pid) -> str:
+        return self._skus[int(pid)].as_py()
+
+    def _rating(self, pid) -> str:
+        return f"{self.catalog.column('rating')[int(pid)].as_py():.1f} stars"
+
+    # ---- gymnasium API -----------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        split = options.get("split", "train")
+        if split not in SPLITS:
+            raise ConfigError(f"reset option split={split!r}; choose one of {', '.join(SPLITS)}")
+        task_id = options.get("task_id")
+        if task_id is None:
+            ids = split_ids(split)
+            task_id = ids[int(self.np_random.integers(len(ids)))]
+        family = options.get("family") or self.family or FAMILIES[int(task_id) % len(FAMILIES)]
+        strategy = options.get("strategy")
+        if strategy is not None and not isinstance(strategy, str):
+            raise ConfigError(f"reset option strategy must be a string, got {type(strategy).__name__}")
+        self.task = make_task(self.catalog, family, split, int(task_id))
+        self.strategy = strategy or None
+        self.strategy_text = STRATEGIES.get(strategy, strategy) if strategy else ""
+        self.customer = Customer(self.task, self.np_random)
+        self._oracle = {**self.task.oracle(), "catalog": {"size": self.catalog_size, "seed": self.catalog_seed}}
+        self.db = self.task.orders.copy() if self.task.orders is not None else None
+        self._gold = apply_gold(self.task.orders, self.task.request, self.catalog) if self.db is not None else None
+        self.page, self.history = "search", []
+        self.query, self.hits, self.page_num = "", [], 0
+        self.product, self.selected, self._option_owner = None, {}, {}
+        self.cart: list[tuple[int, dict]] = []
+        self.order_id = None
+        self.feedback: list[str] = []
+        self.turns = self.invalid_total = self.invalid_run = 0
+        self.first_answer_turn, self.chars_before_answer = None, 0
+        self.answered, self.viewed = False, set()
+        self.done, self.end_reason, self.score, self.parts = False, None, 0.0, {}
+        return self._obs(), self._info(None)
+
+    def step(self, action):
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        if self.done:
+            raise RuntimeError("the episode has ended; call reset()")
+        self.turns += 1
+        self.feedback = []
+        invalid, reward = None, 0.0
+        text = action if isinstance(action, str) else repr(action)
+        try:
+            act = parse(action, self.max_input_chars)
+            if act.name == "answer" and self.first_answer_turn is None:
+                self.first_answer_turn = self.turns - 1
+            self._dispatch(act)
+        except (ActionError, ToolError) as exc:
+            invalid = str(exc)
+        if self.first_answer_turn is None:
+            self.chars_before_answer += len(text)
+        truncated = False
+        if invalid is not None:
+            self.invalid_total += 1
+            self.invalid_run += 1
+            reward -= self.invalid_penalty
+            self.feedback = [f"Invalid action: {invalid}."]
+            if self.invalid_run >= self.max_invalid:
+                truncated, self.end_reason = True, "too_many_invalid"
+        else:
+            self.invalid_run = 0
+        terminated = self.done
+        if terminated:
+            reward += self.score
+        elif not truncated and self.turns >= self._turn_limit():
+            truncated, self.end_reason = True, "turn_limit"
+        self.done = terminated or truncated
+        info = self._info(invalid)
+        if self.done:
+            info["episode_metrics"] = {
+                "success": float(self.score >= 1.0 - 1e-9), "score": float(self.score), "turns": float(self.turns),
+                "invalid_actions": float(self.invalid_total), "questions": float(self.customer.questions),
+                "turns_before_first_answer": float(info["turns_before_first_answer"]),
+                "chars_before_first_answer": float(info["chars_before_first_answer"])}
+        return self._obs(), float(reward), bool(terminated), bool(truncated), info
+
+    def render(self):
+        if self.render_mode == "ansi":
+            return render.observation(self) if self.task is not None else ""
+        return None
+
+    def close(self):
+        pass
+
+    # ---- helpers -----------------------------------------------------------------------------------------
+    def _turn_limit(self) -> int:
+        spec_limit = getattr(self.spec, "max_episode_steps", None) if self.spec is not None else None
+        return min(self.max_turns, spec_limit) if spec_limit else self.max_turns
+
+    def _obs(self) -> str:
+        return render.observation(self)
+
+    def _info(self, invalid: str | None) -> dict:
+        t = self.task
+        return {
+            "valid_actions": render.valid_actions(self), "invalid_action": invalid,
+            "success": bool(self.done and self.score >= 1.0 - 1e-9), "score": float(self.score),
+            "family": t.family, "task_id": int(t.task_id), "split": t.split, "strategy": self.strategy,
+            "reward_parts": dict(self.parts), "oracle": self._oracle, "structured": render.structured(self),
+            "anchor": render.anchor(self), "end_reason": self.end_reason, "patience": self.customer.patience,
+            "turns_before_first_answer": self.first_answer_turn if self.first_answer_turn is not None else self.turns,
+            "chars_before_first_answer": self.chars_before_answer,
+        }
+
+    def page_ids(self) -> list[int]:
+        start = self.page_num * self.results_per_page
+        return self.hits[start:start + self.results_per_page]
+
+    def cart_total(self) -> float:
+        return float(sum(self.catalog.prices[pid] for pid, _ in self.cart))
+
+    def _goto(self, page: str) -> None:
+        self.history.append((self.page, self.page_num, self.product, dict(self.selected), self.order_id))
+        del self.history[:-20]  # bounded: back goes at most 20 pages
+        self.page = page
+
+    def _finish(self, score: float, parts: dict, reason: str) -> None:
+        self.done, self.score, self.parts, self.end_reason = True, float(score), parts, reason
+
+    # ---- actions -----------------------------------------------------------------------------------------
+    def _dispatch(self, act: Action) -> None:
+        name, args = act.name, act.args
+        shopping = self.task.family != "after_sales"
+        if name == "search":
+            self._search(args[0])
+        elif name == "click":
+            self._click(args[0])
+        elif name == "back":
+            if not self.history:
+                raise ActionError("nothing to go back to")
+            self.page, self.page_num, self.product, self.selected, self.order_id = self.history.pop()
+            self._option_owner = self._owners(self.product) if self.product is not None else {}
+        elif name in ("next_page", "prev_page"):
+            if self.page != "results":
+                raise ActionError(f"{name} works on a results page")
+            self._click("next >" if name == "next_page" else "< prev")
+        elif name == "ask":
+            reply = self.customer.ask(args[0])
+            self.feedback.append(f"Customer: {reply}")
+            if self.customer.left:
+                self._finish(0.0, {"customer_left": 1.0}, "customer_left")
+        elif name == "answer":
+            self.answered = True
+            self.feedback.append(f"Customer: {self.customer.hear(args[0])}")
+        elif name == "finish":
+            if shopping:
+                self._finish(0.0, {"purchased": 0.0}, "finish_without_purchase")
+            else:
+                score, parts = grade(self.db, self._gold, self.task.request, self.answered, self.viewed)
+                self._finish(score, parts, "finish")
+        elif name in ("buy", "add_to_cart", "remove_from_cart", "view_cart", "checkout"):
+            if not shopping:
+                raise ActionError("this customer is not buying anything; use the after-sales tools")
+            self._cart_action(name, args)
+        else:  # after-sales tools
+            if shopping:
+                raise ActionError(f"{name} is an after-sales tool; this task has no order history")
+            self._after_sales(name, args)
+
+    def _search(self, query: str) -> None:
+        self.query = query
+        self.hits = [pid for pid, _ in self.index.search(query, k=self.max_results)]
+        self.page_num = 0
+        self._goto("results")
+        if not self.hits:
+            self.feedback.append("No results; try other keywords.")
+
+    def _owners(self, product) -> dict:
+        owners: dict[str, str | None] = {}
+        for n, vals in product.options.items():
+            for v in vals:
+                owners[v.lower()] = n if v.lower() not in owners else None
+        return owners
+
+    def _click(self, target: str) -> None:
+        t = " ".join(target.lower().split())
+        page = self.page
+        if t == "back to search" and page != "search":
+            self._goto("search")
+            return
+        if page == "results":
+            if t == "next >" and (self.page_num + 1) * self.results_per_page < len(self.hits):
+                self.page_num += 1
+                return
+            if t == "< prev" and self.page_num > 0:
+                self.page_num -= 1
+                return
+            for pid in self.page_ids():
+                if self._sku(pid).lower() == t:
+                    self._open(pid)
+                    return
+        elif page == "item":
+            if t == "< prev":
+                while self.history and self.history[-1][0] == "item":
+                    self.history.pop()
+                if self.history:
+                    self.page, self.page_num, self.product, self.selected, self.order_id = self.history.pop()
+                    return
+            if t == "description":
+                self.feedback.append("Description: " + self.product.description)
+                return
+            if t in ("buy now", "add to cart") and self.task.family != "after_sales":
+                self._cart_action("buy" if t == "buy now" else "add_to_cart", ())
+                return
+            if self._select_option(t):
+                return
+        elif page == "cart" and t == "checkout" and self.cart:
+            self._cart_action("checkout", ())
+            return
+        clickable = [b for b in render.buttons(self)]
+        raise ActionError(f"cannot click {target[:40]!r} on the {page} page" +
+                          (f" (buttons: {', '.join(clickable)})" if clickable else ""))
+
+    def _open(self, pid: int) -> None:
+        self._goto("item")
+        self.product = self.catalog.product(pid)
+        self.selected = {}
+        self._option_owner = self._owners(self.product)
+
+    def _select_option(self, t: str) -> bool:
+        opts = self.product.options
+        name, sep, value = t.partition(":")
+        if sep and name.strip() in {n.lower() for n in opts}:
+            dims = [n for n in opts if n.lower() == name.strip()]
+            value = value.strip()
+        else:
+            dims, value = list(opts), t
+        for n in dims:
+            for v in opts[n]:
+                if v.lower() == value:
+                    if not sep and self._option_owner.get(value) is None:
+                        raise ActionError(f"{value!r} is offered for several options; click[<option>: {value}]")
+                    self.selected[n] = v
+                    self.feedback.append(f"Chose {n}: {v}.")
+                    return True
+        return False
+
+    def _cart_action(self, name: str, args: tuple) -> None:
+        fam = self.task.family
+        if name in ("buy", "add_to_cart"):
+            if self.page != "item":
+                raise ActionError(f"{name} needs an open product page")
+            pid, chosen = int(self.product.product_id), dict(self.selected)
+            if name == "buy":
+                self._grade_purchase([(pid, chosen)], "buy")
+                return
+            self.cart = [(p, c) for p, c in self.cart if p != pid]
+            if len(self.cart) >= MAX_CART_LINES:
+                raise ActionError(f"the cart holds at most {MAX_CART_LINES} products")
+            self.cart.append((pid, chosen))
+            self.feedback.append(f"Added {self.product.sku} to the cart ({len(self.cart)} items, "
+                                 f"${self.cart_total():.2f}).")
+        elif name == "remove_from_cart":
+            sku = args[0].strip().upper()
+            if not any(self._sku(p) == sku for p, _ in self.cart):
+                raise ActionError(f"{args[0][:20]!r} is not in the cart")
+            self.cart = [(p, c) for p, c in self.cart if self._sku(p) != sku]
+            self.feedback.append(f"Removed {sku} from the cart.")
+        elif name == "view_cart":
+            if self.page != "cart":
+                self._goto("cart")
+        elif name == "checkout":
+            if not self.cart:
+                raise ActionError("the cart is empty")
+            self._grade_purchase(list(self.cart), "checkout")
+        del fam
+
+    def _grade_purchase(self, lines: list[tuple[int, dict]], reason: str) -> None:
+        items = [(self.catalog.product(p), c) for p, c in lines]
+        if self.task.family == "bundle":
+            score, parts = score_bundle(self.task.goals, items, self.task.budget)
+        else:
+            scored = [score_purchase(self.task.goals[0], p, c) for p, c in items]
+            best = max(range(len(scored)), key=lambda i: scored[i][0])
+            score, parts = scored[best][0] / len(items), dict(scored[best][1])
+            parts["lines_bought"] = float(len(items))
+        parts["purchased"] = 1.0
+        self._finish(score, parts, reason)
+
+    def _after_sales(self, name: str, args: tuple) -> None:
+        db = self.db
+        if name == "list_orders":
+            if self.page != "orders":
+                self._goto("orders")
+        elif name == "get_order":
+            db.order_lines(args[0])  # raises ToolError for an unknown order
+            self._goto("order")
+            self.order_id = args[0].strip().lstrip("#").upper()
+            self.viewed.add(self.order_id)
+        elif name == "cancel_order":
+            self.feedback.append(db.cancel_order(args[0], args[1]))
+        elif name == "return_item":
+            self.feedback.append(db.return_item(args[0], args[1]))
+        elif name == "exchange_item":
+            pid = self.catalog.sku_to_id(args[2].strip().upper())
+            self.feedback.append(db.exchange_item(args[0], args[1], None if pid is None else self.catalog.product(pid)))

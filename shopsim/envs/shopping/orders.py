@@ -1,0 +1,198 @@
+"""The after-sales order database of one task, its tools and its grading (tau-bench style).
+
+Each after_sales task owns a small database: one customer's 3-5 orders of 1-3 catalog products each. The tools
+(`list_orders`, `get_order`, `cancel_order`, `return_item`, `exchange_item`) read and write it. Tools enforce only
+*hard* state rules (the order exists, the item is in it, cancel needs a pending/processing order, return and
+exchange need a delivered, not yet returned/exchanged item, the new SKU exists). The *written policy* below is
+the agent's job to follow, as in tau-bench (Yao et al. 2024, arXiv 2406.12045, §3): a write that breaks it goes
+through and makes the final database differ from the gold one.
+
+Grading (binary, like tau-bench's database hash): success iff the final `state_key()` equals the gold database's
+(the initial database with the task's gold write applied, or unchanged when the request breaks the policy) and
+the agent both opened the request's order (``get_order``) and sent at least one user-visible ``answer[...]``
+(so that refusing by doing nothing is not free). Components are reported in ``info["reward_parts"]``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+RETURN_WINDOW_DAYS = 30
+CANCEL_REASONS = ("no longer needed", "ordered by mistake")
+POLICY_SHORT = ("Policy: cancel only pending or processing orders, reason 'no longer needed' or 'ordered by "
+                "mistake'; return or exchange only delivered items within 30 days of delivery; exchange only for "
+                "the same product type; refunds go to the original payment method.")
+POLICY_FULL = (
+    "Store policy:\n"
+    "1. An order can be cancelled only while its status is pending or processing. The cancellation reason must be "
+    "either 'no longer needed' or 'ordered by mistake'. The full amount is refunded to the original payment method.\n"
+    f"2. A delivered item can be returned within {RETURN_WINDOW_DAYS} days of delivery. The item price is refunded "
+    "to the original payment method.\n"
+    f"3. A delivered item can be exchanged within {RETURN_WINDOW_DAYS} days of delivery, only for a product of the "
+    "same product type. The price difference is settled with the original payment method.\n"
+    "4. Each item can be returned or exchanged once. Refuse requests that break these rules and tell the customer why."
+)
+
+
+class ToolError(ValueError):
+    """A tool call the database rejects (unknown order, wrong status...); reported as an invalid action."""
+
+
+@dataclass
+class Item:
+    sku: str
+    product_id: int
+    title: str
+    product_type: str
+    options: dict
+    price: float
+    status: str = "ordered"  # ordered | returned | exchanged
+    exchanged_for: str | None = None
+
+
+@dataclass
+class Order:
+    order_id: str
+    status: str  # pending | processing | shipped | delivered | cancelled
+    days_since_order: int
+    days_since_delivery: int | None
+    payment: str
+    items: list[Item]
+    cancel_reason: str | None = None
+    refunds: list[tuple[float, str]] = field(default_factory=list)
+
+
+class OrderDB:
+    """One customer's orders; `copy()` before mutating a shared initial database."""
+
+    def __init__(self, customer: str, orders: list[Order]):
+        self.customer = customer
+        self.orders = {o.order_id: o for o in orders}
+        self.writes: list[tuple] = []  # (tool, args) of every successful write, for the reward parts
+
+    def copy(self) -> "OrderDB":
+        return copy.deepcopy(self)
+
+    # ---- reads -------------------------------------------------------------------------------------------
+    def _order(self, order_id: str) -> Order:
+        key = order_id.strip().lstrip("#").upper()
+        if key not in self.orders:
+            raise ToolError(f"no order {order_id[:20]!r} for this customer; see list_orders")
+        return self.orders[key]
+
+    def list_orders(self) -> list[str]:
+        out = []
+        for o in self.orders.values():
+            when = (f"delivered {o.days_since_delivery} days ago" if o.status == "delivered"
+                    else f"{o.status}, ordered {o.days_since_order} days ago")
+            out.append(f"{o.order_id} ({when}): " + "; ".join(it.title for it in o.items))
+        return out
+
+    def order_lines(self, order_id: str) -> list[str]:
+        o = self._order(order_id)
+        head = f"Order {o.order_id}: {o.status}"
+        if o.status == "delivered":
+            head += f", delivered {o.days_since_delivery} days ago"
+        else:
+            head += f", ordered {o.days_since_order} days ago"
+        if o.cancel_reason:
+            head += f" (reason: {o.cancel_reason})"
+        lines = [head, f"Payment: {o.payment}"]
+        for it in o.items:
+            opts = ", ".join(f"{k}={v}" for k, v in it.options.items())
+            st = "" if it.status == "ordered" else f" [{it.status}" + (
+                f" for {it.exchanged_for}]" if it.exchanged_for else "]")
+            lines.append(f"- [{it.sku}] {it.title} ({opts}) ${it.price:.2f} [{it.product_type}]{st}")
+        return lines
+
+    # ---- writes ------------------------------------------------------------------------------------------
+    def _item(self, o: Order, sku: str) -> Item:
+        for it in o.items:
+            if it.sku.upper() == sku.strip().upper():
+                return it
+        raise ToolError(f"order {o.order_id} has no item {sku[:20]!r}")
+
+    def cancel_order(self, order_id: str, reason: str) -> str:
+        o = self._order(order_id)
+        if o.status not in ("pending", "processing"):
+            raise ToolError(f"order {o.order_id} is {o.status}; only pending or processing orders can be cancelled")
+        o.status = "cancelled"
+        o.cancel_reason = reason.strip().lower()
+        amount = round(sum(it.price for it in o.items), 2)
+        o.refunds.append((amount, o.payment))
+        self.writes.append(("cancel_order", o.order_id, o.cancel_reason))
+        return f"Order {o.order_id} cancelled; ${amount:.2f} refunded to {o.payment}."
+
+    def return_item(self, order_id: str, sku: str) -> str:
+        o = self._order(order_id)
+        it = self._ready_item(o, sku)
+        it.status = "returned"
+        o.refunds.append((it.price, o.payment))
+        self.writes.append(("return_item", o.order_id, it.sku))
+        return f"Return of {it.sku} from {o.order_id} accepted; ${it.price:.2f} refunded to {o.payment}."
+
+    def exchange_item(self, order_id: str, sku: str, new_product) -> str:
+        o = self._order(order_id)
+        it = self._ready_item(o, sku)
+        if new_product is None:
+            raise ToolError("new_sku is not a product in the catalog")
+        it.status = "exchanged"
+        it.exchanged_for = new_product.sku
+        diff = round(new_product.price - it.price, 2)
+        o.refunds.append((-diff, o.payment))
+        self.writes.append(("exchange_item", o.order_id, it.sku, new_product.sku))
+        settle = f"${-diff:.2f} refunded to" if diff <= 0 else f"${diff:.2f} charged to"
+        return f"Exchange of {it.sku} for {new_product.sku} in {o.order_id} accepted; {settle} {o.payment}."
+
+    def _ready_item(self, o: Order, sku: str) -> Item:
+        if o.status != "delivered":
+            raise ToolError(f"order {o.order_id} is {o.status}; only delivered items can be returned or exchanged")
+        it = self._item(o, sku)
+        if it.status != "ordered":
+            raise ToolError(f"item {it.sku} was already {it.status}")
+        return it
+
+    # ---- grading -----------------------------------------------------------------------------------------
+    def state_key(self) -> tuple:
+        """Everything the grader compares (order status, reasons, item states, refunds), canonically ordered."""
+        return tuple(
+            (o.order_id, o.status, o.cancel_reason,
+             tuple((it.sku, it.status, it.exchanged_for) for it in o.items),
+             tuple((round(a, 2), m) for a, m in o.refunds))
+            for o in sorted(self.orders.values(), key=lambda o: o.order_id))
+
+    def structured(self) -> dict:
+        return {"customer": self.customer, "orders": [
+            {"order_id": o.order_id, "status": o.status, "days_since_order": o.days_since_order,
+             "days_since_delivery": o.days_since_delivery, "payment": o.payment, "cancel_reason": o.cancel_reason,
+             "items": [{"sku": it.sku, "title": it.title, "product_type": it.product_type, "options": dict(it.options),
+                        "price": it.price, "status": it.status, "exchanged_for": it.exchanged_for}
+                       for it in o.items]} for o in self.orders.values()]}
+
+
+def apply_gold(db: OrderDB, request: dict, catalog) -> OrderDB:
+    """The gold database: `db` with the task's correct write applied (none for a request the policy refuses)."""
+    gold = db.copy()
+    kind = request["kind"]
+    if kind == "cancel":
+        gold.cancel_order(request["order_id"], request["reason"])
+    elif kind == "return":
+        gold.return_item(request["order_id"], request["sku"])
+    elif kind == "exchange":
+        gold.exchange_item(request["order_id"], request["sku"], catalog.product(request["new_id"]))
+    gold.writes = []
+    return gold
+
+
+def grade(db: OrderDB, gold: OrderDB, request: dict, answered: bool, viewed: set) -> tuple[float, dict]:
+    """Binary after-sales reward and its components (see module docstring)."""
+    db_match = db.state_key() == gold.state_key()
+    target = request.get("order_id")
+    touched = {w[1] for w in db.writes}
+    looked = target in viewed
+    parts = {"db_match": float(db_match), "answered": float(answered), "order_viewed": float(looked),
+             "writes": float(len(db.writes)),
+             "wrong_order_writes": float(len(touched - {target})),
+             "policy_refusal_task": float(request["kind"].startswith("refuse"))}
+    return float(db_match and answered and looked), parts

@@ -1,0 +1,201 @@
+"""Observation text, valid actions, structured view and anchor key of Shopping-v0 (pure functions of env state).
+
+Compact mode (what small language models see; about 400 tokens or fewer at 10 results per page) is, line by line:
+
+    Task: <instruction>
+    Strategy: <strategy text>                      (only if a strategy was set)
+    Policy: <one-line store policy>                (after_sales only)
+    Customer said: <revealed preferences>          (only once something was revealed)
+    Cart: <n> items, $<total> (budget $<budget>)   (bundle, or any non-empty cart)
+    Page: <page header>
+    <page body: results, product, cart lines, orders or order details>
+    Buttons: [..] [..]                             (clickable buttons of the page)
+    Feedback: <what the last action did, the customer's reply, or why it was invalid>
+
+Full mode adds the product description, ratings on result lines, the full written policy, the customer's patience
+and the list of valid actions. Text is ASCII only: anything else the agent typed is echoed as ``?``, so the
+observation always lies in the observation space's charset.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NOT_PRINTABLE = re.compile(r"[^\x20-\x7e\n]")
+OBS_CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n"
+TITLE_CHARS = 70
+
+
+def clean(text: str) -> str:
+    """Map `text` into the observation charset (non-ASCII and control characters become '?')."""
+    if text.isascii() and text.isprintable():
+        return text
+    return _NOT_PRINTABLE.sub("?", text)
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def option_label(env, name: str, value: str) -> str:
+    """How an option value is clicked: the bare value, or 'name: value' when the value is ambiguous."""
+    return value if env._option_owner.get(value.lower()) == name else f"{name}: {value}"
+
+
+def buttons(env) -> list[str]:
+    page = env.page
+    if page == "results":
+        out = []
+        if env.page_num > 0:
+            out.append("< prev")
+        if (env.page_num + 1) * env.results_per_page < len(env.hits):
+            out.append("next >")
+        return out + ["back to search"]
+    if page == "item":
+        if env.task.family == "after_sales":
+            return ["description", "< prev", "back to search"]
+        return ["buy now", "add to cart", "description", "< prev", "back to search"]
+    if page == "cart":
+        return (["checkout"] if env.cart else []) + ["back to search"]
+    if page in ("orders", "order"):
+        return ["back to search"]
+    return []
+
+
+def page_lines(env, full: bool) -> list[str]:
+    page = env.page
+    if page == "search":
+        return ["Page: search (use search[keywords])"]
+    if page == "results":
+        n_pages = max(1, -(-len(env.hits) // env.results_per_page))
+        lines = [f'Page: results for "{clean(_short(env.query, 80))}" (page {env.page_num + 1} of {n_pages}, '
+                 f"{len(env.hits)} results)"]
+        for pid in env.page_ids():
+            title, price = env._title(pid), env.catalog.prices[pid]
+            line = f"[{env._sku(pid)}] {_short(title, TITLE_CHARS if not full else 200)} ${price:.2f}"
+            if full:
+                line += f" ({env._rating(pid)})"
+            lines.append(line)
+        return lines
+    if page == "item":
+        p = env.product
+        lines = [f"Page: product {p.sku}", _short(p.title, 200),
+                 f"Price: ${p.price:.2f} | Rating: {p.rating:.1f} ({p.num_reviews} reviews)",
+                 "Features: " + ", ".join(p.attributes)]
+        for name, values in p.options.items():
+            chosen = env.selected.get(name)
+            opts = " ".join(f"[{option_label(env, name, v)}]" for v in values)
+            lines.append(f"{name}: {opts}" + (f" (chosen: {chosen})" if chosen else ""))
+        if full:
+            lines.append("Description: " + p.description)
+        return lines
+    if page == "cart":
+        lines = [f"Page: cart ({len(env.cart)} items, total ${env.cart_total():.2f})"]
+        for pid, chosen in env.cart:
+            opts = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "no options chosen"
+            lines.append(f"[{env._sku(pid)}] {_short(env._title(pid), TITLE_CHARS)} ${env.catalog.prices[pid]:.2f}"
+                         f" ({opts})")
+        return lines
+    if page == "orders":
+        return ["Page: orders of " + env.db.customer] + env.db.list_orders()
+    if page == "order":
+        return ["Page: order details"] + env.db.order_lines(env.order_id)
+    raise AssertionError(page)
+
+
+def observation(env) -> str:
+    full = env.obs_mode == "full"
+    task = env.task
+    lines = ["Task: " + task.instruction]
+    if env.strategy:
+        lines.append("Strategy: " + env.strategy_text)
+    if task.family == "after_sales":
+        from shopsim.envs.shopping.orders import POLICY_FULL, POLICY_SHORT
+
+        lines.append(POLICY_FULL if full else POLICY_SHORT)
+    said = env.customer.said()
+    if said:
+        lines.append("Customer said: " + " ".join(said))
+    if full and task.family != "after_sales":
+        lines.append(f"Customer patience: {env.customer.patience} questions left")
+    if task.family == "bundle" or env.cart:
+        budget = f" (budget ${task.budget:.2f})" if task.budget else ""
+        lines.append(f"Cart: {len(env.cart)} items, ${env.cart_total():.2f}{budget}")
+    lines.extend(page_lines(env, full))
+    b = buttons(env)
+    if b:
+        lines.append("Buttons: " + " ".join(f"[{x}]" for x in b))
+    if env.feedback:
+        lines.append("Feedback: " + " ".join(env.feedback))
+    if full:
+        lines.append("Valid actions: " + " | ".join(valid_actions(env)))
+    return clean("\n".join(lines))[: env.observation_space.max_length]
+
+
+def valid_actions(env) -> list[str]:
+    """Text form of the actions that make sense now (bounded: page clickables + generic actions).
+
+    Entries ending in ``[...]`` are templates for free-text arguments (fill in the dots)."""
+    fam = env.task.family
+    out = ["search[...]"]
+    page = env.page
+    if page == "results":
+        out += [f"click[{env._sku(pid)}]" for pid in env.page_ids()]
+    elif page == "item":
+        for name, values in env.product.options.items():
+            out += [f"click[{option_label(env, name, v)}]" for v in values]
+    elif page == "cart":
+        out += [f"remove_from_cart[{env._sku(pid)}]" for pid, _ in env.cart]
+    elif page == "order":
+        o = env.db.orders[env.order_id]
+        if o.status in ("pending", "processing"):
+            out += [f"cancel_order[{o.order_id}, {r}]" for r in ("no longer needed", "ordered by mistake")]
+        if o.status == "delivered":
+            for it in o.items:
+                if it.status == "ordered":
+                    out += [f"return_item[{o.order_id}, {it.sku}]", f"exchange_item[{o.order_id}, {it.sku}, ...]"]
+    out += [f"click[{b}]" for b in buttons(env)]
+    if env.history:
+        out.append("back")
+    if fam == "after_sales":
+        out.append("list_orders")
+        if env.page == "orders":
+            out += [f"get_order[{oid}]" for oid in env.db.orders]
+    elif fam != "after_sales" and env.cart:
+        out.append("view_cart")
+    out += ["ask[...]", "answer[...]", "finish"]
+    return out
+
+
+def structured(env) -> dict:
+    """A JSON-serialisable view of the page for non-language agents."""
+    d = {"page": env.page, "family": env.task.family, "query": env.query, "page_num": env.page_num,
+         "num_results": len(env.hits), "results": [], "product": None, "selected": dict(env.selected),
+         "cart": [{"sku": env._sku(pid), "product_id": int(pid), "options": dict(c)} for pid, c in env.cart],
+         "cart_total": round(env.cart_total(), 2), "budget": env.task.budget, "revealed": env.customer.said(),
+         "patience": env.customer.patience, "order_id": env.order_id}
+    if env.page == "results":
+        d["results"] = [{"sku": env._sku(pid), "product_id": int(pid), "title": env._title(pid),
+                         "price": float(env.catalog.prices[pid])} for pid in env.page_ids()]
+    if env.page == "item":
+        p = env.product
+        d["product"] = {"sku": p.sku, "product_id": int(p.product_id), "title": p.title, "price": p.price,
+                        "product_type": p.product_type, "attributes": list(p.attributes), "options": p.options}
+    if env.task.family == "after_sales" and env.page in ("orders", "order"):
+        d["orders"] = env.db.structured()["orders"]
+    return d
+
+
+def anchor(env) -> str:
+    """A canonical key of the current state without history (GiGPO's anchor-state grouping)."""
+    if env.page == "results":
+        key = f"{env.query.lower().strip()}#{env.page_num}"
+    elif env.page == "item":
+        key = env.product.sku + "|" + ",".join(f"{k}={v}" for k, v in sorted(env.selected.items()))
+    elif env.page == "order":
+        key = env.order_id
+    else:
+        key = ""
+    cart = ",".join(sorted(env._sku(pid) for pid, _ in env.cart))
+    extra = f"|writes={len(env.db.writes)}" if env.db is not None else ""
+    return f"{env.page}:{key}|cart={cart}|revealed={len(env.customer.revealed)}{extra}"

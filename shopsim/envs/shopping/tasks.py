@@ -1,0 +1,305 @@
+"""Task families and splits of Shopping-v0: a task is a pure function of (family, task id, catalog).
+
+Families (design.md §3; the issue's "task families"):
+
+| family | goal | reward |
+|---|---|---|
+| find_and_buy | one product: type, 1-3 attributes, every option of a real catalog product, a price ceiling | WebShop partial credit (`grading.score_purchase`) |
+| clarify_and_buy | the same, but 1-3 constraints (options, one attribute, the price ceiling) are hidden; the customer reveals one per relevant question | same; 0 if the customer runs out of patience |
+| bundle | 2-4 products of different types (attributes + options) under one total budget | mean item score × budget satisfied (`grading.score_bundle`) |
+| after_sales | cancel / return / exchange an item of one of the customer's orders, or refuse a request that breaks the policy | binary on the final order database (`orders.grade`) |
+
+**Splits.** Task ids live in disjoint ranges: train ``[0, 1_000_000)``, dev ``1_000_000 + i``, test
+``2_000_000 + i``; the lists used for evaluation are in ``data/splits/Shopping-v0.json``. Target products are
+partitioned by a hash of the product id: products with ``h(id) % 10 == 0`` are targets only of test tasks, the rest
+only of train/dev tasks, so the test split asks for products training never targeted. The task RNG is seeded with
+``(family, task_id, catalog size, catalog seed)`` only; the reset seed drives the episode's own randomness
+(customer phrasing), never the task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from shopsim.envs.shopping.grading import Goal
+from shopsim.envs.shopping.orders import CANCEL_REASONS, RETURN_WINDOW_DAYS, Item, Order, OrderDB
+from shopsim.errors import ConfigError
+from shopsim.paths import data_dir
+
+FAMILIES = ("find_and_buy", "clarify_and_buy", "bundle", "after_sales")
+SPLITS = ("train", "dev", "test")
+TRAIN_RANGE = (0, 1_000_000)
+DEV_BASE, TEST_BASE = 1_000_000, 2_000_000
+N_DEV, N_TEST = 200, 500
+TEST_SHARE = 10  # one product in TEST_SHARE is a test-only target
+ENV_ID = "shopsim/Shopping-v0"
+
+
+@lru_cache(maxsize=1)
+def templates() -> dict:
+    return json.loads((data_dir() / "shopping" / "templates.json").read_text())
+
+
+def split_of(task_id: int) -> str | None:
+    """The split a task id belongs to (None if it is in no split)."""
+    if TRAIN_RANGE[0] <= task_id < TRAIN_RANGE[1]:
+        return "train"
+    if DEV_BASE <= task_id < DEV_BASE + N_DEV:
+        return "dev"
+    if TEST_BASE <= task_id < TEST_BASE + N_TEST:
+        return "test"
+    return None
+
+
+def split_ids(split: str) -> range:
+    if split == "train":
+        return range(*TRAIN_RANGE)
+    if split == "dev":
+        return range(DEV_BASE, DEV_BASE + N_DEV)
+    if split == "test":
+        return range(TEST_BASE, TEST_BASE + N_TEST)
+    raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+
+
+def splits_manifest() -> dict:
+    """The content of data/splits/Shopping-v0.json (written by `write_splits`)."""
+    return {"env_id": ENV_ID, "train": {"range": list(TRAIN_RANGE)}, "dev": list(split_ids("dev")),
+            "test": list(split_ids("test")), "eval_seeds": [0, 1, 2], "families": list(FAMILIES),
+            "note": "task = f(family, task_id, catalog); pass family via env kwargs or reset options; "
+                    "test target products are disjoint from train/dev targets"}
+
+
+def write_splits() -> None:
+    path = data_dir() / "splits" / "Shopping-v0.json"
+    path.write_text(json.dumps(splits_manifest(), indent=1) + "\n")
+
+
+def _mix(x: np.ndarray, seed: int) -> np.ndarray:
+    """splitmix64 of the product ids (vectorised, stable across platforms)."""
+    z = (x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1))
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+_POOLS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def pools(catalog) -> tuple[np.ndarray, np.ndarray]:
+    """(train/dev target ids, test target ids) for a catalog; computed once per catalog per process."""
+    key = (catalog.size, catalog.seed, id(catalog))
+    if key not in _POOLS:
+        ids = np.arange(len(catalog), dtype=np.int64)
+        test = (_mix(ids, catalog.seed) % np.uint64(TEST_SHARE)) == 0
+        _POOLS[key] = (ids[~test], ids[test])
+    return _POOLS[key]
+
+
+def is_test_target(catalog, product_id: int) -> bool:
+    return bool(_mix(np.array([product_id]), catalog.seed)[0] % np.uint64(TEST_SHARE) == 0)
+
+
+@dataclass
+class Task:
+    """Everything that defines one task (immutable during an episode; the env copies the order database)."""
+
+    family: str
+    split: str
+    task_id: int
+    instruction: str
+    goals: list[Goal]
+    hidden: tuple[tuple[str, str], ...] = ()
+    """clarify_and_buy: hidden slots, ("option", dim) | ("attribute", value) | ("price", "")."""
+    budget: float | None = None
+    patience: int = 3
+    customer: str = ""
+    request: dict = field(default_factory=dict)
+    orders: OrderDB | None = None
+
+    def oracle(self) -> dict:
+        """Privileged view for scripted experts (``info["oracle"]``)."""
+        out = {"family": self.family, "goals": [g.to_dict() for g in self.goals],
+               "hidden": [list(h) for h in self.hidden], "budget": self.budget}
+        if self.request:
+            out["request"] = {k: v for k, v in self.request.items()}
+        return out
+
+
+def price_ceiling(price: float, j: int) -> float:
+    """A ceiling just above `price`: the next multiple of a price-dependent step, plus `j` more steps."""
+    step = 5.0 if price < 50 else 10.0 if price < 200 else 50.0
+    return (math.floor(price / step) + 1 + j) * step
+
+
+def _pick_goal(rng, product, n_attr_max: int = 3, with_price: bool = True) -> Goal:
+    attrs = list(product.attributes)
+    k = int(rng.integers(1, min(n_attr_max, len(attrs)) + 1))
+    pick = sorted(rng.choice(len(attrs), size=k, replace=False).tolist())
+    opts = tuple((n, vals[int(rng.integers(len(vals)))]) for n, vals in zip(product.option_names,
+                                                                            product.option_values))
+    ceiling = price_ceiling(product.price, int(rng.integers(0, 3))) if with_price else None
+    return Goal(product.product_type, tuple(attrs[i] for i in pick), opts, ceiling, int(product.product_id))
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def describe(goal: Goal, hidden=(), with_price: bool = True) -> str:
+    """The goal as WebShop-style words, leaving out `hidden` slots: 'a waterproof tent, with color green, ...'."""
+    attrs = [a for a in goal.attributes if ("attribute", a) not in hidden]
+    s = f"{_article(attrs[0] if attrs else goal.product_type)} " + (" ".join(attrs) + " " if attrs else "")
+    s += goal.product_type
+    opts = [f"{n} {v}" for n, v in goal.options if ("option", n) not in hidden]
+    if opts:
+        s += ", with " + " and ".join(opts)
+    if with_price and goal.price_ceiling is not None and ("price", "") not in hidden:
+        s += f", and price lower than {goal.price_ceiling:.2f} dollars"
+    return s
+
+
+def slot_label(slot: tuple[str, str]) -> str:
+    return {"option": slot[1], "attribute": "a must-have feature", "price": "budget"}[slot[0]]
+
+
+def make_task(catalog, family: str, split: str, task_id: int) -> Task:
+    """Build task `task_id` of `family` on `catalog` (deterministic; see module docstring)."""
+    if family not in FAMILIES:
+        raise ConfigError(f"unknown task family {family!r}; choose one of {', '.join(FAMILIES)}")
+    if split_of(task_id) != split:
+        raise ConfigError(f"task id {task_id} is not in split {split!r} (train ids are {TRAIN_RANGE[0]}.."
+                          f"{TRAIN_RANGE[1] - 1}, dev {DEV_BASE}+0..{N_DEV - 1}, test {TEST_BASE}+0..{N_TEST - 1})")
+    rng = np.random.default_rng(np.random.SeedSequence(
+        [FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x5E0]))
+    pool = pools(catalog)[1 if split == "test" else 0]
+    tpl = templates()
+    opener = tpl["openers"][int(rng.integers(len(tpl["openers"])))]
+    if family in ("find_and_buy", "clarify_and_buy"):
+        product = catalog.product(int(pool[rng.integers(len(pool))]))
+        goal = _pick_goal(rng, product)
+        if family == "find_and_buy":
+            return Task(family, split, task_id, f"{opener} {describe(goal)}", [goal], patience=3)
+        slots = [("option", n) for n, _ in goal.options] + [("attribute", goal.attributes[-1]), ("price", "")]
+        k = int(rng.integers(1, min(3, len(slots)) + 1))
+        hidden = tuple(slots[i] for i in sorted(rng.choice(len(slots), size=k, replace=False).tolist()))
+        if len(goal.attributes) == 1 and ("attribute", goal.attributes[0]) in hidden and len(hidden) == 1:
+            pass  # the type alone is then visible: fine, the customer will tell the feature
+        hint = tpl["clarify_hint"].format(slots=", ".join(slot_label(s) for s in hidden))
+        text = f"{opener} {describe(goal, hidden)}. {hint}"
+        return Task(family, split, task_id, text, [goal], hidden=hidden, patience=len(hidden) + 2)
+    if family == "bundle":
+        return _bundle(catalog, split, task_id, rng, pool, tpl)
+    return _after_sales(catalog, split, task_id, rng, pool, tpl)
+
+
+def _bundle(catalog, split, task_id, rng, pool, tpl) -> Task:
+    n = int(rng.integers(2, 5))
+    goals, types = [], set()
+    while len(goals) < n:
+        p = catalog.product(int(pool[rng.integers(len(pool))]))
+        if p.product_type in types:
+            continue
+        types.add(p.product_type)
+        goals.append(_pick_goal(rng, p, n_attr_max=2, with_price=False))
+    total = sum(catalog.prices[g.target_id] for g in goals)
+    budget = float(math.ceil(total * float(rng.uniform(1.1, 1.3)) / 5.0) * 5.0)
+    opener = tpl["bundle_openers"][int(rng.integers(len(tpl["bundle_openers"])))]
+    items = "; ".join(f"({i + 1}) {describe(g, with_price=False)}" for i, g in enumerate(goals))
+    text = f"{opener}, total budget {budget:.2f} dollars: {items}. Put them in the cart and check out once."
+    return Task("bundle", split, task_id, text, goals, budget=budget, patience=3)
+
+
+def _fake_name(seed: int) -> str:
+    from faker import Faker
+
+    fake = _faker()
+    fake.seed_instance(seed)
+    return f"{fake.first_name()} {fake.last_name()}"
+
+
+@lru_cache(maxsize=1)
+def _faker():
+    from faker import Faker
+
+    return Faker("en_US")
+
+
+def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
+    name = _fake_name(int(rng.integers(1 << 31)))
+    kinds = ["cancel", "return", "exchange", "refuse_window", "refuse_type"]
+    kind = kinds[int(rng.choice(len(kinds), p=[0.25, 0.25, 0.25, 0.125, 0.125]))]
+    n_orders = int(rng.integers(3, 6))
+    target_o = int(rng.integers(n_orders))
+    orders, seen_titles, target = [], set(), None
+    payments = ["paypal", "gift card"] + [f"credit card ending in {int(rng.integers(1000, 10000))}"]
+    for k in range(n_orders):
+        items, want = [], int(rng.integers(1, 4))
+        for _ in range(want + 10):  # distinct titles, so the customer's wording names one item
+            if len(items) == want:
+                break
+            p = catalog.product(int(pool[rng.integers(len(pool))]))
+            if p.title in seen_titles:
+                continue
+            seen_titles.add(p.title)
+            opts = {nm: vals[int(rng.integers(len(vals)))] for nm, vals in zip(p.option_names, p.option_values)}
+            items.append(Item(p.sku, int(p.product_id), p.title, p.product_type, opts, float(p.price)))
+        if k == target_o:
+            status = "processing" if kind == "cancel" and rng.random() < 0.5 else (
+                "pending" if kind == "cancel" else "delivered")
+        else:
+            status = str(rng.choice(["pending", "processing", "shipped", "delivered", "delivered", "cancelled"]))
+        days_order = int(rng.integers(1, 5)) if status in ("pending", "processing") else int(rng.integers(3, 120))
+        days_deliv = None
+        if status == "delivered":
+            if k == target_o:
+                lo, hi = ((RETURN_WINDOW_DAYS + 1, 90) if kind == "refuse_window" else (1, RETURN_WINDOW_DAYS))
+                days_deliv = int(rng.integers(lo, hi + 1))
+            else:
+                days_deliv = int(rng.integers(1, 90))
+            days_order = days_deliv + int(rng.integers(2, 8))
+        oid = f"W{int(rng.integers(1_000_000, 10_000_000))}"
+        order = Order(oid, status, days_order, days_deliv, payments[int(rng.integers(len(payments)))], items,
+                      cancel_reason=None if status != "cancelled" else "no longer needed")
+        if k == target_o:
+            target = order
+        orders.append(order)
+    item = target.items[int(rng.integers(len(target.items)))]
+    request = {"kind": kind, "order_id": target.order_id, "sku": item.sku}
+    greet = tpl["after_sales_greeting"][int(rng.integers(3))].format(name=name)
+    pick = lambda key: tpl[key][int(rng.integers(len(tpl[key])))]  # noqa: E731
+    if kind == "cancel":
+        reason = CANCEL_REASONS[int(rng.integers(2))]
+        request["reason"] = reason
+        reason_text = tpl["cancel_reason_text"][reason][int(rng.integers(2))]
+        text = pick("cancel_request").format(title=item.title, reason_text=reason_text)
+    elif kind in ("return", "refuse_window"):
+        text = pick("return_request").format(title=item.title)
+    else:
+        new = _exchange_target(catalog, rng, pool, item, same_type=(kind == "exchange"))
+        request["new_id"], request["new_sku"] = int(new.product_id), new.sku
+        text = pick("exchange_request").format(title=item.title, new_title=new.title)
+    db = OrderDB(name, orders)
+    return Task("after_sales", split, task_id, f"{greet} {text}", [], customer=name, request=request,
+                orders=db, patience=3)
+
+
+def _exchange_target(catalog, rng, pool, item, same_type: bool):
+    """A product with a catalog-unique title: same type as `item` (exchange) or another type (refusal)."""
+    type_ids = catalog.type_ids[pool]
+    t = catalog.product_types.index(item.product_type)
+    cand = pool[type_ids == t] if same_type else pool[type_ids != t]
+    index = catalog.index()
+    for _ in range(50):
+        p = catalog.product(int(cand[rng.integers(len(cand))]))
+        if p.product_id == item.product_id:
+            continue
+        hits = index.search(p.title, k=5)
+        if sum(catalog.product(i).title == p.title for i, _ in hits) == 1:
+            return p
+    return p
