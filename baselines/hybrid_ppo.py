@@ -115,7 +115,7 @@ class InventorySim:
             d = sample_demand(one, self.cfg, rng)
             o, p = initial_state(one, self.cfg, rng)
             dem.append(d), on.append(o), pipe.append(p)
-        t = lambda x: torch.as_tensor(np.asarray(x), dtype=self.dtype)  # noqa: E731
+        t = lambda x: torch.tensor(np.asarray(x), dtype=self.dtype)  # noqa: E731  (copies: inputs may be read-only views)
         out = {"mean_t": t(demand_means(sc, self.cfg)), "holding": t(sc.holding), "backlog": t(sc.backlog),
                "fixed": t(sc.fixed), "demand": t(np.stack(dem, 1)), "on_hand": t(np.stack(on)),
                "pipeline": t(np.stack(pipe))}

@@ -158,6 +158,8 @@ def stack_scenarios(scenarios: list[Scenario]) -> Scenario:
 def demand_means(scen: Scenario, config: ReplenishmentConfig, horizon: int | None = None) -> np.ndarray:
     """Expected demand per period, shape (T, ..., N): the base mean times the seasonal factor."""
     T = config.horizon if horizon is None else horizon
+    if config.seasonality == 0:
+        return np.broadcast_to(scen.mean, (T,) + scen.mean.shape)
     t = np.arange(T, dtype=np.float64).reshape((T,) + (1,) * scen.mean.ndim)
     factor = 1.0 + config.seasonality * np.sin(2 * np.pi * t / config.season_period + scen.phase)
     return scen.mean * factor
