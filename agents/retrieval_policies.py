@@ -100,11 +100,20 @@ def pl_log_prob(scores: torch.Tensor, ids: torch.Tensor, owners: np.ndarray, num
         return (own_pick - torch.log(total - removed)).sum(-1)
     if numerics != "stable":
         raise ConfigError(f"numerics={numerics!r}; choose stable or released")
-    # mask[b, k, a] = a was picked before slot k; the normaliser is a logsumexp over the items still available
-    pos = torch.full((b, n), k, dtype=torch.long).scatter_(1, ids, torch.arange(k).expand(b, k))
-    mask = pos[:, None, :] < torch.arange(k)[None, :, None]
-    lse = torch.logsumexp(scores[:, own, :].masked_fill(mask, float("-inf")), dim=-1)
-    return (own_pick - lse).sum(-1)
+    # log Σ_{remaining} exp s = lse_all + log(1 − exp(lse_removed − lse_all)), in float64 so the subtraction keeps
+    # ~16 digits; rows where even that cancels fall back to an exact logsumexp over the remaining items.
+    earlier = torch.tril(torch.ones(k, k, dtype=torch.bool), diagonal=-1)
+    lse_all = torch.logsumexp(scores, -1)[:, own].double()
+    lse_rm = torch.logsumexp(picked.double().masked_fill(~earlier, float("-inf")), -1)
+    lse = lse_all + torch.log(-torch.expm1(lse_rm - lse_all))
+    bad = ~torch.isfinite(lse).all(1)
+    if bad.any():
+        sb, ib = scores[bad], ids[bad]
+        pos = torch.full((len(ib), n), k, dtype=torch.long).scatter_(1, ib, torch.arange(k).expand(len(ib), k))
+        mask = pos[:, None, :] < torch.arange(k)[None, :, None]
+        lse = lse.clone()
+        lse[bad] = torch.logsumexp(sb[:, own, :].masked_fill(mask, float("-inf")), dim=-1).double()
+    return (own_pick.double() - lse).sum(-1).to(scores.dtype)
 
 
 class PLRetriever(Agent):

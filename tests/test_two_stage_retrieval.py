@@ -201,3 +201,17 @@ def test_oracle_without_privileged_info_and_pickling():
     np.testing.assert_array_equal(agent.act_one(0, obs, {}), info["oracle"]["top_k"])
     clone = pickle.loads(pickle.dumps(env))
     np.testing.assert_array_equal(clone.sim.items, env.sim.items)
+
+
+def test_sync_vector_env_and_rollout_vector_mode():
+    from shopsim.rollout import collect
+
+    venv = gym.vector.SyncVectorEnv([lambda: gym.make(ENV, k=5) for _ in range(3)])
+    obs, _ = venv.reset(seed=0)
+    assert obs.shape == (3, 10)
+    _, r, term, _, info = venv.step(np.tile(np.arange(5), (3, 1)))
+    assert r.shape == (3,) and term.all() and "episode_metrics" in info
+    venv.close()
+    trajs = collect(ENV, RandomRetriever(env_kwargs={"k": 5}, seed=0), episodes=6, seed=0, num_envs=2,
+                    env_kwargs={"k": 5}, vector="sync", progress=False)
+    assert len(trajs) == 6 and all(t.turns[0].info["episode_metrics"]["invalid"] == 0.0 for t in trajs)
