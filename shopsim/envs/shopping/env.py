@@ -62,9 +62,11 @@ class ShoppingEnv(gym.Env):
 
     ## Episode End
     Terminated on ``buy``/``click[buy now]``, ``checkout``, ``finish``, or when the customer runs out of patience
-    (``info["end_reason"]``). Truncated after ``max_invalid`` consecutive invalid actions or at the step limit
-    (``max_turns``, or the spec's ``max_episode_steps`` when made with `gymnasium.make`: the env truncates itself at
-    that step so that ``info["episode_metrics"]`` is present at every episode end).
+    (``info["end_reason"]``). Truncated after ``max_invalid`` consecutive invalid actions or after ``max_turns``
+    steps (default 60, the registered ``max_episode_steps``). The env truncates itself so that
+    ``info["episode_metrics"]`` is present at every episode end; to shorten episodes pass ``max_turns=N`` (a smaller
+    ``max_episode_steps`` given to `gymnasium.make` cuts episodes in the `TimeLimit` wrapper, which the env cannot see,
+    so those cut episodes carry no ``episode_metrics``).
 
     ## Arguments
     ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"``,
@@ -152,7 +154,6 @@ class ShoppingEnv(gym.Env):
         self.strategy = strategy or None
         self.strategy_text = STRATEGIES.get(strategy, strategy) if strategy else ""
         self.customer = Customer(self.task, self.np_random)
-        self._oracle = {**self.task.oracle(), "catalog": {"size": self.catalog_size, "seed": self.catalog_seed}}
         self.db = self.task.orders.copy() if self.task.orders is not None else None
         self._gold = apply_gold(self.task.orders, self.task.request, self.catalog) if self.db is not None else None
         self.page, self.history = "search", []
@@ -198,7 +199,7 @@ class ShoppingEnv(gym.Env):
         terminated = self.done
         if terminated:
             reward += self.score
-        elif not truncated and self.turns >= self._turn_limit():
+        elif not truncated and self.turns >= self.max_turns:
             truncated, self.end_reason = True, "turn_limit"
         self.done = terminated or truncated
         info = self._info(invalid)
@@ -219,9 +220,6 @@ class ShoppingEnv(gym.Env):
         pass
 
     # ---- helpers -----------------------------------------------------------------------------------------
-    def _turn_limit(self) -> int:
-        spec_limit = getattr(self.spec, "max_episode_steps", None) if self.spec is not None else None
-        return min(self.max_turns, spec_limit) if spec_limit else self.max_turns
 
     def _obs(self) -> str:
         return render.observation(self)
@@ -232,7 +230,7 @@ class ShoppingEnv(gym.Env):
             "valid_actions": render.valid_actions(self), "invalid_action": invalid,
             "success": bool(self.done and self.score >= 1.0 - 1e-9), "score": float(self.score),
             "family": t.family, "task_id": int(t.task_id), "split": t.split, "strategy": self.strategy,
-            "reward_parts": dict(self.parts), "oracle": self._oracle, "structured": render.structured(self),
+            "reward_parts": dict(self.parts), "oracle": {**t.oracle(), "catalog": {"size": self.catalog_size, "seed": self.catalog_seed}}, "structured": render.structured(self),
             "anchor": render.anchor(self), "end_reason": self.end_reason, "patience": self.customer.patience,
             "turns_before_first_answer": self.first_answer_turn if self.first_answer_turn is not None else self.turns,
             "chars_before_first_answer": self.chars_before_answer,

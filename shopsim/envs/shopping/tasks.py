@@ -76,7 +76,8 @@ def splits_manifest() -> dict:
 
 def write_splits() -> None:
     path = data_dir() / "splits" / "Shopping-v0.json"
-    path.write_text(json.dumps(splits_manifest(), indent=1) + "\n")
+    lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in splits_manifest().items()]
+    path.write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
 
 def _mix(x: np.ndarray, seed: int) -> np.ndarray:

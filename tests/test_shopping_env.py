@@ -1,0 +1,333 @@
+"""Shopping-v0 env: Gymnasium contract, determinism, pickling, vector envs, invalid actions, pages, customer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import subprocess
+import sys
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import shopsim  # noqa: F401  (registers the ids)
+from agents.random_agent import RandomTextAgent
+from agents.shopping_expert import ShoppingExpert
+from shopsim.envs.shopping import FAMILIES, ShoppingEnv
+from shopsim.envs.shopping.actions import Action
+from shopsim.errors import ConfigError
+
+SIZE = 2000
+ENV_ID = "shopsim/Shopping-v0"
+
+
+@pytest.fixture(scope="module")
+def env():
+    return ShoppingEnv(catalog_size=SIZE)
+
+
+def run_expert(env, family, task_id, split="test", seed=0, json_actions=False, strategy=None):
+    agent = ShoppingExpert(env_id=ENV_ID)
+    agent.reset(1, 0)
+    opts = {"family": family, "task_id": task_id, "split": split}
+    if strategy:
+        opts["strategy"] = strategy
+    obs, info = env.reset(seed=seed, options=opts)
+    agent.begin_episode(0, obs, info)
+    steps = [(obs, None, 0.0, info)]
+    while True:
+        action = agent.act_one(0, obs, info)
+        if json_actions:
+            from shopsim.envs.shopping.actions import parse
+
+            action = parse(action).to_json()
+        obs, r, term, trunc, info = env.step(action)
+        steps.append((obs, action, r, info))
+        if term or trunc:
+            return steps
+
+
+def test_check_env_passes_without_warnings():
+    from gymnasium.utils.env_checker import check_env
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        e = gym.make(ENV_ID, catalog_size=SIZE)
+        check_env(e.unwrapped)
+    assert [str(w.message) for w in caught] == []
+
+
+def test_registered_with_step_limit_and_own_truncation():
+    e = gym.make(ENV_ID, catalog_size=SIZE, max_turns=5)
+    assert gym.spec(ENV_ID).max_episode_steps == 60
+    e.reset(seed=0, options={"family": "find_and_buy", "task_id": 3})
+    for i in range(5):
+        _, _, term, trunc, info = e.step("view_cart")
+    assert trunc and not term and info["end_reason"] == "turn_limit"
+    assert info["episode_metrics"]["turns"] == 5.0
+
+
+def _episode_digest(seed: int, n: int = 100) -> str:
+    env = ShoppingEnv(catalog_size=SIZE)
+    agent = RandomTextAgent(env_id=ENV_ID)
+    agent.reset(1, seed)
+    h = hashlib.sha256()
+    obs, info = env.reset(seed=seed)
+    for _ in range(n):
+        a = agent.act_one(0, obs, info)
+        obs, r, term, trunc, info = env.step(a)
+        h.update(json.dumps([a, obs, r, term, trunc, info], sort_keys=True, default=str).encode())
+        if term or trunc:
+            obs, info = env.reset(seed=seed + 1)
+            h.update(obs.encode())
+    return h.hexdigest()
+
+
+def test_same_seed_same_100_steps_also_across_processes():
+    here = _episode_digest(7)
+    assert here == _episode_digest(7)
+    assert here != _episode_digest(8)
+    code = ("import sys; sys.path.insert(0, 'tests'); from test_shopping_env import _episode_digest; "
+            "print(_episode_digest(7))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert out.stdout.strip().splitlines()[-1] == here
+
+
+def test_task_depends_on_task_id_not_on_reset_seed(env):
+    a, ia = env.reset(seed=1, options={"split": "dev", "task_id": 1_000_003, "family": "bundle"})
+    b, ib = env.reset(seed=99, options={"split": "dev", "task_id": 1_000_003, "family": "bundle"})
+    assert a == b and ia["oracle"] == ib["oracle"] and ia["split"] == "dev"
+    with pytest.raises(ConfigError, match="not in split"):
+        env.reset(options={"split": "train", "task_id": 2_000_000})
+    with pytest.raises(ConfigError, match="unknown task family"):
+        env.reset(options={"family": "teleport", "task_id": 1})
+    # default mix: the family follows the task id
+    assert [env.reset(options={"task_id": t})[1]["family"] for t in range(4)] == list(FAMILIES)
+
+
+def test_pickling_keeps_state_and_drops_the_catalog(env):
+    obs, info = env.reset(seed=3, options={"family": "find_and_buy", "task_id": 11})
+    env.step("search[waterproof boots]")
+    blob = pickle.dumps(env)
+    assert len(blob) < 200_000  # the catalog and index are not pickled
+    clone = pickle.loads(blob)
+    assert clone.catalog is env.catalog  # re-attached to the process-wide copy
+    for a in ["click[next >]", "ask[what color?]", "search[tent]"]:
+        o1, r1, t1, u1, i1 = env.step(a)
+        o2, r2, t2, u2, i2 = clone.step(a)
+        assert (o1, r1, t1, u1) == (o2, r2, t2, u2) and i1 == i2
+
+
+def test_copies_share_catalog_and_vector_envs_work():
+    e1, e2 = ShoppingEnv(catalog_size=SIZE), ShoppingEnv(catalog_size=SIZE)
+    assert e1.catalog is e2.catalog and e1.index is e2.index
+    fns = [lambda: gym.make(ENV_ID, catalog_size=SIZE) for _ in range(2)]
+    # Text observations need AsyncVectorEnv(shared_memory=False): shared memory uses fixed-width buffers
+    for make_vec in (lambda: gym.vector.SyncVectorEnv(fns), lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=False)):
+        venv = make_vec()
+        try:
+            obs, infos = venv.reset(seed=[0, 1], options={"family": "find_and_buy"})
+            assert len(obs) == 2 and all(o.startswith("Task: ") for o in obs)
+            obs, r, term, trunc, infos = venv.step(["search[tent]", "fly[x]"])
+            assert "Page: results" in obs[0] and "Invalid action" in obs[1]
+            assert list(infos["invalid_action"][:1]) == [None]
+        finally:
+            venv.close()
+
+
+def test_invalid_actions_flagged_penalised_and_truncate():
+    env = ShoppingEnv(catalog_size=SIZE, invalid_penalty=0.1, max_invalid=3)
+    env.reset(seed=0, options={"family": "find_and_buy", "task_id": 5})
+    obs, r, term, trunc, info = env.step("click[buy now]")  # no product open
+    assert info["invalid_action"] and "cannot click" in info["invalid_action"] and r == pytest.approx(-0.1)
+    assert "Invalid action: cannot click" in obs
+    obs, r, term, trunc, info = env.step("search[boots]")  # a valid action resets the run
+    assert info["invalid_action"] is None and r == 0.0
+    for i in range(3):
+        obs, r, term, trunc, info = env.step("{bad json")
+        assert info["invalid_action"].startswith("malformed JSON")
+    assert trunc and not term and info["end_reason"] == "too_many_invalid"
+    assert info["episode_metrics"]["invalid_actions"] == 4.0
+
+
+def test_page_flow_options_and_navigation(env):
+    obs, info = env.reset(seed=0, options={"family": "find_and_buy", "task_id": 21})
+    assert info["valid_actions"][0] == "search[...]" and "Page: search" in obs
+    obs, _, _, _, info = env.step("search[cotton t-shirt]")
+    res = info["structured"]["results"]
+    assert len(res) == 10 and "click[next >]" in info["valid_actions"]
+    obs, _, _, _, info = env.step("next_page")
+    assert "(page 2 of" in obs and info["structured"]["results"][0]["sku"] != res[0]["sku"]
+    obs, _, _, _, info = env.step("click[< prev]")
+    assert info["structured"]["results"] == res
+    anchor_results = info["anchor"]
+    obs, _, _, _, info = env.step(f"click[{res[0]['sku'].lower()}]")  # SKUs are case-insensitive
+    prod = info["structured"]["product"]
+    assert info["structured"]["page"] == "item" and f"Page: product {prod['sku']}" in obs
+    name, values = next(iter(prod["options"].items()))
+    obs, _, _, _, info = env.step(f"click[{values[-1]}]")
+    assert info["structured"]["selected"] == {name: values[-1]} and f"(chosen: {values[-1]})" in obs
+    _, _, _, _, info = env.step("click[not an option]")
+    assert info["invalid_action"]
+    _, _, _, _, info = env.step("click[description]")
+    assert info["invalid_action"] is None
+    _, _, _, _, info = env.step("click[< prev]")
+    assert info["anchor"] == anchor_results  # same state, longer history: same anchor
+    _, _, _, _, info = env.step("click[back to search]")
+    assert info["structured"]["page"] == "search"
+    _, _, _, _, info = env.step("back")
+    assert info["structured"]["page"] == "results"
+
+
+def test_buy_scores_with_partial_credit(env):
+    obs, info = env.reset(seed=0, options={"family": "find_and_buy", "task_id": 8})
+    goal = info["oracle"]["goals"][0]
+    target = env.catalog.product(goal["target_id"])
+    env.step(f"search[{target.title}]")
+    _, _, _, _, info = env.step(f"click[{target.sku}]")
+    obs, r, term, trunc, info = env.step("click[buy now]")  # no options chosen
+    n_att, n_opt = len(goal["attributes"]), len(goal["options"])
+    assert term and info["end_reason"] == "buy"
+    assert r == pytest.approx((n_att + 0 + 1) / (n_att + n_opt + 1)) == info["score"]
+    assert info["success"] is False and info["reward_parts"]["options_matched"] == 0
+    assert info["episode_metrics"]["score"] == pytest.approx(r)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("search[x]")
+
+
+def test_clarify_customer_reveals_and_leaves(env):
+    for tid in range(40):
+        obs, info = env.reset(seed=0, options={"family": "clarify_and_buy", "task_id": tid})
+        if info["oracle"]["hidden"][0][0] == "option":
+            break
+    dim = info["oracle"]["hidden"][0][1]
+    value = info["oracle"]["goals"][0]["options"][dim]
+    patience = info["patience"]
+    obs, r, term, _, info = env.step(f"ask[What {dim} do you want?]")
+    assert value in obs.split("Customer said:")[1] and info["patience"] == patience - 1
+    obs, r, term, _, info = env.step("ask[How is the weather?]")
+    assert "Customer:" in obs and info["patience"] == patience - 2 and not term
+    while not term:
+        obs, r, term, trunc, info = env.step("ask[anything else?]")
+    assert info["end_reason"] == "customer_left" and r == 0.0 and info["success"] is False
+
+
+def test_strategy_and_answer_latency(env):
+    obs, info = env.reset(seed=0, options={"family": "find_and_buy", "task_id": 2, "strategy": "ask_first"})
+    assert info["strategy"] == "ask_first" and "Strategy: Ask the customer" in obs
+    env.step("search[boots]")
+    _, _, _, _, info = env.step("search[tent]")
+    assert info["turns_before_first_answer"] == 2 and info["chars_before_first_answer"] == 25
+    _, _, _, _, info = env.step("answer[Hello! Looking now.]")
+    env.step("search[x]")
+    _, _, _, _, info = env.step("finish")
+    assert info["turns_before_first_answer"] == 2 and info["episode_metrics"]["chars_before_first_answer"] == 25
+    obs, info = env.reset(seed=0, options={"family": "find_and_buy", "task_id": 2, "strategy": "be terse"})
+    assert "Strategy: be terse" in obs and info["strategy"] == "be terse"
+
+
+def test_after_sales_tools_and_family_rules(env):
+    obs, info = env.reset(seed=0, options={"family": "after_sales", "task_id": 4})
+    assert "Policy:" in obs and "list_orders" in info["valid_actions"]
+    _, _, _, _, info = env.step("click[buy now]")
+    assert info["invalid_action"]
+    _, _, _, _, info = env.step("checkout")
+    assert "not buying" in info["invalid_action"]
+    obs, _, _, _, info = env.step("list_orders")
+    oids = [o["order_id"] for o in info["structured"]["orders"]]
+    assert all(o in obs for o in oids) and f"get_order[{oids[0]}]" in info["valid_actions"]
+    _, _, _, _, info = env.step("get_order[W0000000]")
+    assert "no order" in info["invalid_action"]
+    obs, info = env.reset(seed=0, options={"family": "find_and_buy", "task_id": 4})
+    _, _, _, _, info = env.step("list_orders")
+    assert "after-sales tool" in info["invalid_action"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_text_and_json_episodes_are_identical(env, family):
+    a = run_expert(env, family, 2_000_001)
+    b = run_expert(env, family, 2_000_001, json_actions=True)
+    assert [s[0] for s in a] == [s[0] for s in b] and [s[2] for s in a] == [s[2] for s in b]
+    assert a[-1][3]["success"] and b[-1][3]["success"]
+
+
+def test_every_action_kind_text_equals_json_in_env(env):
+    """Each tool, in a state where it applies, gives the same observation and info in both forms."""
+    from shopsim.envs.shopping.actions import TOOLS
+
+    seen = set()
+
+    def both(setup, action: Action, family="bundle", task=12):
+        outs = []
+        for form in (action.to_text(), action.to_json()):
+            env.reset(seed=0, options={"family": family, "task_id": task})
+            for s in setup:
+                env.step(s)
+            outs.append(env.step(form))
+        infos = [{k: v for k, v in o[4].items() if k != "chars_before_first_answer"} for o in outs]  # form length
+        for i in infos:
+            i.get("episode_metrics", {}).pop("chars_before_first_answer", None)
+        assert outs[0][:4] == outs[1][:4] and infos[0] == infos[1], action
+        seen.add(action.name)
+        return outs[0]
+
+    env.reset(seed=0, options={"family": "bundle", "task_id": 12})
+    _, _, _, _, info = env.step("search[shirt]")
+    sku = info["structured"]["results"][0]["sku"]
+    open_item = ["search[shirt]", f"click[{sku}]"]
+    both([], Action("search", ("shirt",)))
+    both(["search[shirt]"], Action("click", (sku,)))
+    both(open_item, Action("back"))
+    both(["search[shirt]"], Action("next_page"))
+    both(["search[shirt]", "next_page"], Action("prev_page"))
+    both([], Action("ask", ("which color?",)))
+    both([], Action("answer", ("hello",)))
+    both(open_item, Action("buy"))
+    both(open_item, Action("add_to_cart"))
+    both(open_item + ["add_to_cart"], Action("remove_from_cart", (sku,)))
+    both(open_item + ["add_to_cart"], Action("view_cart"))
+    both(open_item + ["add_to_cart"], Action("checkout"))
+    both([], Action("finish"))
+    obs, info = env.reset(seed=0, options={"family": "after_sales", "task_id": 3})
+    req = info["oracle"]["request"]
+    o = info["structured"]
+    del o
+    both([], Action("list_orders"), "after_sales", 3)
+    both([], Action("get_order", (req["order_id"],)), "after_sales", 3)
+    both([], Action("cancel_order", (req["order_id"], "no longer needed")), "after_sales", 3)
+    both([], Action("return_item", (req["order_id"], req["sku"])), "after_sales", 3)
+    both([], Action("exchange_item", (req["order_id"], req["sku"], sku)), "after_sales", 3)
+    assert seen == set(TOOLS)
+
+
+def test_compact_observation_is_small_and_stable(env):
+    longest = 0
+    for family in FAMILIES:
+        for tid in range(2_000_000, 2_000_010):
+            for obs, *_ in run_expert(env, family, tid):
+                assert env.observation_space.contains(obs)
+                longest = max(longest, len(obs))
+    # ~4 characters per token: 400 tokens is about 1,600 characters; bundles with 4 items are the longest
+    assert longest <= 2000, longest
+    a = run_expert(env, "find_and_buy", 2_000_003)
+    b = run_expert(env, "find_and_buy", 2_000_003)
+    assert [s[0].encode() for s in a] == [s[0].encode() for s in b]
+    full = ShoppingEnv(catalog_size=SIZE, obs_mode="full")
+    obs, _ = full.reset(seed=0, options={"family": "after_sales", "task_id": 1})
+    assert "Store policy:" in obs and "Valid actions:" in obs
+
+
+def test_constructor_validates_arguments():
+    with pytest.raises(ConfigError, match="obs_mode"):
+        ShoppingEnv(catalog_size=SIZE, obs_mode="html")
+    with pytest.raises(ConfigError, match="max_invalid"):
+        ShoppingEnv(catalog_size=SIZE, max_invalid=0)
+    with pytest.raises(ConfigError, match="family"):
+        ShoppingEnv(catalog_size=SIZE, family="buy_everything")
+    with pytest.raises(ConfigError, match="invalid_penalty"):
+        ShoppingEnv(catalog_size=SIZE, invalid_penalty=float("nan"))
+    assert np.isfinite(ShoppingEnv(catalog_size=SIZE, invalid_penalty=0.5).invalid_penalty)
