@@ -84,8 +84,15 @@ def grpo_advantages(R: torch.Tensor, group_ids, *, scale: str = "group", eps: fl
 
 
 def zero_variance_share(R: torch.Tensor, group_ids) -> float:
-    _, std, cnt = group_stats(R, group_ids)
-    return float(((std == 0) & (cnt > 1)).float().mean()) if R.numel() else 0.0
+    """Share of groups whose rewards are all equal (singletons included): they give no learning signal."""
+    if R.numel() == 0:
+        return 0.0
+    ids = torch.as_tensor(group_ids).long()
+    _, std, _ = group_stats(R, ids)
+    n = int(ids.max()) + 1
+    flat = torch.zeros(n).scatter_(0, ids, (std == 0).float())  # every member carries its group's std
+    present = torch.zeros(n).index_add_(0, ids, torch.ones_like(R)) > 0
+    return float(flat[present].mean())
 
 
 class GRPO(LMAlgorithm):

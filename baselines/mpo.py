@@ -88,7 +88,7 @@ class MPOConfig(LMConfig):
 
 
 def _turn_scatter_mean(x: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, n_keys: int):
-    m = mask.float()
+    m = mask.to(x.dtype)
     s = torch.zeros(n_keys, dtype=x.dtype).index_add_(0, key.reshape(-1), (x * m).reshape(-1))
     c = torch.zeros(n_keys, dtype=x.dtype).index_add_(0, key.reshape(-1), m.reshape(-1))
     return s / c.clamp_min(1.0), c

@@ -136,7 +136,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor
     flat = logits.reshape(-1, logits.shape[-1])
     out = []
     for i in range(0, flat.shape[0], chunk):
-        z = flat[i : i + chunk].float()
+        z = flat[i : i + chunk].to(torch.promote_types(flat.dtype, torch.float32))
         lse = torch.logsumexp(z, dim=-1)
         out.append(lse - (torch.softmax(z, dim=-1) * z).sum(-1))
     if not out:
@@ -146,7 +146,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log π(label_t) at each position from logits [.., V] (no full log-softmax tensor kept)."""
-    z = logits.float()
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     picked = torch.gather(z, -1, labels.long().unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(z, dim=-1)
 

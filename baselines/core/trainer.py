@@ -148,7 +148,7 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
                 output_hidden_states=need_hidden)
-    logits = out.logits[:, :-1, :].float() / temperature
+    logits = out.logits[:, :-1, :].to(torch.promote_types(out.logits.dtype, torch.float32)) / temperature
     lp = token_logprobs(logits, input_ids[:, 1:])
     lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
     ent = None
@@ -217,14 +217,15 @@ class LMAlgorithm(Algorithm):
         c = self.config
         self.agent = agent
         self.model = agent.model
-        self.model.to(c.device)
+        # dropout off everywhere (rollouts, π_old and the update see the same function; verl does the same)
+        self.model.to(c.device).eval()
         tok = getattr(agent, "tokenizer", None)
         self.pad_id = int(getattr(agent, "pad_id", None) or getattr(tok, "pad_token_id", None) or 0)
         self.temperature = c.temperature
         params = [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": c.lr}]
         self.critic = None
         if self.uses_critic:
-            self.critic = ValueModel(self.model, shared=c.critic_shared).to(c.device)
+            self.critic = ValueModel(self.model, shared=c.critic_shared).to(c.device).eval()
             params.append({"params": list(self.critic.parameters()), "lr": c.critic_lr})
         self.optimizer = torch.optim.AdamW(params, weight_decay=c.weight_decay)
         self.ref_model = None
@@ -244,10 +245,8 @@ class LMAlgorithm(Algorithm):
     def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
         """π_old, π_ref and critic values over the recorded ids (no grad)."""
         c = self.config
-        self.model.eval()
         old, _, hid = self._rows_forward(self.model, batch.input_ids, batch.attention_mask,
                                          need_hidden=self.critic is not None and self.critic.shared)
-        self.model.train()
         ref = None
         if self.ref_model is not None:
             ref, _, _ = self._rows_forward(self.ref_model, batch.input_ids, batch.attention_mask)
