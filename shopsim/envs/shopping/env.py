@@ -11,7 +11,7 @@ from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, Actio
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
 from shopsim.envs.shopping.orders import ToolError, apply_gold, grade
-from shopsim.envs.shopping.tasks import FAMILIES, SPLITS, make_task, split_ids
+from shopsim.envs.shopping.tasks import FAMILIES, SPLITS, make_task, split_ids, split_of
 from shopsim.errors import ConfigError
 
 ACTION_CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -55,7 +55,8 @@ class ShoppingEnv(gym.Env):
     ``score == 1``; ``info["reward_parts"]`` has the components.
 
     ## Starting State
-    ``reset(options={"split": "train"|"dev"|"test", "task_id": int, "family": str, "strategy": str})``. The task is a
+    ``reset(options={"split": "train"|"dev"|"test", "task_id": int, "family": str, "strategy": str})`` (the split
+    defaults to the one the task id belongs to, else "train"; unknown keys are ignored). The task is a
     pure function of (family, task id, catalog); without ``task_id`` one is drawn from the split with `np_random`;
     without a family the constructor's family is used, else the default mix (family = ``FAMILIES[task_id % 4]``).
     The reset seed only drives the customer's phrasing. The agent starts on the search page.
@@ -139,10 +140,10 @@ class ShoppingEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         options = dict(options or {})
-        split = options.get("split", "train")
+        task_id = options.get("task_id")
+        split = options.get("split") or (split_of(int(task_id)) if task_id is not None else None) or "train"
         if split not in SPLITS:
             raise ConfigError(f"reset option split={split!r}; choose one of {', '.join(SPLITS)}")
-        task_id = options.get("task_id")
         if task_id is None:
             ids = split_ids(split)
             task_id = ids[int(self.np_random.integers(len(ids)))]
