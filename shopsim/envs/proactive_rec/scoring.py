@@ -1,0 +1,168 @@
+"""Batched scoring of whole recommendation paths under the frozen simulator (ProRL's step rewards).
+
+ProRL (arXiv 2605.28293, §3-4; code) scores a generated path i_1..i_n for a user with history `hist` and a target:
+
+    IoI_k = log P(target | hist ⊕ i_1..i_k) − log P(target | hist ⊕ i_1..i_{k−1})      (interest of interest)
+    IoR_k = rank_before − rank_after of the target, rank = 1 + #items scored above it  (interest of rank)
+    CTR_k = acceptance probability of i_k given the state before it
+
+CTR. ProRL uses σ(h · e_i) with its SASRec's raw scale. Our simulators have other scales, so the score is
+standardised over the catalog first: CTR_k = σ((s_{i_k} − mean_j s_j) / std_j s_j − `ctr_offset`) with the mean and
+std in closed form (`Simulator.score_moments`); an item two standard deviations above the average item is accepted
+with probability 1/2 (offset 2.0) [derived].
+
+Special items (card §15):
+* invalid (a semantic ID that names no item; passed here as item id −2): it is *not* appended to the history;
+  CTR := −1; IoI, IoR := `fixed` constants (the env's per-step rule) or, with ``invalid="batch_min"``, the minimum
+  over the batch's valid steps minus 1 (ProRL's rule; needs a batch, so only the scorer offers it);
+* duplicate (already in the history or earlier in the path): appended as usual, IoI and IoR kept, CTR := 0.
+
+Because the simulator is causal, one forward pass over hist ⊕ path gives the state after every prefix, so a whole
+batch of paths is scored with one transformer call plus one [B·(L+1), n] score matrix (chunked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shopsim.envs.proactive_rec.world import World
+
+STOP = -1  # no item at this position (after EOS / padding)
+INVALID = -2  # a hallucinated semantic ID
+
+
+@dataclass
+class PathScores:
+    """Per-step components [B, L] (zero where `step_mask` is False) and per-prefix target statistics [B, L+1]."""
+
+    ioi: np.ndarray
+    ior: np.ndarray
+    ctr: np.ndarray
+    valid: np.ndarray
+    duplicate: np.ndarray
+    step_mask: np.ndarray
+    logp_target: np.ndarray  # after k steps, k = 0..L (k = 0: the history alone)
+    target_rank: np.ndarray
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.step_mask.sum(1)
+
+
+@dataclass
+class RewardWeights:
+    """Weights of the fused raw reward r = w_ctr·CTR + w_ioi·IoI + w_ior·IoR / ior_scale (env reward)."""
+
+    w_ctr: float = 1.0
+    w_ioi: float = 1.0
+    w_ior: float = 1.0
+    ior_scale: float = 500.0  # rank positions per reward unit; the env sets it to n_items / 10
+
+    def fuse(self, ioi, ior, ctr):
+        return self.w_ctr * ctr + self.w_ioi * ioi + self.w_ior * ior / self.ior_scale
+
+
+class PathScorer:
+    """Scores batches of paths (item ids, `STOP`, `INVALID`) for (history, target) pairs under `world.sim`."""
+
+    def __init__(self, world: World, *, ctr_offset: float = 2.0, invalid_ioi: float = -2.0,
+                 invalid_ior: float | None = None, chunk: int = 256):
+        self.world = world
+        self.sim = world.sim
+        self.n = world.n_items
+        self.ctr_offset = ctr_offset
+        self.invalid_ioi = invalid_ioi
+        self.invalid_ior = -0.1 * self.n if invalid_ior is None else invalid_ior
+        self.chunk = chunk
+
+    def score(self, histories, targets, paths, *, invalid: str = "fixed") -> PathScores:
+        hist = np.asarray(histories, dtype=np.int64)
+        tgt = np.asarray(targets, dtype=np.int64)
+        path = np.asarray(paths, dtype=np.int64)
+        if path.ndim != 2 or hist.ndim != 2 or len(hist) != len(path) or len(tgt) != len(path):
+            raise ValueError("score(histories [B,H], targets [B], paths [B,L]) with matching B")
+        b, h_len = hist.shape
+        length = path.shape[1]
+        # a step exists until the first STOP
+        step_mask = np.cumprod(path != STOP, axis=1).astype(bool)
+        valid = step_mask & (path >= 0)
+        if (path >= self.n).any() or (path < INVALID).any():
+            raise ValueError(f"path entries must be item ids in [0, {self.n}), {STOP} (stop) or {INVALID} (invalid)")
+        # compacted sequences hist ⊕ valid items, padded with the simulator's padding id n
+        seq = np.full((b, h_len + length), self.n, dtype=np.int64)
+        seq[:, :h_len] = hist
+        n_valid = np.cumsum(valid, axis=1)  # valid items among the first k+1 steps
+        rows, cols = np.nonzero(valid)
+        seq[rows, h_len - 1 + n_valid[rows, cols]] = path[rows, cols]
+        # duplicates: an item seen before in the history or earlier in the path
+        dup = np.zeros_like(valid)
+        for k in range(length):
+            cur = path[:, k:k + 1]
+            seen = (hist == cur).any(1) | ((path[:, :k] == cur) & valid[:, :k]).any(1)
+            dup[:, k] = valid[:, k] & seen
+        logp = np.zeros((b, length + 1), dtype=np.float64)
+        rank = np.zeros((b, length + 1), dtype=np.int64)
+        ctr = np.zeros((b, length), dtype=np.float64)
+        before = np.concatenate([np.zeros((b, 1), np.int64), n_valid[:, :-1]], axis=1)  # state index before step k
+        with torch.no_grad():
+            for s0 in range(0, b, self.chunk):
+                sl = slice(s0, min(b, s0 + self.chunk))
+                h = self.sim.states(torch.as_tensor(seq[sl]))[:, h_len - 1:]  # states after 0..L valid items
+                s = self.sim.scores(h)  # [c, L+1, n]
+                t = torch.as_tensor(tgt[sl])
+                st = s.gather(2, t[:, None, None].expand(-1, s.shape[1], 1)).squeeze(2)
+                lp_states = (st - torch.logsumexp(s, dim=2)).double().numpy()
+                rk_states = (1 + (s > st[..., None]).sum(2)).numpy()
+                # state index after k steps = number of valid items among them
+                idx_after = np.concatenate([np.zeros((sl.stop - s0, 1), np.int64), n_valid[sl]], axis=1)
+                logp[sl] = np.take_along_axis(lp_states, idx_after, 1)
+                rank[sl] = np.take_along_axis(rk_states, idx_after, 1)
+                # CTR from the state before each step
+                bi = torch.as_tensor(before[sl])
+                ar = torch.arange(bi.shape[0])[:, None]
+                hb = h[ar, bi]  # [c, L, d]
+                si = s[ar, bi, torch.as_tensor(np.where(valid[sl], path[sl], 0))]  # [c, L]
+                mu, sd = self.sim.score_moments(hb)
+                ctr[sl] = torch.sigmoid((si - mu) / sd - self.ctr_offset).double().numpy()
+        ioi = logp[:, 1:] - logp[:, :-1]
+        ior = (rank[:, :-1] - rank[:, 1:]).astype(np.float64)
+        ctr = np.where(dup, 0.0, ctr)
+        inv = step_mask & ~valid
+        if invalid == "fixed":
+            ioi_fill, ior_fill = self.invalid_ioi, self.invalid_ior
+        elif invalid == "batch_min":
+            ioi_fill = (ioi[valid].min() if valid.any() else 0.0) - 1.0
+            ior_fill = (ior[valid].min() if valid.any() else 0.0) - 1.0
+        else:
+            raise ValueError(f"invalid={invalid!r}; choose 'fixed' or 'batch_min'")
+        ioi = np.where(inv, ioi_fill, ioi)
+        ior = np.where(inv, ior_fill, ior)
+        ctr = np.where(inv, -1.0, ctr)
+        z = ~step_mask
+        return PathScores(np.where(z, 0.0, ioi), np.where(z, 0.0, ior), np.where(z, 0.0, ctr), valid, dup,
+                          step_mask, logp, rank)
+
+    def score_codes(self, histories, targets, codes, lengths, *, invalid: str = "fixed") -> PathScores:
+        """Score paths given as semantic-ID codes [B, L, 4] with per-row lengths (items before EOS)."""
+        codes = np.asarray(codes, dtype=np.int64)
+        items = self.world.sids.lookup(codes)
+        items = np.where(items < 0, INVALID, items)
+        pos = np.arange(codes.shape[1])[None]
+        items = np.where(pos < np.asarray(lengths)[:, None], items, STOP)
+        return self.score(histories, targets, items, invalid=invalid)
+
+
+def path_metrics(s: PathScores) -> dict[str, float]:
+    """Batch means of the env's episode metrics (IoI, IoR sums; CTR mean over items with invalid counted 0; length;
+    invalid share), plus `distinct`: the share of distinct paths across the batch's users."""
+    n = s.step_mask.sum(1)
+    ctr = np.clip(s.ctr, 0.0, None) * s.step_mask
+    inv = (s.step_mask & ~s.valid).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ctr_mean = np.where(n > 0, ctr.sum(1) / np.maximum(n, 1), 0.0)
+        inv_share = np.where(n > 0, inv / np.maximum(n, 1), 0.0)
+    return {"IoI": float(s.ioi.sum(1).mean()), "IoR": float(s.ior.sum(1).mean()), "CTR": float(ctr_mean.mean()),
+            "length": float(n.mean()), "invalid": float(inv_share.mean())}
