@@ -7,6 +7,9 @@ import numpy as np
 from gymnasium import spaces
 
 from shopsim.envs.shopping import render
+from shopsim.envs.shopping.cache import product as _product
+from shopsim.envs.shopping.cache import row as _row
+from shopsim.envs.shopping.cache import search as _search
 from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, ActionError, parse, tool_schemas
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
@@ -115,11 +118,10 @@ class ShoppingEnv(gym.Env):
 
         self.catalog = load_catalog(self.catalog_size, self.catalog_seed)  # memoised: shared by every copy
         self.index = self.catalog.index()
-        self._titles, self._skus = self.catalog.column("title"), self.catalog.column("sku")
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for k in ("catalog", "index", "_titles", "_skus"):
+        for k in ("catalog", "index"):
             state.pop(k, None)
         return state
 
@@ -128,10 +130,10 @@ class ShoppingEnv(gym.Env):
         self._attach_catalog()
 
     def _title(self, pid) -> str:
-        return self._titles[int(pid)].as_py()
+        return _row(self.catalog, int(pid))[1]
 
     def _sku(self, pid) -> str:
-        return self._skus[int(pid)].as_py()
+        return _row(self.catalog, int(pid))[0]
 
     def _rating(self, pid) -> str:
         return f"{self.catalog.column('rating')[int(pid)].as_py():.1f} stars"
@@ -159,6 +161,7 @@ class ShoppingEnv(gym.Env):
         self._gold = apply_gold(self.task.orders, self.task.request, self.catalog) if self.db is not None else None
         self.page, self.history = "search", []
         self.query, self.hits, self.page_num = "", [], 0
+        self._rows_key, self._rows = None, []
         self.product, self.selected, self._option_owner = None, {}, {}
         self.cart: list[tuple[int, dict]] = []
         self.order_id = None
@@ -241,6 +244,14 @@ class ShoppingEnv(gym.Env):
         start = self.page_num * self.results_per_page
         return self.hits[start:start + self.results_per_page]
 
+    def page_rows(self) -> list[tuple[int, str, str, float]]:
+        """(product id, sku, title, price) of the results on the current page (memoised per page)."""
+        key = (id(self.hits), self.page_num)
+        if self._rows_key != key:
+            self._rows = [(pid, *_row(self.catalog, pid), float(self.catalog.prices[pid])) for pid in self.page_ids()]
+            self._rows_key = key
+        return self._rows
+
     def cart_total(self) -> float:
         return float(sum(self.catalog.prices[pid] for pid, _ in self.cart))
 
@@ -294,7 +305,7 @@ class ShoppingEnv(gym.Env):
 
     def _search(self, query: str) -> None:
         self.query = query
-        self.hits = [pid for pid, _ in self.index.search(query, k=self.max_results)]
+        self.hits = list(_search(self.index, query, self.max_results))
         self.page_num = 0
         self._goto("results")
         if not self.hits:
@@ -320,8 +331,8 @@ class ShoppingEnv(gym.Env):
             if t == "< prev" and self.page_num > 0:
                 self.page_num -= 1
                 return
-            for pid in self.page_ids():
-                if self._sku(pid).lower() == t:
+            for pid, sku, _, _ in self.page_rows():
+                if sku.lower() == t:
                     self._open(pid)
                     return
         elif page == "item":
@@ -348,7 +359,7 @@ class ShoppingEnv(gym.Env):
 
     def _open(self, pid: int) -> None:
         self._goto("item")
-        self.product = self.catalog.product(pid)
+        self.product = _product(self.catalog, pid)
         self.selected = {}
         self._option_owner = self._owners(self.product)
 
@@ -401,7 +412,7 @@ class ShoppingEnv(gym.Env):
         del fam
 
     def _grade_purchase(self, lines: list[tuple[int, dict]], reason: str) -> None:
-        items = [(self.catalog.product(p), c) for p, c in lines]
+        items = [(_product(self.catalog, p), c) for p, c in lines]
         if self.task.family == "bundle":
             score, parts = score_bundle(self.task.goals, items, self.task.budget)
         else:
@@ -428,4 +439,5 @@ class ShoppingEnv(gym.Env):
             self.feedback.append(db.return_item(args[0], args[1]))
         elif name == "exchange_item":
             pid = self.catalog.sku_to_id(args[2].strip().upper())
-            self.feedback.append(db.exchange_item(args[0], args[1], None if pid is None else self.catalog.product(pid)))
+            new = None if pid is None else _product(self.catalog, pid)
+            self.feedback.append(db.exchange_item(args[0], args[1], new))

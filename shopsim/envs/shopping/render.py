@@ -70,9 +70,8 @@ def page_lines(env, full: bool) -> list[str]:
         n_pages = max(1, -(-len(env.hits) // env.results_per_page))
         lines = [f'Page: results for "{clean(_short(env.query, 80))}" (page {env.page_num + 1} of {n_pages}, '
                  f"{len(env.hits)} results)"]
-        for pid in env.page_ids():
-            title, price = env._title(pid), env.catalog.prices[pid]
-            line = f"[{env._sku(pid)}] {_short(title, TITLE_CHARS if not full else 200)} ${price:.2f}"
+        for pid, sku, title, price in env.page_rows():
+            line = f"[{sku}] {_short(title, TITLE_CHARS if not full else 200)} ${price:.2f}"
             if full:
                 line += f" ({env._rating(pid)})"
             lines.append(line)
@@ -140,7 +139,7 @@ def valid_actions(env) -> list[str]:
     out = ["search[...]"]
     page = env.page
     if page == "results":
-        out += [f"click[{env._sku(pid)}]" for pid in env.page_ids()]
+        out += [f"click[{sku}]" for _, sku, _, _ in env.page_rows()]
     elif page == "item":
         for name, values in env.product.options.items():
             out += [f"click[{option_label(env, name, v)}]" for v in values]
@@ -175,8 +174,8 @@ def structured(env) -> dict:
          "cart_total": round(env.cart_total(), 2), "budget": env.task.budget, "revealed": env.customer.said(),
          "patience": env.customer.patience, "order_id": env.order_id}
     if env.page == "results":
-        d["results"] = [{"sku": env._sku(pid), "product_id": int(pid), "title": env._title(pid),
-                         "price": float(env.catalog.prices[pid])} for pid in env.page_ids()]
+        d["results"] = [{"sku": sku, "product_id": int(pid), "title": title, "price": price}
+                        for pid, sku, title, price in env.page_rows()]
     if env.page == "item":
         p = env.product
         d["product"] = {"sku": p.sku, "product_id": int(p.product_id), "title": p.title, "price": p.price,

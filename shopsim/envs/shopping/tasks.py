@@ -26,6 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from shopsim.envs.shopping.cache import product as _product
 from shopsim.envs.shopping.grading import Goal
 from shopsim.envs.shopping.orders import CANCEL_REASONS, RETURN_WINDOW_DAYS, Item, Order, OrderDB
 from shopsim.errors import ConfigError
@@ -182,7 +183,7 @@ def make_task(catalog, family: str, split: str, task_id: int) -> Task:
     tpl = templates()
     opener = tpl["openers"][int(rng.integers(len(tpl["openers"])))]
     if family in ("find_and_buy", "clarify_and_buy"):
-        product = catalog.product(int(pool[rng.integers(len(pool))]))
+        product = _product(catalog, int(pool[rng.integers(len(pool))]))
         goal = _pick_goal(rng, product)
         if family == "find_and_buy":
             return Task(family, split, task_id, f"{opener} {describe(goal)}", [goal], patience=3)
@@ -203,7 +204,7 @@ def _bundle(catalog, split, task_id, rng, pool, tpl) -> Task:
     n = int(rng.integers(2, 5))
     goals, types = [], set()
     while len(goals) < n:
-        p = catalog.product(int(pool[rng.integers(len(pool))]))
+        p = _product(catalog, int(pool[rng.integers(len(pool))]))
         if p.product_type in types:
             continue
         types.add(p.product_type)
@@ -244,7 +245,7 @@ def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
         for _ in range(want + 10):  # distinct titles, so the customer's wording names one item
             if len(items) == want:
                 break
-            p = catalog.product(int(pool[rng.integers(len(pool))]))
+            p = _product(catalog, int(pool[rng.integers(len(pool))]))
             if p.title in seen_titles:
                 continue
             seen_titles.add(p.title)
@@ -297,10 +298,10 @@ def _exchange_target(catalog, rng, pool, item, same_type: bool):
     cand = pool[type_ids == t] if same_type else pool[type_ids != t]
     index = catalog.index()
     for _ in range(50):
-        p = catalog.product(int(cand[rng.integers(len(cand))]))
+        p = _product(catalog, int(cand[rng.integers(len(cand))]))
         if p.product_id == item.product_id:
             continue
         hits = index.search(p.title, k=5)
-        if sum(catalog.product(i).title == p.title for i, _ in hits) == 1:
+        if sum(_product(catalog, i).title == p.title for i, _ in hits) == 1:
             return p
     return p
