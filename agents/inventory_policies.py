@@ -8,6 +8,7 @@
 * `ConstantOrderAgent`: orders `factor`·mean demand every period (or a fixed `quantity`): a naive reference.
 * `RandomInventoryAgent`: orders with probability `p_order` a uniform quantity in [0, 4·mean].
 * `HybridPolicyAgent`: the trained torch policy of HybridPPO / HPO (`agents.inventory_nets.HybridPolicy`).
+* `perfect_information_cost`: a lower bound (the best order sequence in hindsight of the demand path), not an agent.
 
 Per-SKU tuning is exact for Replenishment-v0 without a capacity (SKUs do not interact); with a shared capacity
 or a supplier limit the tuned values ignore the coupling (documented weakness).
@@ -95,6 +96,60 @@ def tune_policy(scen: Scenario, cfg: ReplenishmentConfig, kind: str = "sS", *, p
             S = S_grid2[cost.argmin(0), 0, idx]
     _TUNE_CACHE[key] = (s, S)
     return s, S
+
+
+def perfect_information_cost(scen: Scenario, cfg: ReplenishmentConfig, demand: np.ndarray, on_hand0: np.ndarray,
+                             pipe0: np.ndarray) -> np.ndarray:
+    """Perfect-information lower bound: the least reported cost any order sequence achieves on a known demand path.
+
+    Per SKU and path (backlog mode; integer demand and starting stock, so integer arrivals suffice), a backward
+    DP over the net stock on an integer grid: V_t(x) = min(f_t(x), K·[t−L >= warmup] + min_{y>x} f_t(y)) with
+    f_t(y) = c_t(y − d_t) + V_{t+1}(y − d_t); the inner minimum is a suffix minimum, so each period costs O(grid).
+    Arrivals before period L are the fixed pipeline; orders placed in the last L periods never arrive.
+    Arrays: scen (N,), demand (T, ..., N), on_hand0 (..., N), pipe0 (..., N, L). Returns reported cost (..., N).
+    No policy that sees only the past can do better, so it bounds the gap any learner can close. Lost sales: NaN.
+    """
+    if cfg.lost_sales:
+        return np.full(np.shape(on_hand0), np.nan)
+    T, L, W = demand.shape[0], cfg.lead_time, cfg.warmup
+    shape = np.shape(on_hand0)
+    d = demand.reshape(T, -1).astype(np.int64)  # (T, M)
+    M = d.shape[1]
+    bcast = lambda a: np.broadcast_to(a, shape).reshape(-1)  # noqa: E731
+    h, b, K = bcast(scen.holding), bcast(scen.backlog), bcast(scen.fixed)
+    x0 = np.rint(np.reshape(on_hand0, -1)).astype(np.int64)
+    pipe = np.rint(np.reshape(pipe0, (M, L))).astype(np.int64)
+    total = d.sum(0)
+    lo = int(min(0, x0.min()) - total.max() - 1)
+    hi = int(x0.max() + pipe.sum(1).max() + total.max() + 1)
+    grid = np.arange(lo, hi + 1)
+    S = grid.size
+    V = np.zeros((M, S))
+    rows = np.arange(M)[:, None]
+    for t in range(T - 1, -1, -1):
+        nxt = np.arange(S)[None, :] - d[t][:, None]  # index of y − d_t for every y on the grid
+        ok = nxt >= 0
+        I = grid[None, :] - d[t][:, None]
+        c = (h[:, None] * np.maximum(I, 0) + b[:, None] * np.maximum(-I, 0)) if t >= W else 0.0
+        f = np.where(ok, c + V[rows, np.clip(nxt, 0, S - 1)], np.inf)
+        if t < L:  # fixed arrival from the starting pipeline: V_t(x) = f(x + p_t)
+            j = np.arange(S)[None, :] + pipe[:, t][:, None]
+            V = np.where(j < S, f[rows, np.clip(j, 0, S - 1)], np.inf)
+        else:
+            suffix = np.minimum.accumulate(f[:, ::-1], axis=1)[:, ::-1]  # min_{y >= x} f(y)
+            after = np.concatenate([suffix[:, 1:], np.full((M, 1), np.inf)], axis=1)  # min_{y > x}
+            V = np.minimum(f, (K[:, None] if t - L >= W else 0.0) + after)
+    return V[np.arange(M), x0 - lo].reshape(shape)
+
+
+def perfect_information_episode_cost(task_id: int, seed: int, cfg: ReplenishmentConfig) -> float:
+    """The perfect-information bound for the env episode reset with (seed, task_id): the same demand path and
+    starting stock as `ReplenishmentEnv.reset(seed=seed, options={"task_id": task_id})` draws."""
+    scen = make_scenario(task_id, cfg)
+    rng = np.random.default_rng(seed)
+    demand = sample_demand(scen, cfg, rng)
+    on0, pipe0 = initial_state(scen, cfg, rng)
+    return float(perfect_information_cost(scen, cfg, demand, on0, pipe0).sum())
 
 
 def _paths(scen: Scenario, cfg: ReplenishmentConfig, rng: np.random.Generator, paths: int) -> np.ndarray:

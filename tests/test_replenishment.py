@@ -237,3 +237,37 @@ def test_reference_policies_rank_as_expected():
     ss.begin_episode(0, obs, info)
     s, S = ss.levels(0)
     assert (s < S).all() and (S > 0).all()
+
+
+def test_perfect_information_bound_matches_brute_force():
+    import itertools
+
+    from agents.inventory_policies import perfect_information_cost
+    from shopsim.envs.replenishment import Scenario
+
+    cfg = ReplenishmentConfig(n_skus=1, lead_time=1, horizon=4, warmup=1, fixed_cost=10.0)
+    scen = Scenario(np.array([5.0]), np.array([1.0]), np.array([4.0]), np.array([10.0]), np.zeros(1))
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        dem = rng.integers(0, 8, (4, 1)).astype(float)
+        on, pipe = np.array([float(rng.integers(0, 6))]), np.array([[float(rng.integers(0, 6))]])
+        best = np.inf
+        for qs in itertools.product(range(0, 22), repeat=3):  # orders at t = 0, 1, 2 (t = 3 never arrives)
+            o, p, c = on, pipe, 0.0
+            for t in range(4):
+                q = np.array([float(qs[t]) if t < 3 else 0.0])
+                out = step_numpy(o, p, (q > 0).astype(float), q, dem[t], scen.holding, scen.backlog, scen.fixed)
+                o, p = out.on_hand, out.pipeline
+                c += float(out.total) if t >= 1 else 0.0
+            best = min(best, c)
+        assert float(perfect_information_cost(scen, cfg, dem, on, pipe)[0]) == pytest.approx(best)
+
+
+def test_perfect_information_bound_is_below_s_S_on_the_same_episode():
+    from agents.inventory_policies import perfect_information_episode_cost
+
+    cfg = ReplenishmentConfig()
+    for t in load_split()["test"][:3]:
+        pi = perfect_information_episode_cost(t, 0, cfg)
+        ss = _episode_cost(agents.make("s_S", ENV_ID), t, seed=0)
+        assert 0 < pi < ss
