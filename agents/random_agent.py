@@ -27,7 +27,7 @@ class RandomTextAgent(ScriptedAgent):
     def act_one(self, slot, observation, info):
         actions = list(info.get("valid_actions") or ["search[...]"])
         action = actions[int(self.rng.integers(len(actions)))]
-        if action.endswith("[...]") or action.endswith(", ...]"):
+        if action.endswith(("[...]", ", ...]")):
             words = _WORD.findall(observation if isinstance(observation, str) else "") or ["item"]
             k = int(self.rng.integers(1, self.max_words + 1))
             filler = " ".join(words[int(i)] for i in self.rng.integers(0, len(words), size=k))

@@ -104,3 +104,7 @@ def test_rollout_runner_with_expert_and_random(tmp_path):
         if name == "expert":
             assert all(t.turns[-1].info["success"] for t in trajs)
             assert all("oracle" not in t.turns[0].info for t in trajs)  # privileged info is not stored
+    # through a gymnasium vector env (infos batched and unbatched by the runner)
+    trajs = collect(ENV_ID, ShoppingExpert(env_id=ENV_ID), episodes=4, split="test", num_envs=2, vector="sync",
+                    env_kwargs={"catalog_size": SIZE}, progress=False)
+    assert all(t.turns[-1].info["success"] for t in trajs)

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 #: name -> (argument names, one-line description). The order of argument names is the text form's order.
 TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
     "search": (("query",), "Search the catalog with keywords; shows the first page of results."),
-    "click": (("target",), "Click a product SKU, an option value or a button shown on the current page "
-                           "('buy now', 'add to cart', 'description', 'next >', '< prev', 'back to search', "
-                           "'checkout')."),
+    "click": (("target",), ("Click a product SKU, an option value or a button shown on the current page "
+                            "('buy now', 'add to cart', 'description', 'next >', '< prev', 'back to search', "
+                            "'checkout').")),
     "back": ((), "Go back to the previous page."),
     "next_page": ((), "Next page of search results."),
     "prev_page": ((), "Previous page of search results."),
@@ -54,11 +54,11 @@ TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
     "checkout": ((), "Buy everything in the cart (ends the episode)."),
     "list_orders": ((), "List the customer's orders."),
     "get_order": (("order_id",), "Show the details of one order."),
-    "cancel_order": (("order_id", "reason"), "Cancel a pending or processing order; reason is 'no longer needed' "
-                                             "or 'ordered by mistake'."),
+    "cancel_order": (("order_id", "reason"), ("Cancel a pending or processing order; reason is 'no longer "
+                                              "needed' or 'ordered by mistake'.")),
     "return_item": (("order_id", "sku"), "Return one delivered item; the refund goes to the original payment."),
-    "exchange_item": (("order_id", "sku", "new_sku"), "Exchange one delivered item for another product of the "
-                                                      "same type."),
+    "exchange_item": (("order_id", "sku", "new_sku"), ("Exchange one delivered item for another product of "
+                                                       "the same type.")),
     "finish": ((), "End the conversation."),
 }
 

@@ -7,10 +7,10 @@ import numpy as np
 from gymnasium import spaces
 
 from shopsim.envs.shopping import render
+from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, ActionError, parse, tool_schemas
 from shopsim.envs.shopping.cache import product as _product
 from shopsim.envs.shopping.cache import row as _row
 from shopsim.envs.shopping.cache import search as _search
-from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, ActionError, parse, tool_schemas
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
 from shopsim.envs.shopping.orders import ToolError, apply_gold, grade

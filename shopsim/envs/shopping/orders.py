@@ -70,7 +70,7 @@ class OrderDB:
         self.orders = {o.order_id: o for o in orders}
         self.writes: list[tuple] = []  # (tool, args) of every successful write, for the reward parts
 
-    def copy(self) -> "OrderDB":
+    def copy(self) -> OrderDB:
         """An independent copy (orders and items are copied field by field: much cheaper than deepcopy)."""
         orders = [replace(o, items=[replace(it, options=dict(it.options)) for it in o.items], refunds=list(o.refunds))
                   for o in self.orders.values()]

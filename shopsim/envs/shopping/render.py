@@ -68,8 +68,8 @@ def page_lines(env, full: bool) -> list[str]:
         return ["Page: search (use search[keywords])"]
     if page == "results":
         n_pages = max(1, -(-len(env.hits) // env.results_per_page))
-        lines = [f'Page: results for "{clean(_short(env.query, 80))}" (page {env.page_num + 1} of {n_pages}, '
-                 f"{len(env.hits)} results)"]
+        lines = [(f'Page: results for "{clean(_short(env.query, 80))}" (page {env.page_num + 1} of {n_pages}, '
+                  f"{len(env.hits)} results)")]
         for pid, sku, title, price in env.page_rows():
             line = f"[{sku}] {_short(title, TITLE_CHARS if not full else 200)} ${price:.2f}"
             if full:
@@ -167,9 +167,12 @@ def valid_actions(env) -> list[str]:
 
 
 def structured(env) -> dict:
-    """A JSON-serialisable view of the page for non-language agents."""
+    """A JSON-serialisable view of the page for non-language agents.
+
+    Keys are the same on every page and a dict-valued key never holds None (``product`` is ``{}`` off a product
+    page): Gymnasium's vector envs batch infos key by key and mangle a None next to a dict."""
     d = {"page": env.page, "family": env.task.family, "query": env.query, "page_num": env.page_num,
-         "num_results": len(env.hits), "results": [], "product": None, "selected": dict(env.selected),
+         "num_results": len(env.hits), "results": [], "product": {}, "selected": dict(env.selected),
          "cart": [{"sku": env._sku(pid), "product_id": int(pid), "options": dict(c)} for pid, c in env.cart],
          "cart_total": round(env.cart_total(), 2), "budget": env.task.budget, "revealed": env.customer.said(),
          "patience": env.customer.patience, "order_id": env.order_id}

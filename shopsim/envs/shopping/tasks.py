@@ -218,7 +218,6 @@ def _bundle(catalog, split, task_id, rng, pool, tpl) -> Task:
 
 
 def _fake_name(seed: int) -> str:
-    from faker import Faker
 
     fake = _faker()
     fake.seed_instance(seed)
@@ -274,7 +273,7 @@ def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
     item = target.items[int(rng.integers(len(target.items)))]
     request = {"kind": kind, "order_id": target.order_id, "sku": item.sku}
     greet = tpl["after_sales_greeting"][int(rng.integers(3))].format(name=name)
-    pick = lambda key: tpl[key][int(rng.integers(len(tpl[key])))]  # noqa: E731
+    pick = lambda key: tpl[key][int(rng.integers(len(tpl[key])))]
     if kind == "cancel":
         reason = CANCEL_REASONS[int(rng.integers(2))]
         request["reason"] = reason
