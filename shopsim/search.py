@@ -102,20 +102,25 @@ def _rank(pairs: list[tuple[int, float]], k: int, offset: int) -> list[tuple[int
     return pairs[offset:offset + k]
 
 
-def document_text(catalog: Catalog) -> dict[str, pa.Array]:
-    """One string per product and text field (Arrow kernels, no per-row Python)."""
-    t = catalog.table
-    vals = t.column("option_values").combine_chunks()
-    names = t.column("option_names").combine_chunks()
+def document_text(table: pa.Table) -> dict[str, pa.Array]:
+    """One string per product and text field of a (slice of a) catalog table, with Arrow kernels."""
+    def col(name: str) -> pa.Array:
+        return table.column(name).combine_chunks()  # a slice: small copies
+
+    vals, names = col("option_values"), col("option_names")
     # "size: small medium; color: red blue" — flatten one level, join values per dimension, re-nest per product
     per_dim = pc.binary_join_element_wise(names.flatten(), pc.binary_join(vals.flatten(), " "), ": ")
-    options = pc.binary_join(pa.ListArray.from_arrays(names.offsets, per_dim), "; ")
-    return {
-        "title": t.column("title").combine_chunks(), "brand": t.column("brand").combine_chunks(),
-        "product_type": t.column("product_type").combine_chunks(),
-        "attributes": pc.binary_join(t.column("attributes").combine_chunks(), ", "),
-        "options": options, "description": t.column("description").combine_chunks(),
-    }
+    options = pc.binary_join(pa.ListArray.from_arrays(pc.subtract(names.offsets, names.offsets[0]), per_dim), "; ")
+    return {"title": col("title"), "brand": col("brand"), "product_type": col("product_type"),
+            "attributes": pc.binary_join(col("attributes"), ", "), "options": options,
+            "description": col("description")}
+
+
+def iter_documents(catalog: Catalog, step: int = 50_000):
+    """(first product id, {field: list of str}) per slice of `step` products: bounded memory at 1M products."""
+    for start in range(0, len(catalog), step):
+        cols = document_text(catalog.table.slice(start, step))
+        yield start, {f: a.to_pylist() for f, a in cols.items()}
 
 
 # --------------------------------------------------------------------------------------------------- tantivy
@@ -140,6 +145,9 @@ class TantivyIndex:
     def __len__(self) -> int:
         return self._n
 
+    def __reduce__(self):  # reopen the same read-only folder in the other process
+        return (type(self), (self.path,))
+
     @staticmethod
     def schema():
         import tantivy
@@ -156,10 +164,7 @@ class TantivyIndex:
 
         index = tantivy.Index(cls.schema(), path=str(path), reuse=False)
         writer = index.writer(heap_size=heap, num_threads=threads)
-        cols = document_text(catalog)
-        step = 50_000
-        for start in range(0, len(catalog), step):
-            chunk = {f: a.slice(start, step).to_pylist() for f, a in cols.items()}
+        for start, chunk in iter_documents(catalog):
             title, brand, ptype, attrs, opts, desc = (chunk[f] for f in TEXT_FIELDS)
             for j in range(len(title)):
                 doc = tantivy.Document()
@@ -219,15 +224,19 @@ class Bm25sIndex:
     def __len__(self) -> int:
         return self._n
 
+    def __reduce__(self):
+        return (type(self), (self.path,))
+
     @classmethod
     def build(cls, catalog: Catalog, path: Path, **_: object) -> None:
         import bm25s
 
-        cols = document_text(catalog)
-        # title twice: a cheap stand-in for the field boost tantivy applies
-        text = pc.binary_join_element_wise(*(cols[f] for f in ("title", "title", "brand", "product_type",
-                                                                 "attributes", "options", "description")), " ")
-        corpus = [tokenize_all(s) for s in text.to_pylist()]
+        corpus = []
+        for _, cols in iter_documents(catalog):
+            # title twice: a cheap stand-in for the field boost tantivy applies
+            parts = zip(*(cols[f] for f in ("title", "title", "brand", "product_type", "attributes", "options",
+                                            "description")))
+            corpus.extend(tokenize_all(" ".join(p)) for p in parts)
         retriever = bm25s.BM25()
         retriever.index(corpus, show_progress=False)
         retriever.save(str(path))

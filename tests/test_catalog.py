@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -15,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shopsim.catalog import (
+    CATALOG_VERSION,
     Catalog,
     Product,
     build_catalog,
@@ -93,6 +96,14 @@ def test_arrays_and_codes(cat):
     np.testing.assert_array_equal(cat.prices, cat.table.column("price").to_numpy())
     with pytest.raises(ValueError):
         cat.prices[0] = 1.0  # shared between env copies: read-only
+
+
+def test_product_matches_row_and_pickles_by_reference(tmp_cache):
+    cat = load_catalog(900, seed=1)
+    for i in (0, 17, 899):
+        assert dataclasses.asdict(cat.product(i)) == cat.table.slice(i, 1).to_pylist()[0]
+    assert cat.taxonomy is cat.taxonomy  # shared, not re-parsed per call
+    assert pickle.loads(pickle.dumps(cat)) is cat  # env copies pickled to the same process share it
 
 
 def test_product_and_sku_lookup(cat):
@@ -225,7 +236,7 @@ def test_cli_build_and_info(tmp_cache, tmp_path, capsys):
     assert cli_main(["catalog", "build", "--size", "800", "--seed", "3", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "800 products" in text and "search index (tantivy): 800 documents" in text
-    written = out / "size800_seed3_v1.parquet"
+    written = out / f"size800_seed3_v{CATALOG_VERSION}.parquet"
     assert pq.read_table(written).num_rows == 800
     assert written.read_bytes() == build_catalog(800, 3).write_parquet(tmp_path / "r.parquet").read_bytes()
     assert cli_main(["catalog", "info", "--file", str(written)]) == 0

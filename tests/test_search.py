@@ -40,6 +40,13 @@ def test_protocol_and_sharing(cat, index):
     assert cat.index(index.backend) is index  # one index per catalog and backend, shared in-process
 
 
+def test_index_pickles(index):
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(index))
+    assert clone.search("organic green tea", k=5) == index.search("organic green tea", k=5)
+
+
 def test_title_search_finds_the_product(cat, index):
     ids = random.Random(0).sample(range(len(cat)), 200)
     found = sum(i in [p for p, _ in index.search(cat.product(i).title, k=10)] for i in ids)
@@ -136,3 +143,15 @@ def test_interrupted_build_leaves_no_index(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         open_index(cat, "tantivy")
     assert [p.name for p in (tmp_path / "index").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_document_text_of_slices_matches_rows(cat):
+    # slices start mid-chunk: list offsets must be rebased, not reused
+    for start in (0, 1234, 2990):
+        docs = search.document_text(cat.table.slice(start, 10))
+        for j in range(min(10, len(cat) - start)):
+            p = cat.product(start + j)
+            assert docs["options"][j].as_py() == "; ".join(
+                f"{n}: {' '.join(v)}" for n, v in zip(p.option_names, p.option_values))
+            assert docs["attributes"][j].as_py() == ", ".join(p.attributes)
+            assert docs["title"][j].as_py() == p.title

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from shopsim.catalog.taxonomy import TaxonomyTables
 
 CHUNK = 8_192  # products per independent RNG stream (a catalog is a prefix of any larger one)
-ROW_GROUP = 65_536
+ROW_GROUP = 131_072
 SKU_MOD = 36**8
 _B36 = np.frombuffer(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ", dtype=np.uint8)
 _B36_POW = 36 ** np.arange(7, -1, -1, dtype=np.uint64)
