@@ -1,9 +1,9 @@
 """Task ids for training and evaluation, from the env's split manifest (`data/splits/<Name-vN>.json`).
 
 Training tasks are drawn with the trainer's RNG from the train range; evaluation uses the first n ids of the
-dev/test list, so every algorithm and seed is evaluated on the same tasks. Task families: when the env module
-exposes ``task_family(task_id) -> str`` the lists are filtered by it; otherwise families are passed to the env
-through reset options by the caller.
+dev/test list, so every algorithm and seed is evaluated on the same tasks. Task families: when the env package
+exposes ``task_family(task_id) -> str`` the lists are filtered by it; else, when it exposes ``FAMILIES``, the
+Shopping-v0 default-mix rule ``FAMILIES[task_id % len(FAMILIES)]`` is used.
 """
 
 from __future__ import annotations
@@ -36,7 +36,13 @@ def _family_fn(env_id: str):
         mod = importlib.import_module(spec[0].split(":")[0])
     except Exception:
         return None
-    return getattr(mod, "task_family", None)
+    fn = getattr(mod, "task_family", None)
+    fams = getattr(mod, "FAMILIES", None)
+    if fn is None and fams:
+        # Shopping-v0's documented default mix: family = FAMILIES[task_id % len(FAMILIES)]
+        def fn(task_id, _f=tuple(fams)):
+            return _f[int(task_id) % len(_f)]
+    return fn
 
 
 def _filter(env_id: str, ids, families) -> list:

@@ -81,6 +81,8 @@ class LMConfig:
     task_families: tuple = ()
     """Restrict training/eval tasks to these task families (empty: all)."""
     num_envs: int = 8
+    env_kwargs: dict = field(default_factory=dict)
+    """Keyword options for the env constructor (e.g. {"max_turns": 20}) for training and evaluation."""
     agent_kwargs: dict = field(default_factory=dict)
     """Keyword options for `agents.make("lm", ...)` when no `init` checkpoint is given."""
     max_length: int | None = None
@@ -191,10 +193,13 @@ class LMAlgorithm(Algorithm):
         import agents
 
         c = self.config
+        kw = dict(c.agent_kwargs)
+        if c.context_mode is not None:
+            kw["context_mode"] = c.context_mode
         if init is not None:
-            agent = agents.load_checkpoint(init, env_id=env_id)
+            agent = agents.load_checkpoint(init, env_id=env_id, **kw)
         else:
-            agent = agents.make("lm", env_id, **dict(c.agent_kwargs))
+            agent = agents.make("lm", env_id, **kw)
         self._configure_agent(agent)
         return agent
 
@@ -468,6 +473,7 @@ class LMAlgorithm(Algorithm):
         else:
             self._configure_agent(agent)
         self.setup(agent)
+        env_kwargs = {**c.env_kwargs, **(env_kwargs or {})} or None
         self._env_kwargs, self._env_fns = env_kwargs, env_fns
         start, history = 0, []
         state_path = out / "state.pt"
