@@ -289,6 +289,7 @@ class ShoppingEnv(gym.Env):
             self.answered = True
             self.feedback.append(f"Customer: {self.customer.hear(args[0])}")
         elif name == "finish":
+            self.feedback.append("Conversation ended.")
             if shopping:
                 self._finish(0.0, {"purchased": 0.0}, "finish_without_purchase")
             else:
@@ -421,6 +422,9 @@ class ShoppingEnv(gym.Env):
             score, parts = scored[best][0] / len(items), dict(scored[best][1])
             parts["lines_bought"] = float(len(items))
         parts["purchased"] = 1.0
+        bought = "; ".join(f"{p.sku}" + (f" ({', '.join(f'{k}={v}' for k, v in c.items())})" if c else "")
+                           for p, c in items)
+        self.feedback.append(f"Purchased {bought}. The episode is over.")
         self._finish(score, parts, reason)
 
     def _after_sales(self, name: str, args: tuple) -> None:
