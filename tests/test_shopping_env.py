@@ -181,6 +181,8 @@ def test_page_flow_options_and_navigation(env):
     assert info["structured"]["page"] == "search"
     _, _, _, _, info = env.step("back")
     assert info["structured"]["page"] == "results"
+    _, _, _, _, info = env.step("search[T-shirt,  COTTON]")  # same words, other order/case: same anchor
+    assert info["anchor"] == anchor_results
 
 
 def test_buy_scores_with_partial_credit(env):

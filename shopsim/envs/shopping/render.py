@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 
 _NOT_PRINTABLE = re.compile(r"[^\x20-\x7e\n]")
+_QUERY_WORD = re.compile(r"[a-z0-9]+")
 OBS_CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n"
 TITLE_CHARS = 70
 
@@ -191,7 +192,8 @@ def structured(env) -> dict:
 def anchor(env) -> str:
     """A canonical key of the current state without history (GiGPO's anchor-state grouping)."""
     if env.page == "results":
-        key = f"{env.query.lower().strip()}#{env.page_num}"
+        # the query as a sorted word set: "Boots, waterproof" and "waterproof boots" are the same state
+        key = " ".join(sorted(set(_QUERY_WORD.findall(env.query.lower())))) + f"#{env.page_num}"
     elif env.page == "item":
         key = env.product.sku + "|" + ",".join(f"{k}={v}" for k, v in sorted(env.selected.items()))
     elif env.page == "order":
