@@ -107,21 +107,22 @@ def _per_step_scan(x: torch.Tensor, c: torch.Tensor, block: int) -> torch.Tensor
     return out.reshape(B, -1)[:, :T]
 
 
-def _compact(mask: torch.Tensor):
-    """Indices that move each row's valid positions to the front, in order. Invalid ones go to a dummy column T."""
-    B, T = mask.shape
-    m = mask.bool()
-    pos = torch.cumsum(m.long(), dim=1) - 1
-    idx = torch.where(m, pos, torch.full_like(pos, T))
-    n = m.sum(dim=1)
+def _compact(m: torch.Tensor):
+    """Indices that move each row's valid positions to the front, in order (invalid ones go to a dummy column T),
+    and the number of valid positions per row."""
+    T = m.shape[1]
+    pos = torch.cumsum(m, dim=1) - 1
+    n = pos[:, -1] + 1
+    idx = torch.where(m, pos, T)
     return idx, n
 
 
 def _scatter_front(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    B, T = x.shape
-    out = torch.zeros(B, T + 1, dtype=x.dtype, device=x.device)
-    out.scatter_(1, idx, x)
-    return out[:, :T]
+    """Move valid entries of x [..., B, T] to the front of each row (idx from `_compact`); zeros after them."""
+    T = x.shape[-1]
+    out = torch.zeros(*x.shape[:-1], T + 1, dtype=x.dtype, device=x.device)
+    out.scatter_(-1, idx.expand_as(x), x)
+    return out[..., :T]
 
 
 def gae(
@@ -156,23 +157,33 @@ def gae(
     v = values.to(dtype)
     B, T = r.shape
     m = mask.bool()
-    idx, n = _compact(m)
-    rc = _scatter_front(r * m, idx)
-    vc = _scatter_front(v * m, idx)
-    valid_c = torch.arange(T, device=r.device)[None, :] < n[:, None]
-    # next value in compact order: v_c shifted left; after the last valid step use last_value
+    lam_t = torch.as_tensor(lam, dtype=dtype, device=r.device)
+    # rows whose valid steps already form a prefix (padding only at the end) need no compaction
+    prefix = T < 2 or bool((m[:, 1:] <= m[:, :-1]).all())
+    if prefix:
+        n = m.sum(1)
+        rc, vc = r * m, v * m
+        if lam_t.dim() == 2:
+            lam_t = lam_t * m
+    else:
+        idx, n = _compact(m)
+        if lam_t.dim() == 2:  # per-step λ: compact it like the rewards
+            rc, vc, lam_t = _scatter_front(torch.stack([r, v, lam_t]), idx)
+        else:
+            rc, vc = _scatter_front(torch.stack([r, v]), idx)
+    # next value in compact order: v_c shifted left (zeros after the last valid step); bootstrap there if asked
     next_v = torch.nn.functional.pad(vc[:, 1:], (0, 1))
     if last_value is not None:
         lv = torch.as_tensor(last_value, dtype=dtype, device=r.device).expand(B)
-        last_pos = (n - 1).clamp_min(0)
-        is_last = torch.arange(T, device=r.device)[None, :] == last_pos[:, None]
-        next_v = torch.where(is_last & valid_c, lv[:, None], next_v)
-    delta = (rc + gamma * next_v - vc) * valid_c
-    lam_t = torch.as_tensor(lam, dtype=dtype, device=r.device)
-    if lam_t.dim() == 2:  # per-step λ: compact it like the rewards
-        lam_t = _scatter_front(lam_t * m, idx)
+        is_last = torch.arange(T, device=r.device)[None, :] == (n - 1)[:, None]
+        next_v = torch.where(is_last, lv[:, None], next_v)
+    # after the last valid step rc = vc = next_v = 0, so δ is 0 there without masking
+    delta = rc + gamma * next_v - vc
     adv_c = discounted_reverse_cumsum(delta, gamma * lam_t, block=block)
-    adv = torch.gather(torch.nn.functional.pad(adv_c, (0, 1)), 1, idx) * m
+    if prefix:
+        adv = adv_c * m
+    else:
+        adv = torch.gather(torch.nn.functional.pad(adv_c, (0, 1)), 1, idx) * m
     return adv, (adv + v) * m
 
 
