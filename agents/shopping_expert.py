@@ -18,7 +18,7 @@ sends an ``answer[...]`` naming the product before buying.
 from __future__ import annotations
 
 from agents.base import ScriptedAgent
-from shopsim.envs.shopping.grading import Goal, best_options, satisfies
+from shopsim.envs.shopping.grading import Goal, best_options, satisfies, score_purchase
 
 MAX_PAGES = 2
 
@@ -83,7 +83,6 @@ class ShoppingExpert(ScriptedAgent):
         bundle = oracle["family"] == "bundle"
         cat = self._catalog(info)
         if bundle:
-            done = {c["product_id"] for c in s["cart"]}
             todo = [i for i, g in enumerate(goals) if not self._covered(cat, g, s["cart"])]
             if not todo:
                 if s["page"] != "cart":
@@ -93,7 +92,6 @@ class ShoppingExpert(ScriptedAgent):
                     return (f"answer[Your {len(s['cart'])} items are in the cart for "
                             f"${s['cart_total']:.2f}, within your budget. Checking out now.]")
                 return "click[checkout]"
-            del done
             gi = todo[0]
         else:
             gi = 0
@@ -153,8 +151,6 @@ class ShoppingExpert(ScriptedAgent):
     def _covered(cat, goal: Goal, cart: list[dict]) -> bool:
         for c in cart:
             p = cat.product(c["product_id"])
-            from shopsim.envs.shopping.grading import score_purchase
-
             if score_purchase(goal, p, c["options"], with_price=False)[0] >= 1.0 - 1e-9:
                 return True
         return False
@@ -174,7 +170,7 @@ class ShoppingExpert(ScriptedAgent):
 
     # ---- after-sales -------------------------------------------------------------------------------------
     def _after_sales(self, st, req, info) -> str:
-        s = info["structured"]
+        """list_orders -> get_order -> (search the new product) -> the gold write or none -> answer -> finish."""
         kind, oid = req["kind"], req["order_id"]
         phase = st["phase"]
         if phase == "start":
@@ -209,7 +205,6 @@ class ShoppingExpert(ScriptedAgent):
                                "make this exchange.",
             }[kind]
             return f"answer[{msg}]"
-        del s
         return "finish"
 
 

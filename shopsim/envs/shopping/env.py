@@ -78,6 +78,11 @@ class ShoppingEnv(gym.Env):
     ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop), ``max_input_chars=1000``,
     ``max_turns=60``, ``render_mode=None|"ansi"``.
 
+    ## Vector envs
+    Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
+    env leaves the catalog out and re-attaches it on load. `gymnasium.vector.AsyncVectorEnv` needs
+    ``shared_memory=False`` (Text observations do not fit its fixed-width shared buffers); `SyncVectorEnv` works as is.
+
     ## Version History
     * v0: initial version.
     """
@@ -383,7 +388,6 @@ class ShoppingEnv(gym.Env):
         return False
 
     def _cart_action(self, name: str, args: tuple) -> None:
-        fam = self.task.family
         if name in ("buy", "add_to_cart"):
             if self.page != "item":
                 raise ActionError(f"{name} needs an open product page")
@@ -410,7 +414,6 @@ class ShoppingEnv(gym.Env):
             if not self.cart:
                 raise ActionError("the cart is empty")
             self._grade_purchase(list(self.cart), "checkout")
-        del fam
 
     def _grade_purchase(self, lines: list[tuple[int, dict]], reason: str) -> None:
         items = [(_product(self.catalog, p), c) for p, c in lines]

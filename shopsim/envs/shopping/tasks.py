@@ -190,8 +190,6 @@ def make_task(catalog, family: str, split: str, task_id: int) -> Task:
         slots = [("option", n) for n, _ in goal.options] + [("attribute", goal.attributes[-1]), ("price", "")]
         k = int(rng.integers(1, min(3, len(slots)) + 1))
         hidden = tuple(slots[i] for i in sorted(rng.choice(len(slots), size=k, replace=False).tolist()))
-        if len(goal.attributes) == 1 and ("attribute", goal.attributes[0]) in hidden and len(hidden) == 1:
-            pass  # the type alone is then visible: fine, the customer will tell the feature
         hint = tpl["clarify_hint"].format(slots=", ".join(slot_label(s) for s in hidden))
         text = f"{opener} {describe(goal, hidden)}. {hint}"
         return Task(family, split, task_id, text, [goal], hidden=hidden, patience=len(hidden) + 2)
