@@ -91,6 +91,7 @@ class LMConfig:
     """Evaluate on the dev split every N iterations (0: only after the last one)."""
     eval_episodes: int = 16
     eval_split: str = "dev"
+    """Split(s) to evaluate on, comma-separated (e.g. "dev,test")."""
     eval_greedy: bool = True
     checkpoint_every: int = 1
     device: str = "cpu"
@@ -109,6 +110,9 @@ class LMConfig:
             raise ConfigError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
         if self.context_mode not in (None, "concat", "window"):
             raise ConfigError(f"context_mode={self.context_mode!r}; choose 'concat' or 'window'")
+        bad = [x for x in str(self.eval_split).split(",") if x not in ("train", "dev", "test")]
+        if bad:
+            raise ConfigError(f"eval_split={self.eval_split!r}; use dev, test or train, comma-separated")
         if self.eval_every < 0 or self.eval_episodes < 0:
             raise ConfigError("eval_every and eval_episodes must be >= 0")
         if isinstance(self.task_families, str):
@@ -361,29 +365,34 @@ class LMAlgorithm(Algorithm):
         return trajs, {"rollouts": len(trajs)}
 
     def evaluate(self, env_id: str, agent, *, seed: int, env_kwargs=None, env_fns=None) -> dict:
-        """Success / score on the eval split (greedy by default) with fixed task ids and seeds."""
+        """Success / score on each eval split (``eval_split="dev"`` or ``"dev,test"``), greedy by default, with
+        fixed task ids (the first `eval_episodes` of the split, families interleaved) and fixed seeds."""
         from baselines.core.tasks import eval_tasks
         from shopsim.rollout import collect
 
         c = self.config
         if c.eval_episodes == 0:
             return {}
-        tasks = eval_tasks(env_id, c.eval_split, c.eval_episodes, families=c.task_families)
         samp = getattr(agent, "sampling", None)
         old = getattr(samp, "greedy", None)
         if samp is not None and old is not None:
             samp.greedy = c.eval_greedy
+        out = {}
         try:
-            trajs = collect(env_id, agent, tasks=tasks, seeds=[seed + i for i in range(len(tasks or [None] * c.eval_episodes))],
-                            episodes=c.eval_episodes if tasks is None else None, split=c.eval_split,
-                            num_envs=c.num_envs, env_kwargs=env_kwargs, progress=False, env_fns=env_fns,
-                            reset_options=dict(c.reset_options) or None, agent_seed=seed)
+            for split in [s for s in c.eval_split.split(",") if s]:
+                tasks = eval_tasks(env_id, split, c.eval_episodes, families=c.task_families)
+                n = c.eval_episodes if tasks is None else len(tasks)
+                trajs = collect(env_id, agent, tasks=tasks, seeds=[seed + i for i in range(n)],
+                                episodes=n if tasks is None else None, split=split, num_envs=c.num_envs,
+                                env_kwargs=env_kwargs, progress=False, env_fns=env_fns,
+                                reset_options=dict(c.reset_options) or None, agent_seed=seed)
+                out[f"{split}_success"] = float(np.mean([t.success for t in trajs]))
+                out[f"{split}_score"] = float(np.mean([t.score for t in trajs]))
+                out[f"{split}_turns"] = float(np.mean([t.num_turns for t in trajs]))
         finally:
             if samp is not None and old is not None:
                 samp.greedy = old
-        return {f"{c.eval_split}_success": float(np.mean([t.success for t in trajs])),
-                f"{c.eval_split}_score": float(np.mean([t.score for t in trajs])),
-                f"{c.eval_split}_turns": float(np.mean([t.num_turns for t in trajs]))}
+        return out
 
     def pretrain_critic(self, env_id: str, agent, rng: np.random.Generator, steps: int, batches: int = 2) -> dict:
         """VAPO-style value pre-training (arXiv 2504.05118): roll out the frozen initial policy, regress the critic

@@ -1,0 +1,222 @@
+"""Learning benchmark for the Shopping LM algorithms (issue: baselines core + REINFORCE/PPO/GRPO/DAPO/GiGPO/VAPO/MPO).
+
+Protocol:
+1. Start checkpoint: an SFT checkpoint (``--init``, default the shipped ``data/lm/sft``) *weakened* to about
+   ``--target`` success (default 0.30) on find_and_buy + clarify_and_buy dev tasks, by interpolating its weights
+   toward a random initialisation of the same architecture, θ = (1 − α)·θ_SFT + α·θ_rand, with α found by
+   bisection. The weakened checkpoint is saved once in ``OUT/start`` and shared by every run.
+2. Every algorithm gets the same budget: ``--iterations`` × ``--rollouts`` rollouts per iteration (group methods:
+   G rollouts × rollouts/G tasks; ppo, mpo and reinforce(batch_mean): one rollout per task), the same learning rate,
+   per-turn token limit and env settings; ``--seeds`` seeds each.
+3. Dev and test success (greedy decoding, fixed task lists of the two families) every ``--eval-every`` iterations
+   and at the end; the start checkpoint is evaluated once with the same protocol (iteration 0).
+
+Outputs in OUT: ``<algo>/seed<S>/metrics.csv`` (from the trainer), ``curves.csv`` (algo, seed, iteration,
+dev/test success), ``summary.csv`` + ``summary.md`` (start, final mean ± std over seeds, rollouts used),
+``curves.png``. Run ``python -m benchmarks.learning_lm --quick`` for a small smoke version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ENV = "shopsim/Shopping-v0"
+FAMILIES = ("find_and_buy", "clarify_and_buy")
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo")
+SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce"}
+
+
+def evaluate(agent, split: str, n: int, env_kwargs: dict, seed: int = 10_000) -> float:
+    from baselines.core.tasks import eval_tasks
+    from shopsim.rollout import collect
+
+    tasks = eval_tasks(ENV, split, n, families=FAMILIES)
+    old = agent.sampling.greedy
+    agent.sampling.greedy = True
+    try:
+        trajs = collect(ENV, agent, tasks=tasks, seeds=[seed + i for i in range(len(tasks))], split=split,
+                        num_envs=8, env_kwargs=env_kwargs, progress=False, agent_seed=seed)
+    finally:
+        agent.sampling.greedy = old
+    return float(np.mean([t.success for t in trajs]))
+
+
+def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict, steps: int, seed: int = 0) -> dict:
+    """Interpolate toward a random init until dev success ≈ target (bisection on α); save to `out`."""
+    from transformers import AutoModelForCausalLM
+
+    from agents.lm.agent import LMAgent
+
+    if (out / "weaken.json").is_file():
+        return json.loads((out / "weaken.json").read_text())
+    agent = LMAgent(env_id=ENV, checkpoint=init)
+    sft = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
+    torch.manual_seed(seed)
+    rand = AutoModelForCausalLM.from_config(agent.model.config).state_dict()
+
+    def at(alpha: float) -> float:
+        agent.model.load_state_dict({k: (1 - alpha) * sft[k] + alpha * rand[k] if sft[k].is_floating_point() else sft[k]
+                                     for k in sft})
+        return evaluate(agent, "dev", n_calib, env_kwargs)
+
+    s0 = at(0.0)
+    trace = [(0.0, s0)]
+    lo, hi = 0.0, 1.0
+    best = (0.0, s0)
+    if s0 > target:
+        for _ in range(steps):
+            mid = (lo + hi) / 2
+            s = at(mid)
+            trace.append((mid, s))
+            if abs(s - target) < abs(best[1] - target):
+                best = (mid, s)
+            lo, hi = (mid, hi) if s > target else (lo, mid)
+    at(best[0])
+    agent.save(out)
+    info = {"alpha": best[0], "calib_success": best[1], "sft_success": s0, "trace": trace, "calib_tasks": n_calib}
+    (out / "weaken.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def run(args) -> None:
+    import baselines
+    from agents.lm.agent import LMAgent, default_checkpoint_dir
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env_kwargs = {"max_turns": args.max_turns}
+    init = Path(args.init) if args.init else default_checkpoint_dir()
+    if not (init / "config.json").is_file():
+        raise SystemExit(f"no SFT checkpoint at {init}; train one with `shopsim sft` and pass --init DIR")
+    t0 = time.perf_counter()
+    info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps)
+    print(f"start checkpoint: alpha={info['alpha']:.3f}, dev success {info['calib_success']:.2f} "
+          f"(SFT {info['sft_success']:.2f}) [{time.perf_counter() - t0:.0f}s]")
+    start_agent = LMAgent(env_id=ENV, checkpoint=out / "start")
+    start = {s: evaluate(start_agent, s, args.eval_episodes, env_kwargs) for s in ("dev", "test")}
+    curves = [{"algo": "start", "seed": -1, "iteration": 0, "dev_success": start["dev"], "test_success": start["test"],
+               "rollouts": 0}]
+    common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
+                  task_families=FAMILIES, eval_split="dev,test", eval_episodes=args.eval_episodes,
+                  eval_every=args.eval_every, num_envs=8, checkpoint_every=0)
+    for algo in args.algos:
+        G = 1 if algo in SINGLE_ROLLOUT else args.group_size
+        per = dict(group_size=G, tasks_per_iter=max(1, args.rollouts // G))
+        if algo == "vapo":
+            per["value_pretrain_steps"] = args.value_pretrain_steps
+        if algo == "dapo":
+            per["max_gen_batches"] = args.max_gen_batches
+        for seed in args.seeds:
+            run_dir = out / algo / f"seed{seed}"
+            t1 = time.perf_counter()
+            res = baselines.make(algo, env_id=ENV, **common, **per).train(
+                ENV, iterations=args.iterations, seed=seed, out_dir=run_dir, init=out / "start",
+                progress=not args.no_progress)
+            used = 0
+            for row in res.history:
+                used += int(row.get("rollouts", 0))
+                if "dev_success" in row:
+                    curves.append({"algo": algo, "seed": seed, "iteration": row["iteration"],
+                                   "dev_success": row["dev_success"], "test_success": row.get("test_success"),
+                                   "rollouts": used})
+            print(f"{algo} seed {seed}: test {start['test']:.2f} -> {res.history[-1].get('test_success', float('nan')):.2f}"
+                  f", dev {start['dev']:.2f} -> {res.history[-1].get('dev_success', float('nan')):.2f}"
+                  f" ({used} rollouts, {time.perf_counter() - t1:.0f}s)")
+    _write(out, curves, start, args)
+
+
+def _write(out: Path, curves: list[dict], start: dict, args) -> None:
+    with (out / "curves.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(curves[0]))
+        w.writeheader()
+        w.writerows(curves)
+    rows = []
+    for algo in args.algos:
+        finals = [c for c in curves if c["algo"] == algo and c["iteration"] == args.iterations]
+        if not finals:
+            continue
+        te = np.array([c["test_success"] for c in finals], dtype=float)
+        dv = np.array([c["dev_success"] for c in finals], dtype=float)
+        rows.append({"algo": algo, "seeds": len(finals), "start_test": start["test"], "final_test_mean": te.mean(),
+                     "final_test_std": te.std(), "start_dev": start["dev"], "final_dev_mean": dv.mean(),
+                     "final_dev_std": dv.std(), "rollouts": finals[0]["rollouts"],
+                     "raised_test": bool(te.mean() > start["test"])})
+    if rows:
+        with (out / "summary.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        lines = ["| algo | seeds | test start | test final (mean ± std) | dev start | dev final | rollouts |",
+                 "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['algo']} | {r['seeds']} | {r['start_test']:.2f} | {r['final_test_mean']:.2f} ± "
+                         f"{r['final_test_std']:.2f} | {r['start_dev']:.2f} | {r['final_dev_mean']:.2f} ± "
+                         f"{r['final_dev_std']:.2f} | {r['rollouts']} |")
+        (out / "summary.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, split in zip(axes, ("dev", "test")):
+            for algo in args.algos:
+                its = sorted({c["iteration"] for c in curves if c["algo"] == algo})
+                if not its:
+                    continue
+                ys = [np.mean([c[f"{split}_success"] for c in curves if c["algo"] == algo and c["iteration"] == i])
+                      for i in its]
+                ax.plot([0, *its], [start[split], *ys], marker="o", label=algo)
+            ax.set_title(f"{split} success (find_and_buy + clarify_and_buy)")
+            ax.set_xlabel("iteration")
+        axes[0].set_ylabel("success rate (mean over seeds)")
+        axes[1].legend()
+        fig.tight_layout()
+        fig.savefig(out / "curves.png", dpi=120)
+    except Exception as exc:  # plotting must not lose the numbers
+        print(f"plot skipped: {exc}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Shopping LM learning benchmark (see module docstring)")
+    p.add_argument("--init", default=None, help="SFT checkpoint folder (default data/lm/sft)")
+    p.add_argument("--out", default="runs/learning_lm")
+    p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--rollouts", type=int, default=32, help="rollouts per iteration (the budget unit)")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--critic-lr", type=float, default=1e-4)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-turns", type=int, default=15)
+    p.add_argument("--target", type=float, default=0.30)
+    p.add_argument("--calib", type=int, default=40, help="dev tasks used to calibrate the weakening")
+    p.add_argument("--bisect-steps", type=int, default=6)
+    p.add_argument("--eval-episodes", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--value-pretrain-steps", type=int, default=20)
+    p.add_argument("--max-gen-batches", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="grpo + mpo, 1 seed, 3 iterations, 8 rollouts, 12 eval tasks")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.algos, a.seeds, a.iterations, a.rollouts, a.group_size = ["grpo", "mpo"], [0], 3, 8, 4
+        a.eval_episodes, a.eval_every, a.calib, a.bisect_steps, a.max_turns = 12, 1, 12, 4, 10
+    run(a)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
