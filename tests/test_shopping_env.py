@@ -331,3 +331,44 @@ def test_constructor_validates_arguments():
     with pytest.raises(ConfigError, match="invalid_penalty"):
         ShoppingEnv(catalog_size=SIZE, invalid_penalty=float("nan"))
     assert np.isfinite(ShoppingEnv(catalog_size=SIZE, invalid_penalty=0.5).invalid_penalty)
+
+
+def test_side_effect_metrics(env):
+    steps = run_expert(env, "find_and_buy", 2_000_010)
+    m = steps[-1][3]["episode_metrics"]
+    assert m["purchased"] == 1.0 and m["wrong_purchase"] == 0.0 and m["customer_left"] == 0.0
+    env.reset(seed=0, options={"family": "after_sales", "task_id": 2_000_011})
+    req = env.task.request
+    other = next(oid for oid in env.db.orders if oid != req["order_id"])
+    env.step(f"get_order[{req['order_id']}]")
+    env.step(f"cancel_order[{other}, no longer needed]")  # a write on the wrong order (may fail: then none)
+    _, r, term, _, info = env.step("finish")
+    m = info["episode_metrics"]
+    assert term and r == 0.0 and m["writes"] == len(env.db.writes)
+    assert m["wrong_write"] == float(m["writes"] > 0)
+
+
+class _Silent:
+    """A plug-in customer that never reveals anything (the protocol in shopsim.envs.shopping.customer)."""
+
+    def __init__(self, task, rng):
+        self.patience, self.left, self.questions, self.revealed = 9, False, 0, {}
+
+    def ask(self, question):
+        self.questions += 1
+        return "No comment."
+
+    def hear(self, message):
+        return "Hm."
+
+    def said(self):
+        return []
+
+
+def test_customer_plug_in():
+    env = ShoppingEnv(catalog_size=SIZE, customer=_Silent)
+    env.reset(seed=0, options={"family": "clarify_and_buy", "task_id": 3})
+    obs, *_, info = env.step("ask[which color?]")
+    assert "Customer: No comment." in obs and info["patience"] == 9
+    with pytest.raises(ConfigError, match="customer"):
+        ShoppingEnv(catalog_size=SIZE, customer="llm")

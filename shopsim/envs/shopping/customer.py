@@ -13,6 +13,10 @@ words. Rules:
   (one per question); asking about an already revealed slot repeats the answer; anything else gets a polite
   non-answer. Generic questions ("anything else?") reveal nothing.
 * ``answer[...]`` messages cost no patience; the customer acknowledges them.
+
+Plug-in protocol (``ShoppingEnv(customer=...)``): a class or callable ``(task, rng) -> obj`` where ``obj`` has
+``ask(question) -> str``, ``hear(message) -> str``, ``said() -> list[str]`` (kept in the observation) and the
+attributes ``patience`` (int), ``left`` (bool: the customer quit), ``questions`` (int) and ``revealed`` (sized).
 """
 
 from __future__ import annotations

@@ -76,7 +76,9 @@ class ShoppingEnv(gym.Env):
     ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"``,
     ``family=None`` (default mix) or one of `FAMILIES`, ``invalid_penalty=0.0``, ``max_invalid=5``,
     ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop), ``max_input_chars=1000``,
-    ``max_turns=60``, ``render_mode=None|"ansi"``.
+    ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None`` (a class or callable ``(task, rng)`` returning a
+    simulated user with the `customer.Customer` interface: the plug-in point for other user simulators, e.g. an
+    LLM-backed one; default: the seeded programmatic `Customer`).
 
     ## Vector envs
     Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
@@ -92,7 +94,7 @@ class ShoppingEnv(gym.Env):
     def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
-                 max_turns: int = 60, render_mode: str | None = None):
+                 max_turns: int = 60, render_mode: str | None = None, customer=None):
         if obs_mode not in ("compact", "full"):
             raise ConfigError(f"obs_mode={obs_mode!r}; choose 'compact' or 'full'")
         if family is not None and family not in FAMILIES:
@@ -111,6 +113,10 @@ class ShoppingEnv(gym.Env):
         self.invalid_penalty, self.max_invalid = float(invalid_penalty), int(max_invalid)
         self.results_per_page, self.max_results = int(results_per_page), int(max_results)
         self.max_input_chars, self.max_turns, self.render_mode = int(max_input_chars), int(max_turns), render_mode
+        if customer is not None and not callable(customer):
+            raise ConfigError("customer must be a class or callable (task, rng) -> customer; see "
+                              "shopsim.envs.shopping.customer for the protocol")
+        self.customer_factory = customer or Customer
         self._attach_catalog()
         self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
@@ -161,7 +167,7 @@ class ShoppingEnv(gym.Env):
         self.task = make_task(self.catalog, family, split, int(task_id))
         self.strategy = strategy or None
         self.strategy_text = STRATEGIES.get(strategy, strategy) if strategy else ""
-        self.customer = Customer(self.task, self.np_random)
+        self.customer = self.customer_factory(self.task, self.np_random)
         self.db = self.task.orders.copy() if self.task.orders is not None else None
         self._gold = apply_gold(self.task.orders, self.task.request, self.catalog) if self.db is not None else None
         self.page, self.history = "search", []
@@ -217,7 +223,8 @@ class ShoppingEnv(gym.Env):
                 "success": float(self.score >= 1.0 - 1e-9), "score": float(self.score), "turns": float(self.turns),
                 "invalid_actions": float(self.invalid_total), "questions": float(self.customer.questions),
                 "turns_before_first_answer": float(info["turns_before_first_answer"]),
-                "chars_before_first_answer": float(info["chars_before_first_answer"])}
+                "chars_before_first_answer": float(info["chars_before_first_answer"]),
+                **self._side_effects()}
         return self._obs(), float(reward), bool(terminated), bool(truncated), info
 
     def render(self):
@@ -264,6 +271,16 @@ class ShoppingEnv(gym.Env):
         self.history.append((self.page, self.page_num, self.product, dict(self.selected), self.order_id))
         del self.history[:-20]  # bounded: back goes at most 20 pages
         self.page = page
+
+    def _side_effects(self) -> dict:
+        """Side-effect metrics (anchors §2.6 item 9): wrong purchases, wrong writes, customers who gave up."""
+        purchased = float(self.end_reason in ("buy", "checkout"))
+        out = {"purchased": purchased, "wrong_purchase": float(purchased and self.score < 1.0 - 1e-9),
+               "customer_left": float(self.end_reason == "customer_left")}
+        if self.db is not None:
+            out["writes"] = float(len(self.db.writes))
+            out["wrong_write"] = float(bool(self.db.writes) and self.db.state_key() != self._gold.state_key())
+        return out
 
     def _finish(self, score: float, parts: dict, reason: str) -> None:
         self.done, self.score, self.parts, self.end_reason = True, float(score), parts, reason
