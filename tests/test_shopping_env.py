@@ -337,15 +337,21 @@ def test_side_effect_metrics(env):
     steps = run_expert(env, "find_and_buy", 2_000_010)
     m = steps[-1][3]["episode_metrics"]
     assert m["purchased"] == 1.0 and m["wrong_purchase"] == 0.0 and m["customer_left"] == 0.0
-    env.reset(seed=0, options={"family": "after_sales", "task_id": 2_000_011})
-    req = env.task.request
-    other = next(oid for oid in env.db.orders if oid != req["order_id"])
+    for tid in range(2_000_000, 2_000_100):
+        env.reset(seed=0, options={"family": "after_sales", "task_id": tid})
+        req = env.task.request
+        others = [o.order_id for o in env.db.orders.values()
+                  if o.order_id != req["order_id"] and o.status in ("pending", "processing")]
+        if others:
+            break
     env.step(f"get_order[{req['order_id']}]")
-    env.step(f"cancel_order[{other}, no longer needed]")  # a write on the wrong order (may fail: then none)
+    _, _, _, _, info = env.step(f"cancel_order[{others[0]}, no longer needed]")  # the wrong order
+    assert info["invalid_action"] is None
+    env.step("answer[Done.]")
     _, r, term, _, info = env.step("finish")
     m = info["episode_metrics"]
-    assert term and r == 0.0 and m["writes"] == len(env.db.writes)
-    assert m["wrong_write"] == float(m["writes"] > 0)
+    assert term and r == 0.0 and m["writes"] == 1.0 and m["wrong_write"] == 1.0
+    assert info["reward_parts"]["wrong_order_writes"] == 1.0 and info["reward_parts"]["db_match"] == 0.0
 
 
 class _Silent:
