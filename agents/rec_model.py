@@ -9,7 +9,8 @@ Token layout: PAD 0, BOS 1, SEP 2, EOS 3, then the codes of level 1, level 2, le
 its own id range. Prompt = BOS target(4) SEP history(40) SEP (47 tokens, same length for every user, so batches need
 no padding). Decoding is *structurally* constrained — generated position j may only hold a level-(j mod 4) code,
 EOS only at item boundaries, and only EOS after 10 items — but not constrained to existing items, so the policy can
-still hallucinate a semantic ID that names no item (an invalid item, as in ProRL). Log-probs are always taken under
+still hallucinate a semantic ID that names no item (an invalid item, as in ProRL). `SidVocab.restrict_to(codes)`
+adds a prefix-trie constraint to real items (as TIGER-style generative retrievers do; off by default). Log-probs are always taken under
 the same constraint mask, so behaviour and training log-probs agree.
 """
 
@@ -47,6 +48,39 @@ class SidVocab:
             if lvl == 0:
                 allowed[j, EOS] = True
         self.allowed = allowed  # [GEN_LEN, V]: which tokens generated position j may hold
+        self.tables = None
+
+    def restrict_to(self, codes) -> "SidVocab":
+        """Enable catalog-constrained decoding (a prefix trie over the real semantic IDs: no hallucinated items)."""
+        c = torch.as_tensor(np.asarray(codes, dtype=np.int64))
+        k = self.sizes
+        t = [torch.zeros(k[:lvl + 1], dtype=torch.bool) for lvl in range(4)]
+        for lvl in range(4):
+            t[lvl][tuple(c[:, i] for i in range(lvl + 1))] = True
+        self.tables = t
+        return self
+
+    def step_mask(self, j: int, gen: torch.Tensor) -> torch.Tensor:
+        """Allowed tokens [B, V] at generated position j given the generated ids so far (`gen[:, :j]`)."""
+        base = self.allowed[j][None].expand(len(gen), -1)
+        lvl = j % 4
+        if self.tables is None or j >= 4 * L_MAX:
+            return base
+        prev = (gen[:, j - lvl:j] - torch.as_tensor(self.offsets[:lvl])).clamp_min(0)
+        if lvl == 0:
+            ok = self.tables[0][None].expand(len(gen), -1)
+        else:
+            ok = self.tables[lvl][tuple(prev[:, i] for i in range(lvl))]  # [B, K_lvl]
+        mask = base.clone()
+        mask[:, self.offsets[lvl]: self.offsets[lvl] + self.sizes[lvl]] = ok
+        empty = ~mask.any(1)  # rows past their EOS (PAD prefix): no real item continues it; never used
+        return torch.where(empty[:, None], base, mask)
+
+    def masks(self, gen: torch.Tensor) -> torch.Tensor:
+        """Allowed tokens [B, 41, V] at every generated position (teacher forcing)."""
+        if self.tables is None:
+            return self.allowed[None]
+        return torch.stack([self.step_mask(j, gen) for j in range(GEN_LEN)], 1)
 
     def item_tokens(self, codes) -> np.ndarray:
         return np.asarray(codes, dtype=np.int64) + self.offsets
@@ -104,7 +138,7 @@ def generate(model, vocab: SidVocab, prompts: torch.Tensor, *, greedy: bool = Fa
     done = (prefix == EOS).any(1) if prefix is not None else torch.zeros(b, dtype=torch.bool)
     o = model(input_ids=ctx, use_cache=True)
     for j in range(start, min(GEN_LEN, start + max_tokens)):
-        lp = _masked_logprobs(o.logits[:, -1], vocab.allowed[j], temperature)
+        lp = _masked_logprobs(o.logits[:, -1], vocab.step_mask(j, out), temperature)
         if greedy:
             tok = lp.argmax(-1)
         else:
@@ -123,7 +157,7 @@ def token_logprobs(model, vocab: SidVocab, prompts: torch.Tensor, gen: torch.Ten
     """Teacher-forced constrained log-probs [B, 41] of generated ids (0 at PAD positions); differentiable."""
     ids = torch.cat([prompts, gen.clamp_min(0)], 1)
     logits = model(input_ids=ids).logits[:, PROMPT_LEN - 1: PROMPT_LEN - 1 + GEN_LEN]
-    lp = _masked_logprobs(logits, vocab.allowed[None])
+    lp = _masked_logprobs(logits, vocab.masks(gen.clamp_min(0)))
     tok_lp = lp.gather(2, gen.clamp_min(0)[..., None]).squeeze(2)
     return torch.where(gen == PAD, torch.zeros(()), tok_lp)
 

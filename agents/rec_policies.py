@@ -189,10 +189,13 @@ class RecPolicyAgent(Agent):
     learns = True
 
     def __init__(self, env_id: str = ENV_ID, model=None, greedy: bool = True, temperature: float = 1.0,
-                 **world_kw):
+                 valid_only: bool = False, **world_kw):
         self.world_kw = _world_kwargs(world_kw)
         self.world = get_world(**self.world_kw)
         self.vocab = SidVocab(self.world.sids.sizes)
+        self.valid_only = valid_only
+        if valid_only:  # decode only real items (prefix trie); off = ProRL's setting, hallucinations possible
+            self.vocab.restrict_to(self.world.sids.codes)
         self.model = model if model is not None else build_model(self.vocab)
         self.model.eval()
         self.greedy, self.temperature = greedy, temperature
@@ -237,7 +240,8 @@ class RecPolicyAgent(Agent):
     def save(self, directory) -> Path:
         directory = Path(directory)
         self.model.save_pretrained(directory / "model")
-        save_manifest(directory, type(self), ENV_ID, world=self.world_kw, sizes=list(self.vocab.sizes))
+        save_manifest(directory, type(self), ENV_ID, world=self.world_kw, sizes=list(self.vocab.sizes),
+                      valid_only=self.valid_only)
         return directory
 
     @classmethod
@@ -247,6 +251,7 @@ class RecPolicyAgent(Agent):
         directory = Path(directory)
         meta = json.loads((directory / "shopsim_agent.json").read_text())
         model = GPT2LMHeadModel.from_pretrained(directory / "model")
+        kw.setdefault("valid_only", meta.get("valid_only", False))
         return cls(env_id=env_id, model=model, **{**meta.get("world", {}), **kw})
 
 
