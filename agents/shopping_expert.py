@@ -5,7 +5,7 @@ the text grammar, and keeps episodes short:
 
 | family | typical actions |
 |---|---|
-| find_and_buy | ``search[<attributes> <type>]`` -> ``click[<sku>]`` (first result that fully matches; ``click[next >]`` if none on the page) -> ``click[<option value>]`` per option -> ``click[buy now]`` |
+| find_and_buy | ``search[<attributes> <option values> <type>]`` -> ``click[<sku>]`` (best-looking result; ``click[< prev]`` and the next one if the product page lacks an option; ``click[next >]`` if none fits) -> ``click[<option value>]`` per option -> ``click[buy now]`` |
 | clarify_and_buy | one ``ask[...]`` per hidden preference (e.g. ``ask[Which color would you like?]``), then as find_and_buy |
 | bundle | per item: ``search`` -> ``click[<sku>]`` -> options -> ``click[add to cart]``; then ``view_cart`` -> ``answer[<summary>]`` -> ``click[checkout]`` |
 | after_sales | ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it -> ``answer[<what was done / why not>]`` -> ``finish`` |
@@ -14,8 +14,8 @@ It opens results judged from the result line alone (type and goal attributes in 
 ceiling), as a language agent must, and goes back (``click[< prev]``) when the product page shows a missing option.
 If no matching product shows up in two result pages or after 6 wrong product pages it searches the target
 product's title (a privileged fallback: about 3% of find_and_buy, 1% of clarify_and_buy and 7% of bundle
-episodes on the 10k catalog). Strategy instructions are followed: ``ask_first`` asks before searching, ``confirm_before_buying``
-sends an ``answer[...]`` naming the product before buying.
+episodes on the 10k catalog). Strategy instructions are followed: ``ask_first`` asks before searching,
+``confirm_before_buying`` sends an ``answer[...]`` naming the product before buying.
 """
 
 from __future__ import annotations
