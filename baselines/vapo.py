@@ -21,7 +21,6 @@ import torch
 
 from baselines.core.advantages import token_gae_for_batch
 from baselines.core.batch import Batch
-from baselines.core.losses import aggregate
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
 from shopsim.errors import ConfigError
 
@@ -89,13 +88,15 @@ class VAPO(LMAlgorithm):
         return Advantages(adv=adv, returns=ret, metrics={"lambda_policy": lam_mean})
 
     def extra_loss(self, mb, logp, mask):
+        """μ · token-mean NLL over the generated tokens of successful trajectories (normalised over the step)."""
         c = self.config
         if c.nll_coef == 0:
             return None, {}
         batch: Batch = mb["batch"]
-        pos = batch.success[mb["row_traj"]] > 0
-        pmask = mask * pos[:, None].float()
-        if pmask.sum() == 0:
+        pos_step = (batch.success[batch.row_traj[mb["step_rows"]]] > 0).float()
+        denom = (mb["step_mask"].float() * pos_step[:, None]).sum()
+        if denom == 0:
             return None, {"nll_pos": 0.0}
-        nll = aggregate(-logp, pmask, "token-mean")
+        pmask = mask.float() * (batch.success[mb["row_traj"]] > 0).float()[:, None]
+        nll = (-logp * pmask).sum() / denom
         return c.nll_coef * nll, {"nll_pos": float(nll.detach())}

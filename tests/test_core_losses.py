@@ -62,3 +62,12 @@ def test_value_loss_clip():
     assert l.item() == pytest.approx(2.0) and not c.item()
     l, c = value_loss(torch.tensor([0.0]), torch.tensor([2.0]), torch.tensor([0.0]), clip=0.5)
     assert l.item() == pytest.approx(0.5 * 1.5 ** 2) and c.item()
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("seq", [None, torch.tensor([0, 0])])
+def test_aggregation_weights_match_aggregate(mode, seq):
+    from baselines.core.losses import aggregation_weights
+
+    w = aggregation_weights(M, mode, seq_index=seq)
+    assert (w * L).sum().item() == pytest.approx(aggregate(L, M, mode, seq_index=seq).item())

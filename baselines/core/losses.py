@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "AGG_MODES", "aggregate", "clipped_surrogate", "kl_term", "entropy_from_logits", "token_logprobs",
+    "AGG_MODES", "aggregate", "aggregation_weights", "clipped_surrogate", "kl_term", "entropy_from_logits", "token_logprobs",
     "value_loss",
 ]
 
@@ -66,6 +66,29 @@ def aggregate(
         return row_sum.sum() / n_seq
     L = float(loss_tok.shape[-1] if const_len is None else const_len)
     return row_sum.sum() / (n_seq * L)
+
+
+def aggregation_weights(mask: torch.Tensor, mode: str = "token-mean", *, seq_index: torch.Tensor | None = None,
+                        const_len: float | None = None) -> torch.Tensor:
+    """Per-token weights w with ``aggregate(ℓ, mask, mode) == Σ w·ℓ`` for any ℓ.
+
+    Computing w once over the whole optimizer step and summing ``w·ℓ`` over micro-batches keeps the step's
+    normalisers exact whatever the micro-batch split (verl-project/verl#5625).
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGG_MODES)}")
+    m = mask.float()
+    if mode == "token-mean":
+        return m / m.sum().clamp_min(1.0)
+    idx = torch.arange(m.shape[0], device=m.device) if seq_index is None else seq_index.long()
+    n_seq = max(int(idx.max().item()) + 1 if idx.numel() else 0, 1)
+    if mode == "seq-mean-token-mean":
+        seq_len = torch.zeros(n_seq, device=m.device).index_add_(0, idx, m.sum(-1))
+        return m / (seq_len[idx].clamp_min(1.0)[:, None] * n_seq)
+    if mode == "seq-mean-token-sum":
+        return m / n_seq
+    L = float(m.shape[-1] if const_len is None else const_len)
+    return m / (n_seq * L)
 
 
 def clipped_surrogate(

@@ -34,7 +34,7 @@ from baselines.base import Algorithm, TrainResult
 from shopsim.errors import ConfigError
 
 from .batch import Batch, build_batch
-from .losses import AGG_MODES, aggregate, clipped_surrogate, entropy_from_logits, kl_term, token_logprobs, value_loss
+from .losses import AGG_MODES, aggregate, aggregation_weights, clipped_surrogate, entropy_from_logits, kl_term, token_logprobs, value_loss
 from .stats import explained_variance, masked_mean, masked_whiten
 from .value_head import ValueModel
 
@@ -53,6 +53,9 @@ class LMConfig:
     tasks_per_iter: int = 8
     update_epochs: int = 1
     minibatches: int = 1
+    micro_batch_rows: int = 0
+    """Rows per forward/backward inside one optimizer step (gradient accumulation; 0 = the whole minibatch).
+    Normalisers are computed over the whole step, so the gradient does not depend on this value."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
@@ -297,51 +300,70 @@ class LMAlgorithm(Algorithm):
         return metrics
 
     def _minibatch_step(self, batch: Batch, rows, ctx: Ctx, advs: Advantages, adv, tok_mask) -> dict:
+        """One optimizer step on `rows`, in micro-batches of `micro_batch_rows` with step-wide normalisers."""
         c = self.config
-        ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
-        mask = tok_mask[rows]
         need_ent = c.entropy_coef > 0 or self.needs_entropy
         shared = self.critic is not None and self.critic.shared
-        logp, ent, hid = self._rows_forward(self.model, ids, attn, need_entropy=need_ent, need_hidden=shared)
         seq_index = None
         if batch.mode == "window":
             seq_index = torch.unique(batch.row_traj[rows], return_inverse=True)[1]
-        mb = {
-            "rows": rows, "gen_mask": batch.gen_mask[rows], "turn_index": batch.turn_index[rows],
-            "row_traj": batch.row_traj[rows], "old_logp_pi": ctx.old_logp[rows], "behav_logp": ctx.behav_logp[rows],
-            "seq_index": seq_index, "batch": batch, "adv": adv[rows],
-        }
-        pg_tok, st = self.policy_loss_tok(mb, logp, adv[rows], mask)
-        loss = aggregate(pg_tok, mask, c.loss_agg, seq_index=seq_index)
-        out = {"loss_policy": float(loss.detach()), **{k: float(v) for k, v in st.items()}}
-        if ctx.ref_logp is not None and c.kl_coef > 0:
-            kl = aggregate(kl_term(logp, ctx.ref_logp[rows], c.kl_kind), mask, c.loss_agg, seq_index=seq_index)
-            loss = loss + c.kl_coef * kl
-            out["kl_ref"] = float(kl.detach())
-        if ent is not None:
-            h = aggregate(ent, mask, "token-mean")
-            out["entropy"] = float(h.detach())
-            if c.entropy_coef > 0:
-                loss = loss - c.entropy_coef * h
-        extra, em = self.extra_loss(mb, logp, mask)
-        if extra is not None:
-            loss = loss + extra
-        out.update(em)
-        if self.critic is not None and advs.returns is not None:
-            v_new = self.critic(ids, attn, hidden=hid)
-            vmask = (batch.gen_mask if advs.value_mask is None else advs.value_mask)[rows].float()
-            vl_tok, vclip = value_loss(v_new, ctx.values[rows], advs.returns[rows], c.value_clip)
-            vl = aggregate(vl_tok, vmask, "token-mean")
-            loss = loss + c.vf_coef * vl
-            out["loss_value"] = float(vl.detach())
+        mask_all = tok_mask[rows]
+        # weights computed over the whole step: Σ_micro Σ w·ℓ equals the aggregate over the step exactly
+        w_pol = aggregation_weights(mask_all, c.loss_agg, seq_index=seq_index)
+        w_tok = aggregation_weights(mask_all, "token-mean")
+        vmask_all = (batch.gen_mask if advs.value_mask is None else advs.value_mask)[rows].float()
+        w_val = aggregation_weights(vmask_all, "token-mean")
+        chunks = [torch.arange(len(rows))]
+        if c.micro_batch_rows and c.micro_batch_rows < len(rows):
+            chunks = list(torch.split(torch.arange(len(rows)), c.micro_batch_rows))
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        acc: dict[str, float] = {}
+        stats: dict[str, float] = {}
+        for ch in chunks:
+            r = rows[ch]
+            ids, attn = batch.input_ids[r], batch.attention_mask[r]
+            mask = tok_mask[r]
+            logp, ent, hid = self._rows_forward(self.model, ids, attn, need_entropy=need_ent, need_hidden=shared)
+            mb = {
+                "rows": r, "gen_mask": batch.gen_mask[r], "turn_index": batch.turn_index[r],
+                "row_traj": batch.row_traj[r], "old_logp_pi": ctx.old_logp[r], "behav_logp": ctx.behav_logp[r],
+                "batch": batch, "adv": adv[r], "step_rows": rows, "step_mask": mask_all, "w_tok": w_tok[ch],
+            }
+            pg_tok, st = self.policy_loss_tok(mb, logp, adv[r], mask)
+            lp = (pg_tok * w_pol[ch]).sum()
+            loss = lp
+            parts = {"loss_policy": lp}
+            if ctx.ref_logp is not None and c.kl_coef > 0:
+                kl = (kl_term(logp, ctx.ref_logp[r], c.kl_kind) * w_pol[ch]).sum()
+                loss = loss + c.kl_coef * kl
+                parts["kl_ref"] = kl
+            if ent is not None:
+                h = (ent * w_tok[ch]).sum()
+                parts["entropy"] = h
+                if c.entropy_coef > 0:
+                    loss = loss - c.entropy_coef * h
+            extra, em = self.extra_loss(mb, logp, mask)
+            if extra is not None:
+                loss = loss + extra
+            for k, v in em.items():
+                stats[k] = stats.get(k, 0.0) + float(v) / len(chunks)
+            if self.critic is not None and advs.returns is not None:
+                v_new = self.critic(ids, attn, hidden=hid)
+                vl_tok, _ = value_loss(v_new, ctx.values[r], advs.returns[r], c.value_clip)
+                vl = (vl_tok * w_val[ch]).sum()
+                loss = loss + c.vf_coef * vl
+                parts["loss_value"] = vl
+            loss.backward()
+            parts["loss"] = loss
+            for k, v in parts.items():
+                acc[k] = acc.get(k, 0.0) + float(v.detach())
+            share = float(mask.sum()) / max(float(mask_all.sum()), 1.0)
+            for k, v in st.items():  # token-weighted means of the surrogate's statistics
+                stats[k] = stats.get(k, 0.0) + float(v) * share
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         gn = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
         self.optimizer.step()
-        out["grad_norm"] = float(gn)
-        out["loss"] = float(loss.detach())
-        return out
+        return {**acc, **stats, "grad_norm": float(gn)}
 
     # ------------------------------------------------------------------ rollouts
     def train_tasks(self, env_id: str, rng: np.random.Generator, n: int) -> list | None:
@@ -406,8 +428,7 @@ class LMAlgorithm(Algorithm):
         for _ in range(max(1, batches)):
             trajs, _ = LMAlgorithm.collect_batch(self, env_id, agent, -1, rng, env_kwargs=self._env_kwargs,
                                                  env_fns=self._env_fns)
-            b = build_batch(trajs, mode=c.context_mode or getattr(agent, "context_mode", None), pad_id=self.pad_id,
-                            max_length=c.max_length).to(c.device)
+            b = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length).to(c.device)
             zeros = torch.zeros_like(b.old_logp)
             _, ret = token_gae_for_batch(b, zeros, gamma=1.0, lam=1.0)
             hid = None
@@ -505,8 +526,9 @@ class LMAlgorithm(Algorithm):
             t0 = time.perf_counter()
             trajs, cm = self.collect_batch(env_id, agent, it, rng, env_kwargs=env_kwargs, env_fns=env_fns)
             t1 = time.perf_counter()
-            batch = build_batch(trajs, mode=getattr(agent, "context_mode", None) if c.context_mode is None else c.context_mode,
-                                pad_id=self.pad_id, max_length=c.max_length)
+            # the layout is detected from the recorded ids: concat when every turn extends the previous context,
+            # else window (a concat episode whose context was truncated is still exact as window rows)
+            batch = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length)
             gen.manual_seed(seed * 1_000_003 + it)
             m = self.update(batch, it, generator=gen)
             t2 = time.perf_counter()
