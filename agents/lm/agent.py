@@ -112,7 +112,7 @@ class LMAgent(Agent):
         self.contexts: dict[int, EpisodeContext] = {}
         self.pending: dict[int, list[int]] = {}
         self.generator = torch.Generator(device="cpu").manual_seed(0)
-        self.stats = {"generate_s": 0.0, "new_tokens": 0}
+        self.stats = {"generate_s": 0.0, "act_s": 0.0, "new_tokens": 0}
 
     @staticmethod
     def _load(checkpoint):
@@ -145,6 +145,7 @@ class LMAgent(Agent):
     def act(self, observations, infos, slots) -> list[Decision]:
         import time
 
+        t_act = time.perf_counter()
         prompts = []
         for obs, slot in zip(observations, slots):
             if slot not in self.contexts:
@@ -169,6 +170,7 @@ class LMAgent(Agent):
             decisions.append(Decision(action=decode_action(self.tokenizer, ids), prompt_ids=prompts[i],
                                       action_ids=list(ids), action_logprobs=list(out.logprobs[i]),
                                       hidden=out.hidden[i] if out.hidden is not None else None, extra=extra))
+        self.stats["act_s"] += time.perf_counter() - t_act
         return decisions
 
     def observe(self, slot: int, reward: float, terminated: bool, truncated: bool, info: dict) -> None:

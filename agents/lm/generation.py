@@ -115,8 +115,12 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
     stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
     ids, mask = left_pad(prompts, pad_id, device)
     batch = ids.shape[0]
+    import inspect
+
+    # the prompt's output layer is only needed at its last position
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
-                output_hidden_states=config.record_hidden)
+                output_hidden_states=config.record_hidden, **keep)
     hidden = None
     if config.record_hidden:
         h = out.hidden_states[-1].float()

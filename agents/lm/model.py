@@ -41,6 +41,7 @@ class ModelSize:
 #: named sizes; "small" is the default of the LM agent, "tiny" is for tests.
 SIZES = {
     "tiny": ModelSize(hidden=32, layers=2, heads=2, ffn=64, max_positions=4096),
+    "mini": ModelSize(hidden=128, layers=4, heads=4, ffn=384, max_positions=4096),
     "small": ModelSize(),
     "medium": ModelSize(hidden=384, layers=6, heads=6, ffn=1024, max_positions=4096),
 }

@@ -19,8 +19,9 @@ without a template gets `FALLBACK_TEMPLATE`.
 * **concat**: one growing sequence. Turn k's prompt is exactly turn k-1's prompt + its action ids + the close ids
   + the new observation's ids (strict prefix property, tested), so a trainer can score the whole episode in one
   row with a mask over the generated segments (`concat_layout`).
-* **window**: each turn's prompt is rebuilt as system + the last `history` turns (their observations, cut to
-  `history_obs_chars` characters, and their exact action ids) + the current observation; the oldest history
+* **window**: each turn's prompt is rebuilt as system + the last `history` turns (their observations without
+  the lines the current observation repeats, cut to `history_obs_chars` characters, and their exact action ids)
+  + the current observation; the oldest history
   turns are dropped first when the prompt would not fit in `max_prompt_tokens`.
 """
 
@@ -157,13 +158,21 @@ class EpisodeContext:
             self.ids = self.ids + list(action_ids) + self.fmt.close_ids(action_ids) + \
                 self.fmt.observation_ids(observation)
         else:
-            past = str(self._obs)
-            if self.history_obs_chars is not None and len(past) > self.history_obs_chars:
-                past = past[: self.history_obs_chars] + " ..."
+            past = history_text(str(self._obs), str(observation), self.history_obs_chars)
             self.turns.append((self.fmt.observation_ids(past), list(action_ids)))
             self.turns = self.turns[-max(self.history, 1):]
             self.current = self.fmt.observation_ids(observation)
         self._obs = observation
+
+
+def history_text(past: str, current: str, max_chars: int | None) -> str:
+    """A past observation as shown in the window: lines repeated in the current observation (the task line,
+    unchanged buttons) are dropped, the rest is cut to `max_chars` characters (None = no cut)."""
+    seen = set(current.splitlines())
+    text = "\n".join(line for line in past.splitlines() if line not in seen)
+    if max_chars is not None and len(text) > max_chars:
+        text = text[:max_chars] + " ..."
+    return text
 
 
 def concat_layout(turns) -> tuple[list[int], list[bool], list[int]]:

@@ -37,7 +37,7 @@ class SFTConfig:
     """Optimizer steps."""
     batch_size: int = 16
     """Rows per step (turns in window mode, episodes in concat mode)."""
-    lr: float = 2e-3
+    lr: float = 3e-3
     """Peak AdamW learning rate (a from-scratch few-million-parameter model tolerates a high one)."""
     warmup: int = 50
     """Linear warm-up steps, then cosine decay to 10% of `lr`."""
@@ -45,8 +45,8 @@ class SFTConfig:
     grad_clip: float = 1.0
     context_mode: str = "window"
     """window | concat (design §4); the trained agent acts in this mode."""
-    history: int = 2
-    history_obs_chars: int | None = 160
+    history: int = 1
+    history_obs_chars: int | None = 100
     only_success: bool = True
     """Train on successful expert episodes only."""
     eval_every: int = 500
@@ -54,7 +54,7 @@ class SFTConfig:
     eval_episodes: int = 50
     eval_split: str = "dev"
     arch: str = "llama"
-    size: str = "small"
+    size: str = "mini"
     seed: int = 0
     max_new_tokens: int = 48
     num_envs: int = 16
@@ -89,8 +89,9 @@ def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", histo
     for traj in trajectories:
         if only_success and not traj.success:
             continue
+        # concat rows are cut to max_tokens below; cutting each prompt instead would break the prefix property
         ctx = EpisodeContext(fmt, mode=mode, history=history, history_obs_chars=history_obs_chars,
-                             max_prompt_tokens=max_tokens)
+                             max_prompt_tokens=max_tokens if mode == "window" else 1 << 30)
         turns = []
         for k, turn in enumerate(traj.turns):
             if k == 0:
@@ -132,11 +133,27 @@ def sft_loss(model, batch, pad_id: int) -> tuple[torch.Tensor, int]:
         ids[i, : len(row)] = torch.tensor(row)
         att[i, : len(row)] = 1
         lm[i, : len(mask)] = torch.tensor(mask)
-    out = model(input_ids=ids, attention_mask=att, position_ids=positions(att), use_cache=False)
-    logits = out.logits[:, :-1].float()
+    # run the body once, then the (vocabulary-sized) output layer only where there is a target: the agent
+    # tokens are a few percent of the sequence, so this skips most of the output layer's cost
+    body = model.base_model(input_ids=ids, attention_mask=att, position_ids=positions(att), use_cache=False)
+    hidden = body.last_hidden_state[:, :-1]
     target, tmask = ids[:, 1:], lm[:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits[tmask], target[tmask])
+    logits = model.get_output_embeddings()(hidden[tmask]).float()
+    loss = torch.nn.functional.cross_entropy(logits, target[tmask])
     return loss, int(tmask.sum())
+
+
+@torch.no_grad()
+def heldout_loss(model, rows, pad_id: int, batch_size: int = 16) -> float:
+    """Token-mean agent-token cross-entropy of `rows` (teacher forcing), e.g. on dev-split expert episodes."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(rows), batch_size):
+        loss, n = sft_loss(model, rows[i: i + batch_size], pad_id)
+        total, count = total + float(loss) * n, count + n
+    model.train(was_training)
+    return total / max(count, 1)
 
 
 def evaluate(agent, env_id: str, *, episodes: int, split: str = "dev", seed: int = 10_000, num_envs: int = 16,
@@ -178,8 +195,11 @@ def plot_curve(history: Sequence[dict], path: Path) -> None:
 
 
 def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Path, tokenizer=None,
-              model=None, progress: bool = True):
-    """Behaviour-clone `trajectories`; returns ``(agent, history)``. Writes checkpoints, metrics.csv, the plot."""
+              model=None, progress: bool = True, callback=None):
+    """Behaviour-clone `trajectories`; returns ``(agent, history)``. Writes checkpoints, metrics.csv, the plot.
+
+    `callback(record)` is called after every step with that step's metrics dict.
+    """
     from agents.lm.agent import LMAgent
     from agents.lm.model import build_model
     from agents.lm.tokenizer import load_tokenizer
@@ -225,7 +245,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         opt.step()
         tokens_seen += sum(len(r[0]) for r in batch)
-        rec = {"step": step + 1, "loss": float(loss), "lr": lr_at(step), "agent_tokens": n_tok,
+        rec = {"step": step + 1, "loss": loss.item(), "lr": lr_at(step), "agent_tokens": n_tok,
                "tokens_seen": tokens_seen, "time_s": time.perf_counter() - t0}
         last = step + 1 == config.steps
         if last or (config.eval_every and (step + 1) % config.eval_every == 0):
@@ -234,7 +254,13 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
                           num_envs=config.num_envs, reset_options=config.reset_options or None)
             rec.update({f"eval_{k}": v for k, v in ev.items()})
             rec["time_s"] = time.perf_counter() - t0
+            if not last:  # latest checkpoint, so that an interrupted run still leaves a usable one
+                agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), step=step + 1,
+                           final_eval={k: v for k, v in rec.items() if k.startswith("eval_")})
+                _write_csv(history + [rec], out_dir / "metrics.csv")
         history.append(rec)
+        if callback is not None:
+            callback(rec)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(loss):.3f}", **({"dev": f"{rec['eval_success']:.2f}"}

@@ -22,12 +22,15 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--steps", type=positive_int, default=1500, help="optimizer steps (default: %(default)s)")
     p.add_argument("--batch-size", type=positive_int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--context-mode", choices=["window", "concat"], default="window")
+    p.add_argument("--history", type=int, default=1, help="window mode: past turns in the prompt")
+    p.add_argument("--history-obs-chars", type=int, default=100,
+                   help="window mode: characters kept of each past observation")
     p.add_argument("--family", default=None, help="restrict expert episodes and evaluation to one task family")
     p.add_argument("--arch", choices=["llama", "gpt2"], default="llama")
-    p.add_argument("--size", choices=["tiny", "small", "medium"], default="small")
+    p.add_argument("--size", choices=["tiny", "mini", "small", "medium"], default="mini")
     p.add_argument("--eval-every", type=int, default=500, help="dev evaluation interval in steps (0: end only)")
     p.add_argument("--eval-episodes", type=positive_int, default=50)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
@@ -48,7 +51,8 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     opts = {"family": args.family} if args.family else {}
     cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    context_mode=args.context_mode, arch=args.arch, size=args.size, eval_every=args.eval_every,
+                    context_mode=args.context_mode, history=args.history,
+                    history_obs_chars=args.history_obs_chars, arch=args.arch, size=args.size, eval_every=args.eval_every,
                     eval_episodes=args.eval_episodes, reset_options=opts)
     if args.data:
         from shopsim.datasets import read_trajectories
