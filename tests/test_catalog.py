@@ -87,6 +87,14 @@ def test_schema_and_row_contract(cat):
         assert row["product_type"] in row["description"]
 
 
+def test_brands_mix_taxonomy_and_seeded_names(cat):
+    brands = cat.brands
+    assert brands == sorted(set(cat.table.column("brand").to_pylist()))
+    base = {b for c in cat.taxonomy["categories"].values() for b in c["brands"]}
+    assert base & set(brands) and set(brands) - base  # both sources appear
+    assert set(build_catalog(3000, seed=1).brands) - base != set(brands) - base  # Faker brands follow the seed
+
+
 def test_arrays_and_codes(cat):
     assert cat.type_ids.dtype == np.int32 and cat.category_ids.dtype == np.int32
     types = cat.table.column("product_type").to_pylist()
@@ -133,6 +141,11 @@ def test_parquet_byte_identical_and_no_timestamps(cat, tmp_path):
     meta = pq.read_metadata(a)
     keys = set((meta.metadata or {}).keys())
     assert b"shopsim.catalog" in keys and not any(b"time" in k or b"date" in k for k in keys)
+
+
+@pytest.mark.slow
+def test_parquet_byte_identical_across_processes(cat, tmp_path):
+    a = cat.write_parquet(tmp_path / "a.parquet")
     # a fresh interpreter with another hash seed writes the same bytes
     code = ("import sys; from shopsim.catalog import build_catalog; "
             "build_catalog(3000, seed=0).write_parquet(sys.argv[1])")

@@ -101,6 +101,7 @@ class Catalog:
         self._sku_a_inv = pow(self._sku_ab[0], -1, generate.SKU_MOD)
         self._indexes: dict[str, SearchIndex] = {}
         self._taxonomy: dict | None = None
+        self._brands: list[str] | None = None
         self._lock = threading.Lock()
 
     def _codes(self, column: str, values: list[str]) -> np.ndarray:
@@ -122,6 +123,13 @@ class Catalog:
         if self._taxonomy is None:
             self._taxonomy = load_taxonomy()
         return self._taxonomy
+
+    @property
+    def brands(self) -> list[str]:
+        """Sorted brand names present in this catalog (the taxonomy's plus the seeded Faker ones)."""
+        if self._brands is None:
+            self._brands = sorted(pc.unique(self.table.column("brand")).to_pylist())
+        return self._brands
 
     def product(self, i: int) -> Product:
         """Row `i` as Python values (about 40 us: column-wise scalar reads, numbers from the numpy views)."""
