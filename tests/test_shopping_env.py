@@ -103,6 +103,9 @@ def test_task_depends_on_task_id_not_on_reset_seed(env):
     assert a == b and ia["oracle"] == ib["oracle"] and ia["split"] == "dev"
     with pytest.raises(ConfigError, match="not in split"):
         env.reset(options={"split": "train", "task_id": 2_000_000})
+    with pytest.raises(ConfigError, match="task_id must be an integer"):
+        env.reset(options={"task_id": "seven"})
+    assert env.reset(options={"task_id": np.int64(1_000_003)})[1]["split"] == "dev"  # split from the id
     with pytest.raises(ConfigError, match="unknown task family"):
         env.reset(options={"family": "teleport", "task_id": 1})
     # default mix: the family follows the task id

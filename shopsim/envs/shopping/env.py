@@ -154,7 +154,12 @@ class ShoppingEnv(gym.Env):
         super().reset(seed=seed)
         options = dict(options or {})
         task_id = options.get("task_id")
-        split = options.get("split") or (split_of(int(task_id)) if task_id is not None else None) or "train"
+        if task_id is not None:
+            try:
+                task_id = int(task_id)
+            except (TypeError, ValueError):
+                raise ConfigError(f"reset option task_id must be an integer, got {task_id!r}") from None
+        split = options.get("split") or (split_of(task_id) if task_id is not None else None) or "train"
         if split not in SPLITS:
             raise ConfigError(f"reset option split={split!r}; choose one of {', '.join(SPLITS)}")
         if task_id is None:

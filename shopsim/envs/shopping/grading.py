@@ -91,7 +91,7 @@ def score_bundle(goals: list[Goal], lines: list[tuple[object, dict]], budget: fl
     best, best_assign = 0.0, ()
     n = len(lines)
     slots = list(range(n)) + [-1] * len(goals)  # -1 = goal item left unassigned
-    for perm in set(permutations(slots, len(goals))):
+    for perm in dict.fromkeys(permutations(slots, len(goals))):  # unique, in a fixed order (ties: first wins)
         total = sum(m[i][j] for i, j in enumerate(perm) if j >= 0)
         if total > best + 1e-12 or (not best_assign and total >= best):
             best, best_assign = total, perm
