@@ -381,3 +381,37 @@ def test_customer_plug_in():
     assert "Customer: No comment." in obs and info["patience"] == 9
     with pytest.raises(ConfigError, match="customer"):
         ShoppingEnv(catalog_size=SIZE, customer="llm")
+
+
+def test_cart_add_replace_remove_and_capacity(env):
+    from shopsim.envs.shopping.grading import MAX_CART_LINES
+
+    env.reset(seed=0, options={"family": "bundle", "task_id": 5})
+    _, _, _, _, info = env.step("search[shirt socks dress jeans]")
+    skus = [r["sku"] for r in info["structured"]["results"]]
+    added = []
+    for sku in skus[:MAX_CART_LINES]:
+        env.step(f"click[{sku}]")
+        _, _, _, _, info = env.step("add_to_cart")
+        assert info["invalid_action"] is None
+        added.append(sku)
+        env.step("click[< prev]")
+    env.step(f"click[{skus[0]}]")
+    _, _, _, _, info = env.step("click[add to cart]")  # re-adding a product replaces its line, even when full
+    assert info["invalid_action"] is None and len(info["structured"]["cart"]) == MAX_CART_LINES
+    env.step("click[< prev]")
+    env.step(f"click[{skus[MAX_CART_LINES]}]")
+    _, _, _, _, info = env.step("add_to_cart")
+    assert "at most" in info["invalid_action"] and len(info["structured"]["cart"]) == MAX_CART_LINES
+    obs, _, _, _, info = env.step(f"remove_from_cart[{skus[1].lower()}]")
+    assert len(info["structured"]["cart"]) == MAX_CART_LINES - 1 and f"Removed {skus[1]}" in obs
+    _, _, _, _, info = env.step(f"remove_from_cart[{skus[1]}]")
+    assert "not in the cart" in info["invalid_action"]
+    obs, _, _, _, info = env.step("view_cart")
+    assert "Page: cart (7 items" in obs and "click[checkout]" in info["valid_actions"]
+    total = info["structured"]["cart_total"]
+    _, r, term, _, info = env.step("click[checkout]")
+    assert term and info["end_reason"] == "checkout"
+    assert info["reward_parts"]["cart_total"] == pytest.approx(total)
+    assert r == pytest.approx(info["score"]) and r == pytest.approx(
+        info["reward_parts"]["mean_item_score"] * info["reward_parts"]["budget_ok"])

@@ -251,7 +251,8 @@ class ShoppingEnv(gym.Env):
             "valid_actions": render.valid_actions(self), "invalid_action": invalid,
             "success": bool(self.done and self.score >= 1.0 - 1e-9), "score": float(self.score),
             "family": t.family, "task_id": int(t.task_id), "split": t.split, "strategy": self.strategy,
-            "reward_parts": dict(self.parts), "oracle": {**t.oracle(), "catalog": {"size": self.catalog_size, "seed": self.catalog_seed}}, "structured": render.structured(self),
+            "reward_parts": dict(self.parts), "structured": render.structured(self),
+            "oracle": {**t.oracle(), "catalog": {"size": self.catalog_size, "seed": self.catalog_seed}},
             "anchor": render.anchor(self), "end_reason": self.end_reason, "patience": self.customer.patience,
             "turns_before_first_answer": self.first_answer_turn if self.first_answer_turn is not None else self.turns,
             "chars_before_first_answer": self.chars_before_answer,
@@ -417,10 +418,10 @@ class ShoppingEnv(gym.Env):
             if name == "buy":
                 self._grade_purchase([(pid, chosen)], "buy")
                 return
-            self.cart = [(p, c) for p, c in self.cart if p != pid]
-            if len(self.cart) >= MAX_CART_LINES:
+            others = [(p, c) for p, c in self.cart if p != pid]  # adding a product again replaces its line
+            if len(others) >= MAX_CART_LINES:
                 raise ActionError(f"the cart holds at most {MAX_CART_LINES} products")
-            self.cart.append((pid, chosen))
+            self.cart = [*others, (pid, chosen)]
             self.feedback.append(f"Added {self.product.sku} to the cart ({len(self.cart)} items, "
                                  f"${self.cart_total():.2f}).")
         elif name == "remove_from_cart":
