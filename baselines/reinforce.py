@@ -85,6 +85,12 @@ class Reinforce(LMAlgorithm):
         super().__init__(**overrides)
         self._ema: torch.Tensor | None = None
 
+    def algo_state(self) -> dict:
+        return {"ema": self._ema}
+
+    def load_algo_state(self, state: dict) -> None:
+        self._ema = state.get("ema")
+
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
         c = self.config
         A, self._ema = reinforce_advantages(batch, c.baseline, c.gamma, self._ema, c.ema_decay)

@@ -55,10 +55,11 @@ def test_same_seed_same_loss_curve(name, tmp_path):
     assert key(a.history) != key(c.history)
 
 
-def test_resume_continues_exactly(tmp_path):
-    full = _train("ppo", tmp_path / "full", iterations=3, seed=1)
-    _train("ppo", tmp_path / "part", iterations=1, seed=1)
-    resumed = _train("ppo", tmp_path / "part", iterations=3, seed=1)
+@pytest.mark.parametrize("name,kw", [("ppo", {}), ("reinforce", {"baseline": "ema"})])
+def test_resume_continues_exactly(name, kw, tmp_path):
+    full = _train(name, tmp_path / "full", iterations=3, seed=1, **kw)
+    _train(name, tmp_path / "part", iterations=1, seed=1, **kw)
+    resumed = _train(name, tmp_path / "part", iterations=3, seed=1, **kw)
     assert [r["loss"] for r in resumed.history] == pytest.approx([r["loss"] for r in full.history], rel=1e-6)
 
 

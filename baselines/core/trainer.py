@@ -195,6 +195,13 @@ class LMAlgorithm(Algorithm):
     def before_training(self, env_id: str, agent, rng: np.random.Generator, out_dir: Path) -> dict:
         return {}
 
+    def algo_state(self) -> dict:
+        """Algorithm state that must survive a resume (e.g. REINFORCE's EMA baseline)."""
+        return {}
+
+    def load_algo_state(self, state: dict) -> None:  # noqa: B027
+        pass
+
     # ------------------------------------------------------------------ setup
     def make_agent(self, env_id: str, init, seed: int):
         import agents
@@ -470,7 +477,8 @@ class LMAlgorithm(Algorithm):
     def _state(self, iteration: int, history: list, rng: np.random.Generator) -> dict:
         state = {"iteration": iteration, "history": history, "rng": rng.bit_generator.state,
                  "torch_rng": torch.get_rng_state(), "model": self.model.state_dict(),
-                 "optimizer": self.optimizer.state_dict(), "config": asdict(self.config)}
+                 "optimizer": self.optimizer.state_dict(), "config": asdict(self.config),
+                 "algo_state": self.algo_state()}
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
         return state
@@ -480,6 +488,7 @@ class LMAlgorithm(Algorithm):
         self.optimizer.load_state_dict(state["optimizer"])
         if self.critic is not None and "critic" in state:
             self.critic.load_state_dict(state["critic"])
+        self.load_algo_state(state.get("algo_state", {}))
         rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch_rng"])
         return int(state["iteration"]), list(state["history"])

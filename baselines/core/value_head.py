@@ -16,8 +16,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .losses import token_logprobs  # noqa: F401  (re-exported convenience)
-
 __all__ = ["ValueHead", "ValueModel", "shift_values"]
 
 
