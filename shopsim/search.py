@@ -22,11 +22,13 @@ validated on open (manifest + document count; anything else is rebuilt), and sha
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import re
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -268,18 +270,25 @@ def open_index(catalog: Catalog, backend: str | None = None, *, rebuild: bool = 
     if not backend_available(backend):
         raise ConfigError(f"search backend {backend!r} needs the {backend} package: pip install {backend} "
                           "(or use backend='tantivy')")
-    final = index_path(catalog, backend)
-    # one builder per index: threads via _BUILD_LOCK, processes (async vector envs) via a lock file
-    with _BUILD_LOCK, interprocess_lock(final.with_name(final.name + ".lock")):
-        if final.exists():
-            if not rebuild:
-                try:
-                    return _open_checked(cls, final, catalog, backend)
-                except Exception as exc:  # noqa: BLE001 - a bad cache is rebuilt, never trusted
-                    log.warning("rebuilding search index %s: %s", final, exc)
-            shutil.rmtree(final)
-        build_index(catalog, backend, final)
-        return cls(final)
+    try:
+        final = index_path(catalog, backend)
+        # one builder per index: threads via _BUILD_LOCK, processes (async vector envs) via a lock file
+        with _BUILD_LOCK, interprocess_lock(final.with_name(final.name + ".lock")):
+            if final.exists():
+                if not rebuild:
+                    try:
+                        return _open_checked(cls, final, catalog, backend)
+                    except Exception as exc:  # noqa: BLE001 - a bad cache is rebuilt, never trusted
+                        log.warning("rebuilding search index %s: %s", final, exc)
+                shutil.rmtree(final)
+            build_index(catalog, backend, final)
+            return cls(final)
+    except OSError as exc:  # unwritable cache folder: a private index for this process, removed at exit
+        private = Path(tempfile.mkdtemp(prefix="shopsim-index-"))
+        atexit.register(shutil.rmtree, private, True)
+        log.warning("search index cache unusable (%s); building a private copy in %s. Set SHOPSIM_CACHE_DIR "
+                    "to a writable folder to cache it", exc, private)
+        return cls(build_index(catalog, backend, private / "index"))
 
 
 def _open_checked(cls, path: Path, catalog: Catalog, backend: str) -> SearchIndex:

@@ -263,3 +263,14 @@ def test_100k_build_within_budget(tmp_path):
     cat = build_catalog(100_000, seed=0)
     assert time.perf_counter() - t0 < 60
     assert len(cat) == 100_000 and pa.compute.count_distinct(cat.table.column("sku")).as_py() == 100_000
+
+
+def test_unwritable_cache_still_gives_a_catalog(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("SHOPSIM_CACHE_DIR", str(blocker / "cache"))
+    clear_memo()
+    cat = load_catalog(300, seed=0)
+    assert len(cat) == 300 and cat.path is None and "SHOPSIM_CACHE_DIR" in caplog.text
+    assert cat.table.equals(build_catalog(300, seed=0).table)
+    clear_memo()

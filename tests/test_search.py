@@ -155,3 +155,13 @@ def test_document_text_of_slices_matches_rows(cat):
                 f"{n}: {' '.join(v)}" for n, v in zip(p.option_names, p.option_values))
             assert docs["attributes"][j].as_py() == ", ".join(p.attributes)
             assert docs["title"][j].as_py() == p.title
+
+
+def test_unwritable_cache_gives_a_private_index(tmp_path, monkeypatch, caplog):
+    cat = build_catalog(300, seed=9)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("SHOPSIM_CACHE_DIR", str(blocker / "cache"))
+    idx = open_index(cat, "tantivy")
+    assert len(idx) == 300 and "SHOPSIM_CACHE_DIR" in caplog.text
+    assert idx.search(cat.product(5).title, k=10)[0][0] == 5

@@ -246,26 +246,39 @@ def load_catalog(size: int = 10_000, seed: int = 0, *, cache: bool = True) -> Ca
     `cache=False` skips the disk cache (still memoised).
     """
     size, seed = _check_args(size, seed)
-    path = catalog_path(size, seed)
-    key = (size, seed, str(path) if cache else None)
+    path = None
+    if cache:
+        try:
+            path = catalog_path(size, seed)
+        except OSError as exc:  # e.g. SHOPSIM_CACHE_DIR not writable: still usable, just not cached
+            log.warning("catalog cache unusable (%s); building in memory. Set SHOPSIM_CACHE_DIR to a writable "
+                        "folder to cache it", exc)
+    key = (size, seed, str(path) if path else None)
     with _MEMO_LOCK:
         if key in _MEMO:
             return _MEMO[key]
-        if not cache:
-            cat = build_catalog(size, seed)
-        else:
-            with interprocess_lock(path.with_name(path.name + ".lock")):
-                cat = None
-                if path.exists():
-                    try:
-                        cat = read_catalog(path, size, seed)
-                    except Exception as exc:  # noqa: BLE001 - any unreadable cache is rebuilt
-                        log.warning("rebuilding catalog cache %s: %s", path, exc)
-                if cat is None:
-                    cat = build_catalog(size, seed)
-                    cat.path = cat.write_parquet(path)
-        _MEMO[key] = cat
+        _MEMO[key] = cat = _load_or_build(size, seed, path)
         return cat
+
+
+def _load_or_build(size: int, seed: int, path: Path | None) -> Catalog:
+    if path is None:
+        return build_catalog(size, seed)
+    cat = None
+    try:
+        with interprocess_lock(path.with_name(path.name + ".lock")):
+            if path.exists():
+                try:
+                    cat = read_catalog(path, size, seed)
+                except Exception as exc:  # noqa: BLE001 - any unreadable cache is rebuilt
+                    log.warning("rebuilding catalog cache %s: %s", path, exc)
+            if cat is None:
+                cat = build_catalog(size, seed)
+                cat.path = cat.write_parquet(path)
+    except OSError as exc:
+        log.warning("could not cache catalog at %s (%s); using it from memory", path, exc)
+        cat = cat or build_catalog(size, seed)
+    return cat
 
 
 def _load_for_pickle(size: int, seed: int) -> Catalog:
