@@ -86,6 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n-test", type=int, default=None)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--out", default="runs/repro_hpo")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows of OUT/results.csv and run only the (SKUs, algorithm, seed) runs it lacks")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2])
@@ -101,12 +103,20 @@ def main(argv=None) -> int:
 
     tasks = load_split()["test"][:n_test]
     rows, refs = [], {}
+    if args.resume and (out / "results.csv").is_file():
+        with open(out / "results.csv") as f:
+            for r in csv.DictReader(f):
+                rows.append({k: (v if k == "algo" else (int(v) if k in ("n_skus", "seed", "iteration", "simulated_periods")
+                                                        else float(v))) for k, v in r.items()})
+    done = {(r["n_skus"], r["algo"], r["seed"]) for r in rows if r["iteration"] == iterations}
     for n in args.skus:
         refs[n] = reference_costs(n, tasks)
         print(f"N={n}: (s,S) {refs[n]['s_S']:.0f}  constant {refs[n]['constant']:.0f}  "
               f"perfect-information bound {refs[n]['pi_bound']:.0f}", flush=True)
         for name, cls in (("hpo", HPO), ("ppo", HybridPPO)):
             for seed in seeds:
+                if (n, name, seed) in done:
+                    continue
                 algo = cls(batch_scenarios=batch, hidden=(64, 64), eval_scenarios=0)
                 for r in train_curve(algo, n, iterations, seed, args.eval_every, tasks):
                     rows.append({"n_skus": n, "algo": name, "seed": seed, **r,
