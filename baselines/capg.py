@@ -17,8 +17,10 @@ Optimiser Adagrad; lr 0.1 (vpg, vpg_swr), 0.01 (capg, top1, capg_swr); batch 128
 ("epoch"); evaluation on fresh contexts with deterministic top-K and deterministic LSR. A NaN/Inf gradient stops the
 run and logs "gradient overflow" (``history[-1]["overflow"] == 1``).
 
-``numerics="released"`` (default) computes the v-pg / ca-pg normalisers as Σ_all exp s − Σ_removed exp s in float32,
-as the card writes them; that is where v-pg overflows. ``numerics="stable"`` uses log-space sums instead.
+``numerics="released"`` (default) computes the v-pg / ca-pg normalisers as the released code does,
+A + log1p(−exp(B − A) + 1e-10) in float32 (A = logsumexp of all scores, B = of the removed items); it turns into
+±inf/NaN once the removed items hold all but ~1e-7 of the mass, which is where v-pg overflows.
+``numerics="stable"`` computes the remaining mass in float64 with an exact fallback instead.
 """
 
 from __future__ import annotations
@@ -34,9 +36,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from agents.retrieval_policies import (MoERetriever, PLRetriever, gumbel_top_k, pl_log_prob, slot_owners)
+from agents.retrieval_policies import MoERetriever, PLRetriever, gumbel_noise, gumbel_top_k, pl_log_prob
 from baselines.base import Algorithm, TrainResult
-from shopsim.envs.two_stage_retrieval import TwoStageRetrievalConfig, TwoStageRetrievalSim, load_splits, split_ids
+from shopsim.envs.two_stage_retrieval import (
+    TwoStageRetrievalConfig,
+    TwoStageRetrievalSim,
+    load_splits,
+    split_ids,
+)
 from shopsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -62,23 +69,37 @@ def capg_log_inclusion(scores: torch.Tensor, y: torch.Tensor, owners: np.ndarray
     s_y = scores.gather(2, y[:, None, :].expand(b, m, n_show))[:, own, :]  # (B, K, L): s_{o(k)}(y_ℓ)
     if k == 1:
         return torch.log_softmax(scores, -1).gather(2, y[:, None, :])[:, 0]
-    with torch.no_grad():  # B_{K−1}(y_ℓ): deterministic picks with y_ℓ masked, one pass per shown item
-        prev = torch.stack([gumbel_top_k(scores.scatter(2, y[:, None, l:l + 1].expand(b, m, 1), float("-inf")),
-                                         owners, None)[:, : k - 1] for l in range(n_show)], 1)  # (B, L, K−1)
+    with torch.no_grad():  # B_{K−1}(y_ℓ): the first K−1 deterministic picks with y_ℓ excluded
+        if m == 1:  # one top-K for all ℓ: drop y_ℓ from it where present (a stable sort moves it last)
+            top = torch.topk(scores[:, 0], k, dim=1).indices[:, None, :].expand(b, n_show, k)
+            hit = (top == y[:, :, None]).to(torch.int8)
+            prev = top.gather(2, torch.sort(hit, dim=2, stable=True).indices)[:, :, : k - 1]
+        else:  # greedy MoE picks differ once y_ℓ is masked: one pass per shown item
+            prev = torch.stack([gumbel_top_k(scores.scatter(2, y[:, None, l:l + 1].expand(b, m, 1), float("-inf")),
+                                             owners, None)[:, : k - 1] for l in range(n_show)], 1)  # (B, L, K−1)
     g = scores[:, None, :, :].expand(b, n_show, m, n).gather(3, prev[:, :, None, :].expand(b, n_show, m, k - 1))
     g = g[:, :, own, :]  # (B, L, K, K−1): s_{o(k)}(b_j)
     earlier = torch.tril(torch.ones(k, k - 1, dtype=torch.bool), diagonal=-1)  # j < k
-    if numerics == "released":
-        total = scores.exp().sum(-1)[:, own]  # (B, K)
-        removed = (g.exp() * earlier).sum(-1)  # (B, L, K)
-        p = s_y.transpose(1, 2).exp() / (total[:, None, :] - removed)
-    elif numerics == "stable":
-        lse_all = torch.logsumexp(scores, -1)[:, own][:, None, :]  # (B, 1, K)
-        lse_rm = torch.logsumexp(g.masked_fill(~earlier, float("-inf")), -1)  # (B, L, K), −inf for k = 1
-        log_den = lse_all + torch.log(-torch.expm1(torch.clamp(lse_rm - lse_all, max=-1e-7)))
-        p = torch.exp(s_y.transpose(1, 2) - log_den)
+    lse_all = torch.logsumexp(scores, -1)[:, own][:, None, :]  # (B, 1, K)
+    lse_rm = torch.logsumexp(g.masked_fill(~earlier, float("-inf")), -1)  # (B, L, K), −inf for k = 1
+    if numerics == "released":  # the released code's normaliser A + log1p(−exp(B − A) + 1e-10)
+        log_den = lse_all + torch.log1p(-torch.exp(lse_rm - lse_all) + 1e-10)
+    elif numerics == "stable":  # float64 remaining mass; exact logsumexp where even that cancels
+        diff = lse_rm.double() - lse_all.double()
+        ok = diff < -1e-12
+        log_den = lse_all.double() + torch.log(-torch.expm1(torch.where(ok, diff, torch.full_like(diff, -1.0))))
+        bad = ~ok.all(-1)  # (B, L)
+        if bad.any():
+            rb, rl = bad.nonzero(as_tuple=True)
+            pos = torch.full((len(rb), n), k, dtype=torch.long).scatter_(
+                1, prev[rb, rl], torch.arange(k - 1).expand(len(rb), k - 1))
+            mask = pos[:, None, :] < torch.arange(k)[None, :, None]  # item taken by B_{k−1}
+            exact = torch.logsumexp(scores[rb][:, own, :].masked_fill(mask, float("-inf")), -1).double()
+            log_den = log_den.index_put((rb, rl), exact)
+        log_den = log_den.to(scores.dtype)
     else:
         raise ConfigError(f"numerics={numerics!r}; choose released or stable")
+    p = torch.exp(s_y.transpose(1, 2) - log_den)
     log_not = torch.log1p(-torch.clamp(p, max=1.0 - 1e-7)).sum(-1)
     return torch.log(torch.clamp(-torch.expm1(log_not), min=1e-10))
 
@@ -129,8 +150,13 @@ class CAPGConfig:
     num_experts: int | None = None
     """Experts M; None = 1, except capg_swr which defaults to 5 [derived]."""
     emb_dim: int = 10
+    user_tower: str = "linear"
+    """linear (u = W x: generalises to held-out users, evaluated on `eval_split`) | id (one embedding per user of a
+    fixed pool of `n_users` task ids 0..n_users−1, the released code's model; trained and evaluated on that pool)."""
+    n_users: int = 1000
+    """Size of the user pool of the id tower (the card's n_user)."""
     numerics: str = "released"
-    """released (plain float32 exponential sums, as the card) | stable (log-space); affects vpg and capg."""
+    """released (the released code's float32 normaliser) | stable (float64 + exact fallback); vpg and capg."""
     swr_inclusion: str = "released"
     """capg_swr term: released (logsumexp_m K_m log p_m) | literal (1 − Π_m (1 − p_m)^{K_m})."""
     stop_on_overflow: bool = True
@@ -149,6 +175,10 @@ class CAPGConfig:
             raise ConfigError(f"eval_split={self.eval_split!r}; choose dev, test or train")
         if self.numerics not in ("released", "stable"):
             raise ConfigError(f"numerics={self.numerics!r}; choose released or stable")
+        if self.user_tower not in ("linear", "id"):
+            raise ConfigError(f"user_tower={self.user_tower!r}; choose linear or id")
+        if self.n_users < 1:
+            raise ConfigError(f"n_users must be >= 1, got {self.n_users}")
         if self.swr_inclusion not in ("released", "literal"):
             raise ConfigError(f"swr_inclusion={self.swr_inclusion!r}; choose released or literal")
         TwoStageRetrievalConfig(**self.env_kwargs)  # validates the env options early
@@ -158,7 +188,7 @@ def evaluate_policy(agent: PLRetriever, sim: TwoStageRetrievalSim, task_ids: np.
     """Mean value (softplus(q) + 1 of the shown items) of the deterministic top-K policy with deterministic LSR."""
     rng = np.random.default_rng(seed)
     x, z = sim.contexts(task_ids), sim.user_types(task_ids)
-    cand, _ = agent.sample(x, rng, greedy=True)
+    cand, _ = agent.sample(x, rng, greedy=True, user_ids=task_ids if agent.scorer.n_users is not None else None)
     return float(sim.evaluate_batch(x, cand, rng, user_types=z, deterministic=True, validate=False).value.mean())
 
 
@@ -185,18 +215,26 @@ class CAPGTrainer(Algorithm):
         if self.estimator == "top1" and self.num_experts != 1:
             raise ConfigError("top1 is the M = 1 estimator; use capg_swr for a mixture of experts")
         return cls(env_id=env_id, env_kwargs=self.config.env_kwargs, emb_dim=self.config.emb_dim,
-                   num_experts=self.num_experts, seed=seed)
+                   num_experts=self.num_experts, seed=seed,
+                   n_users=self.config.n_users if self.config.user_tower == "id" else None)
+
+    def sample_ids(self, n: int, rng: np.random.Generator, splits: dict | None = None) -> np.ndarray:
+        """Training task ids: the train split (linear tower) or the fixed user pool 0..n_users−1 (id tower)."""
+        if self.config.user_tower == "id":
+            return rng.integers(0, self.config.n_users, size=n)
+        return split_ids("train", n, rng, splits)
 
     def loss(self, agent: PLRetriever, sim: TwoStageRetrievalSim, ids: np.ndarray, rng: np.random.Generator):
         """One on-policy batch: sample S by Gumbel-top-K, run the LSR and rewards, return (loss, mean reward)."""
         x, z = sim.contexts(ids), sim.user_types(ids)
-        scores = agent.scorer(torch.as_tensor(x))
-        gumbel = torch.as_tensor(rng.gumbel(size=tuple(scores.shape)).astype(np.float32))
+        scores = agent.scores(x, ids if agent.scorer.n_users is not None else None)
+        gumbel = gumbel_noise(rng, scores.shape)
         cand = gumbel_top_k(scores.detach(), agent.owners, gumbel)
         out = sim.evaluate_batch(x, cand.numpy(), rng, user_types=z, validate=False)
         w = estimator_term(self.estimator, scores, cand, torch.as_tensor(out.shown), agent.owners,
                            numerics=self.config.numerics, swr_inclusion=self.config.swr_inclusion)
         r = torch.as_tensor(out.position_rewards, dtype=scores.dtype)
+        self.last_score_max = float(scores.detach().abs().max())  # logged: exp() overflows past ~88 in float32
         return -(w * r).mean(), float(out.reward.mean())
 
     def train(self, env_id: str = "shopsim/TwoStageRetrieval-v0", *, iterations: int, seed: int = 0,
@@ -217,8 +255,12 @@ class CAPGTrainer(Algorithm):
             params, lr=self.lr)
         rng = np.random.default_rng(seed)
         splits = load_splits()
-        eval_ids = (np.asarray(splits[c.eval_split][: c.eval_contexts]) if c.eval_split != "train"
-                    else split_ids("train", c.eval_contexts, np.random.default_rng(seed + 1), splits))
+        if c.user_tower == "id":  # the card's protocol: fresh draws of the same pool's users
+            eval_ids = np.random.default_rng(seed + 1).integers(0, c.n_users, c.eval_contexts)
+        elif c.eval_split == "train":
+            eval_ids = split_ids("train", c.eval_contexts, np.random.default_rng(seed + 1), splits)
+        else:
+            eval_ids = np.asarray(splits[c.eval_split][: c.eval_contexts])
         history: list[dict] = []
         step, train_seconds, overflow = 0, 0.0, False
         bar = None
@@ -230,7 +272,7 @@ class CAPGTrainer(Algorithm):
             losses, rewards = [], []
             t0 = time.perf_counter()
             for _ in range(c.steps_per_iteration):
-                loss, mean_r = self.loss(agent, sim, split_ids("train", c.batch_size, rng, splits), rng)
+                loss, mean_r = self.loss(agent, sim, self.sample_ids(c.batch_size, rng, splits), rng)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 step += 1
@@ -245,6 +287,7 @@ class CAPGTrainer(Algorithm):
             train_seconds += time.perf_counter() - t0
             row = {"iteration": it, "step": step, "loss": float(np.mean(losses)) if losses else float("nan"),
                    "reward": float(np.mean(rewards)) if rewards else float("nan"), "overflow": int(overflow),
+                   "score_max": self.last_score_max,
                    "train_seconds": train_seconds}
             if overflow or it % c.eval_every == c.eval_every - 1 or it == iterations - 1:
                 row["value"] = evaluate_policy(agent, sim, eval_ids, seed)
@@ -281,7 +324,7 @@ def gradient_variance(trainer: CAPGTrainer, agent: PLRetriever, sim: TwoStageRet
     params = list(agent.scorer.parameters())
     grads = []
     for _ in range(batches):
-        loss, _ = trainer.loss(agent, sim, split_ids("train", batch_size, rng), rng)
+        loss, _ = trainer.loss(agent, sim, trainer.sample_ids(batch_size, rng), rng)
         g = torch.autograd.grad(loss, params)
         grads.append(torch.cat([t.reshape(-1) for t in g]).double())
     G = torch.stack(grads)

@@ -44,11 +44,12 @@ def reference_values(k: int, l: int, n_eval: int) -> dict:
             "oracle": float(sim.evaluate_batch(x, sim.oracle_candidates(x), rng, deterministic=True).value.mean())}
 
 
-def run_one(name: str, k: int, l: int, steps: int, seed: int, eval_steps: int, n_eval: int, out: Path) -> dict:
+def run_one(name: str, k: int, l: int, steps: int, seed: int, eval_steps: int, n_eval: int, out: Path,
+            user_tower: str = "linear") -> dict:
     import baselines
 
     algo = baselines.make(name, env_id=ENV, env_kwargs={"k": k, "l": l}, eval_every=max(1, eval_steps // 10),
-                          eval_contexts=n_eval)
+                          eval_contexts=n_eval, user_tower=user_tower)
     res = algo.train(ENV, iterations=max(1, steps // 10), seed=seed, out_dir=out / f"K{k}_L{l}" / f"{name}_s{seed}",
                      progress=False)
     h = res.history
@@ -56,15 +57,15 @@ def run_one(name: str, k: int, l: int, steps: int, seed: int, eval_steps: int, n
     overflow = h[-1]["overflow"] == 1
     return {"curve": curve, "overflow_step": h[-1]["step"] if overflow else None, "steps": h[-1]["step"],
             "sec_per_1k": 1000 * h[-1]["train_seconds"] / max(h[-1]["step"], 1), "agent": res.agent,
-            "final": curve[-1][1] if curve else float("nan")}
+            "final": curve[-1][1] if curve else float("nan"), "score_max": h[-1].get("score_max", float("nan"))}
 
 
-def variance(name: str, k: int, agent, batches: int) -> dict:
+def variance(name: str, k: int, agent, batches: int, user_tower: str = "linear") -> dict:
     import baselines
     from baselines.capg import gradient_variance
     from shopsim.envs.two_stage_retrieval import TwoStageRetrievalSim
 
-    trainer = baselines.make(name, env_id=ENV, env_kwargs={"k": k})
+    trainer = baselines.make(name, env_id=ENV, env_kwargs={"k": k}, user_tower=user_tower)
     return gradient_variance(trainer, agent, TwoStageRetrievalSim(k=k), batches=batches, batch_size=128)
 
 
@@ -75,6 +76,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="gradient steps per run (default 5,000; quick 1,000)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per run (default 2; quick 1)")
     ap.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=ESTIMATORS)
+    ap.add_argument("--user-tower", default="linear", choices=["linear", "id"],
+                    help="linear: u = Wx, evaluated on held-out dev users; id: one embedding per user of a pool of "
+                         "1,000 (the released code's model), evaluated on fresh draws of that pool")
     ap.add_argument("--out", default="runs/repro_capg")
     args = ap.parse_args(argv)
 
@@ -89,7 +93,8 @@ def main(argv=None) -> int:
     var_batches = 16 if args.quick else 64
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"steps": steps, "seeds": seeds, "n_eval": n_eval, "per_k": {}}
+    tower = args.user_tower
+    results: dict = {"steps": steps, "seeds": seeds, "n_eval": n_eval, "user_tower": tower, "per_k": {}}
     t_start = time.perf_counter()
     for k in args.ks:
         ref = reference_values(k, 1, n_eval)
@@ -97,7 +102,7 @@ def main(argv=None) -> int:
         per = {"ref": ref, "runs": {}, "variance": {}}
         trained_capg = None
         for name in args.estimators:
-            runs = [run_one(name, k, 1, steps, s, max(steps // 10, 10), n_eval, out) for s in range(seeds)]
+            runs = [run_one(name, k, 1, steps, s, max(steps // 10, 10), n_eval, out, tower) for s in range(seeds)]
             to_half = [next((st for st, v in r["curve"] if v >= half), None) for r in runs]
             per["runs"][name] = {
                 "final_value": float(np.mean([r["final"] for r in runs])),
@@ -105,25 +110,28 @@ def main(argv=None) -> int:
                 "overflow_steps": [r["overflow_step"] for r in runs],
                 "steps_to_half_gap": to_half,
                 "sec_per_1k_steps": float(np.mean([r["sec_per_1k"] for r in runs])),
+                "final_score_max": float(np.max([r["score_max"] for r in runs])),
                 "curves": [r["curve"] for r in runs],
             }
             if name == "capg":
                 trained_capg = runs[0]["agent"]
             print(f"K={k:3d} {name:9s} final {per['runs'][name]['final_value']:.3f} overflow "
                   f"{per['runs'][name]['overflow_steps']} to-half {to_half} "
-                  f"{per['runs'][name]['sec_per_1k_steps']:.1f}s/1k  [{time.perf_counter() - t_start:.0f}s]",
+                  f"{per['runs'][name]['sec_per_1k_steps']:.1f}s/1k max|s| {per['runs'][name]['final_score_max']:.3g} "
+                  f"[{time.perf_counter() - t_start:.0f}s]",
                   flush=True)
         for name in args.estimators:
             m = 5 if name == "capg_swr" else 1
-            init = (MoERetriever if m > 1 else PLRetriever)(env_kwargs={"k": k}, num_experts=m, seed=123)
-            per["variance"][name] = {"init": variance(name, k, init, var_batches)}
+            init = (MoERetriever if m > 1 else PLRetriever)(env_kwargs={"k": k}, num_experts=m, seed=123,
+                                                            n_users=1000 if tower == "id" else None)
+            per["variance"][name] = {"init": variance(name, k, init, var_batches, tower)}
             if trained_capg is not None and m == 1:
-                per["variance"][name]["trained"] = variance(name, k, trained_capg, var_batches)
+                per["variance"][name]["trained"] = variance(name, k, trained_capg, var_batches, tower)
         results["per_k"][str(k)] = per
     # cost at (K, L) = (20, 5), the card's timing setting
     cost = {}
     for name in args.estimators:
-        r = run_one(name, 20, 5, 200 if args.quick else 500, 0, 10_000, 500, out)
+        r = run_one(name, 20, 5, 200 if args.quick else 500, 0, 10_000, 500, out, tower)
         cost[name] = r["sec_per_1k"]
     results["cost_K20_L5"] = cost
     results["wall_seconds"] = time.perf_counter() - t_start
@@ -139,7 +147,7 @@ def _fmt(v) -> str:
 
 
 def print_tables(results: dict, names) -> None:
-    print(f"\nValue (dev contexts, deterministic top-K + LSR) after {results['steps']} steps, "
+    print(f"\nUser tower: {results['user_tower']}. Value (deterministic top-K + LSR) after {results['steps']} steps, "
           f"mean of {results['seeds']} seed(s); 'ovf@' = gradient overflow step; 'half@' = steps to close half the "
           "random->oracle gap")
     print(f"{'K':>3} {'random':>7} {'oracle':>7} | " + " | ".join(f"{n:>26}" for n in names))

@@ -13,8 +13,13 @@ from gymnasium.utils.env_checker import check_env
 import agents
 import shopsim  # noqa: F401  (registers the ids)
 from agents.retrieval_policies import OracleRetriever, PLRetriever, RandomRetriever
-from shopsim.envs.two_stage_retrieval import (TwoStageRetrievalConfig, TwoStageRetrievalEnv, TwoStageRetrievalSim,
-                                              hash_uniform, load_splits)
+from shopsim.envs.two_stage_retrieval import (
+    TwoStageRetrievalConfig,
+    TwoStageRetrievalEnv,
+    TwoStageRetrievalSim,
+    hash_uniform,
+    load_splits,
+)
 from shopsim.errors import ConfigError, ShopsimError
 
 ENV = "shopsim/TwoStageRetrieval-v0"
@@ -132,7 +137,7 @@ def test_rewards_match_the_model():
     assert (out.reward > 0).mean() > 0.99
     # q = 10 xᵀ((1−η)M0 + ηMz)e_a recomputed by hand for one pair
     xa, e = x[0].astype(np.float64), sim.items[out.shown[0, 0]]
-    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    sig = lambda v: 1 / (1 + np.exp(-v))
     eta = np.sqrt(sig(sim.w_x @ xa + 3) * sig(sim.w_a @ e + 3))
     q = 10 * xa @ ((1 - eta) * sim.m0 + eta * sim.mz[0]) @ e
     assert mu == pytest.approx(np.logaddexp(0, q) + 1, rel=1e-5)

@@ -31,8 +31,8 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import asdict, dataclass
-from functools import cached_property
 from pathlib import Path
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -86,7 +86,7 @@ class TwoStageRetrievalConfig:
     """Catalog size (items the retriever chooses from)."""
     k: int = 10
     """Candidate-set size K chosen by the early-stage retriever."""
-    l: int = 1  # noqa: E741 - the card's name
+    l: int = 1
     """Number of candidates the later-stage ranker shows (L <= K)."""
     lsr: str = "optimal"
     """Later-stage ranker: optimal | noisy | uniform | anti."""
@@ -371,7 +371,7 @@ class TwoStageRetrievalEnv(gym.Env):
     * v0: initial version.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata: ClassVar[dict] = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(self, render_mode: str | None = None, **config) -> None:
         self.config = TwoStageRetrievalConfig(**config)
