@@ -274,3 +274,13 @@ def test_unwritable_cache_still_gives_a_catalog(tmp_path, monkeypatch, caplog):
     assert len(cat) == 300 and cat.path is None and "SHOPSIM_CACHE_DIR" in caplog.text
     assert cat.table.equals(build_catalog(300, seed=0).table)
     clear_memo()
+
+
+def test_cache_from_other_library_versions_is_rebuilt(tmp_cache, monkeypatch):
+    cat = load_catalog(400, seed=6)
+    clear_memo()
+    monkeypatch.setattr(core, "_generator_versions", lambda: {"numpy": "0.0", "faker": "0.0"})
+    with pytest.raises(ValueError, match="mismatch"):
+        core.read_catalog(cat.path, 400, 6)
+    again = load_catalog(400, seed=6)  # rebuilt and rewritten with the current versions' metadata
+    assert again.table.equals(cat.table) and core.read_catalog(again.path, 400, 6).size == 400

@@ -179,7 +179,8 @@ class Catalog:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps({"size": self.size, "seed": self.seed, "version": CATALOG_VERSION,
-                           "taxonomy": taxonomy_hash()}, sort_keys=True).encode()
+                           "taxonomy": taxonomy_hash(), "generator": _generator_versions()},
+                          sort_keys=True).encode()
         table = self.table.replace_schema_metadata({_META_KEY: meta})
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         try:
@@ -190,6 +191,13 @@ class Catalog:
         finally:
             tmp.unlink(missing_ok=True)
         return path
+
+
+def _generator_versions() -> dict:
+    """Libraries whose output streams shape the bytes: a cache made under other versions is rebuilt."""
+    import faker
+
+    return {"numpy": np.__version__, "faker": faker.VERSION}
 
 
 def build_catalog(size: int, seed: int = 0) -> Catalog:
@@ -207,7 +215,7 @@ def read_catalog(path: str | os.PathLike, size: int | None = None, seed: int | N
     path = Path(path)
     table = pq.read_table(path)
     meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
-    expect = {"version": CATALOG_VERSION, "taxonomy": taxonomy_hash()}
+    expect = {"version": CATALOG_VERSION, "taxonomy": taxonomy_hash(), "generator": _generator_versions()}
     if size is not None:
         expect["size"] = size
     if seed is not None:
