@@ -23,7 +23,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,118 +34,12 @@ from baselines.base import Algorithm, TrainResult
 from shopsim.errors import ConfigError
 
 from .batch import Batch, build_batch
-from .losses import AGG_MODES, aggregate, aggregation_weights, clipped_surrogate, entropy_from_logits, kl_term, token_logprobs, value_loss
+from .config import Advantages, Ctx, LMConfig
+from .losses import aggregate, aggregation_weights, clipped_surrogate, entropy_from_logits, kl_term, token_logprobs, value_loss
 from .stats import explained_variance, masked_mean, masked_whiten
 from .value_head import ValueModel
 
 __all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "forward_policy"]
-
-
-@dataclass
-class LMConfig:
-    """Options shared by every LM algorithm; each algorithm's Config subclasses this with its paper's defaults."""
-
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    group_size: int = 8
-    """Rollouts per task (G); they share the task and the reset seed."""
-    tasks_per_iter: int = 8
-    update_epochs: int = 1
-    minibatches: int = 1
-    micro_batch_rows: int = 0
-    """Rows per forward/backward inside one optimizer step (gradient accumulation; 0 = the whole minibatch).
-    Normalisers are computed over the whole step, so the gradient does not depend on this value."""
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    loss_agg: str = "token-mean"
-    normalize_advantage: bool = False
-    """Whiten advantages over all generated tokens of the batch."""
-    kl_coef: float = 0.0
-    kl_kind: str = "k3"
-    entropy_coef: float = 0.0
-    recompute_old_logp: bool = True
-    """π_old = log-probs recomputed over the recorded ids before the update (True) or the behaviour log-probs."""
-    # critic (ppo, vapo, mpo)
-    vf_coef: float = 0.5
-    critic_lr: float = 1e-5
-    value_clip: float | None = None
-    critic_shared: bool = False
-    """Value head on the policy backbone instead of a separate copy (§2 alternative)."""
-    # rollouts
-    temperature: float = 1.0
-    max_new_tokens: int | None = None
-    """Per-turn generation limit (None: the agent's default)."""
-    context_mode: str | None = None
-    """'concat' or 'window' (None: the agent's default)."""
-    reset_options: dict = field(default_factory=dict)
-    """Extra reset options for training episodes (e.g. {"family": "find_and_buy"})."""
-    task_families: tuple = ()
-    """Restrict training/eval tasks to these task families (empty: all)."""
-    num_envs: int = 8
-    env_kwargs: dict = field(default_factory=dict)
-    """Keyword options for the env constructor (e.g. {"max_turns": 20}) for training and evaluation."""
-    agent_kwargs: dict = field(default_factory=dict)
-    """Keyword options for `agents.make("lm", ...)` when no `init` checkpoint is given."""
-    max_length: int | None = None
-    # evaluation / checkpoints
-    eval_every: int = 1
-    """Evaluate on the dev split every N iterations (0: only after the last one)."""
-    eval_episodes: int = 16
-    eval_split: str = "dev"
-    """Split(s) to evaluate on, comma-separated (e.g. "dev,test")."""
-    eval_greedy: bool = True
-    checkpoint_every: int = 1
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        if self.loss_agg not in AGG_MODES:
-            raise ConfigError(f"loss_agg={self.loss_agg!r}; choose one of {', '.join(AGG_MODES)}")
-        if self.kl_kind not in ("k1", "k3"):
-            raise ConfigError(f"kl_kind={self.kl_kind!r}; choose 'k1' or 'k3'")
-        for name in ("group_size", "tasks_per_iter", "update_epochs", "minibatches", "num_envs"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or self.critic_lr <= 0:
-            raise ConfigError("lr and critic_lr must be > 0")
-        if not (0 <= self.clip_low < 1) or self.clip_high < 0:
-            raise ConfigError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
-        if self.context_mode not in (None, "concat", "window"):
-            raise ConfigError(f"context_mode={self.context_mode!r}; choose 'concat' or 'window'")
-        bad = [x for x in str(self.eval_split).split(",") if x not in ("train", "dev", "test")]
-        if bad:
-            raise ConfigError(f"eval_split={self.eval_split!r}; use dev, test or train, comma-separated")
-        if self.eval_every < 0 or self.eval_episodes < 0:
-            raise ConfigError("eval_every and eval_episodes must be >= 0")
-        if isinstance(self.task_families, str):
-            self.task_families = tuple(f for f in self.task_families.split(",") if f)
-        self.task_families = tuple(self.task_families)
-
-
-@dataclass
-class Advantages:
-    """What `compute_advantages` returns. Token tensors are [R, S] like the batch."""
-
-    adv: torch.Tensor
-    returns: torch.Tensor | None = None
-    """Critic targets per token (None: no critic loss)."""
-    value_mask: torch.Tensor | None = None
-    """Tokens whose value is regressed (default: generated tokens)."""
-    token_mask: torch.Tensor | None = None
-    """Tokens that enter the policy loss (default: generated tokens; DAPO/WAPO may drop some)."""
-    metrics: dict = field(default_factory=dict)
-
-
-@dataclass
-class Ctx:
-    """Per-batch tensors computed under no_grad before the update."""
-
-    old_logp: torch.Tensor
-    behav_logp: torch.Tensor
-    values: torch.Tensor | None = None
-    ref_logp: torch.Tensor | None = None
-    iteration: int = 0
 
 
 def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0, need_hidden: bool = False,
