@@ -165,3 +165,40 @@ def test_unwritable_cache_gives_a_private_index(tmp_path, monkeypatch, caplog):
     idx = open_index(cat, "tantivy")
     assert len(idx) == 300 and "SHOPSIM_CACHE_DIR" in caplog.text
     assert idx.search(cat.product(5).title, k=10)[0][0] == 5
+
+
+def test_concurrent_threads_share_one_catalog_and_index(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("SHOPSIM_CACHE_DIR", str(tmp_path))
+    clear_memo()
+    with ThreadPoolExecutor(4) as pool:
+        cats = list(pool.map(lambda _: load_catalog(700, seed=11), range(4)))
+        idxs = list(pool.map(lambda c: c.index(), cats))
+    assert all(c is cats[0] for c in cats) and all(i is idxs[0] for i in idxs)
+    clear_memo()
+
+
+_CHILD = """
+import json, sys
+from shopsim.catalog import load_catalog
+cat = load_catalog(700, seed=12)
+print(json.dumps(cat.index().search("organic coffee beans", k=5)))
+"""
+
+
+@pytest.mark.slow
+def test_concurrent_processes_build_once_and_agree(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "SHOPSIM_CACHE_DIR": str(tmp_path)}
+    root = Path(__file__).resolve().parents[1]
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD], cwd=root, env=env, stdout=subprocess.PIPE)
+             for _ in range(3)]
+    outs = [json.loads(p.communicate()[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs) and outs[0] and outs.count(outs[0]) == 3
+    leftovers = [p.name for d in ("catalog", "index") for p in (tmp_path / d).iterdir() if ".tmp" in p.name]
+    assert leftovers == [] and len([p for p in (tmp_path / "index").iterdir() if p.is_dir()]) == 1
