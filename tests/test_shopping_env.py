@@ -415,3 +415,27 @@ def test_cart_add_replace_remove_and_capacity(env):
     assert info["reward_parts"]["cart_total"] == pytest.approx(total)
     assert r == pytest.approx(info["score"]) and r == pytest.approx(
         info["reward_parts"]["mean_item_score"] * info["reward_parts"]["budget_ok"])
+
+
+def test_back_restores_the_previous_results(env):
+    env.reset(seed=0, options={"family": "find_and_buy", "task_id": 6})
+    _, _, _, _, first = env.step("search[wireless earbuds]")
+    _, _, _, _, second = env.step("search[yoga mat]")
+    assert first["structured"]["results"] != second["structured"]["results"]
+    obs, _, _, _, info = env.step("back")
+    assert info["structured"]["results"] == first["structured"]["results"] and '"wireless earbuds"' in obs
+    assert info["anchor"] == first["anchor"]
+
+
+def test_results_always_match_the_latest_search():
+    """Every results page shows exactly the index's answer for the current query (no stale page memo)."""
+    from shopsim.envs.shopping import cache
+
+    env = ShoppingEnv(catalog_size=SIZE, max_turns=1000)
+    env.reset(seed=0, options={"family": "find_and_buy", "task_id": 1})
+    for i, q in enumerate(["tent", "yoga mat", "tent", "coffee beans", "socks", "laptop"] * 12):
+        cache.clear()  # fresh result objects every time, as after evictions
+        env.step("click[back to search]")
+        _, _, _, _, info = env.step(f"search[{q}]")
+        want = [pid for pid, _ in env.index.search(q, k=env.max_results)][: env.results_per_page]
+        assert [r["product_id"] for r in info["structured"]["results"]] == want

@@ -264,8 +264,9 @@ class ShoppingEnv(gym.Env):
 
     def page_rows(self) -> list[tuple[int, str, str, float]]:
         """(product id, sku, title, price) of the results on the current page (memoised per page)."""
-        key = (id(self.hits), self.page_num)
-        if self._rows_key != key:
+        # the key holds the hits object itself (compared with `is`): an id() could be reused after garbage collection
+        key = (self.hits, self.page_num)
+        if self._rows_key is None or self._rows_key[0] is not self.hits or self._rows_key[1] != self.page_num:
             self._rows = [(pid, *_row(self.catalog, pid), float(self.catalog.prices[pid])) for pid in self.page_ids()]
             self._rows_key = key
         return self._rows
@@ -274,9 +275,16 @@ class ShoppingEnv(gym.Env):
         return float(sum(self.catalog.prices[pid] for pid, _ in self.cart))
 
     def _goto(self, page: str) -> None:
-        self.history.append((self.page, self.page_num, self.product, dict(self.selected), self.order_id))
+        self.history.append((self.page, self.query, self.hits, self.page_num, self.product, dict(self.selected),
+                             self.order_id))
         del self.history[:-20]  # bounded: back goes at most 20 pages
         self.page = page
+
+    def _restore(self) -> None:
+        """Go back to the last page in the history (with its query, results, product and chosen options)."""
+        (self.page, self.query, self.hits, self.page_num, self.product, self.selected,
+         self.order_id) = self.history.pop()
+        self._option_owner = self._owners(self.product) if self.product is not None else {}
 
     def _side_effects(self) -> dict:
         """Side-effect metrics (anchors §2.6 item 9): wrong purchases, wrong writes, customers who gave up."""
@@ -302,8 +310,7 @@ class ShoppingEnv(gym.Env):
         elif name == "back":
             if not self.history:
                 raise ActionError("nothing to go back to")
-            self.page, self.page_num, self.product, self.selected, self.order_id = self.history.pop()
-            self._option_owner = self._owners(self.product) if self.product is not None else {}
+            self._restore()
         elif name in ("next_page", "prev_page"):
             if self.page != "results":
                 raise ActionError(f"{name} works on a results page")
@@ -333,10 +340,9 @@ class ShoppingEnv(gym.Env):
             self._after_sales(name, args)
 
     def _search(self, query: str) -> None:
-        self.query = query
-        self.hits = list(_search(self.index, query, self.max_results))
-        self.page_num = 0
+        hits = _search(self.index, query, self.max_results)  # a shared, immutable tuple
         self._goto("results")
+        self.query, self.hits, self.page_num = query, hits, 0
         if not self.hits:
             self.feedback.append("No results; try other keywords.")
 
@@ -369,7 +375,7 @@ class ShoppingEnv(gym.Env):
                 while self.history and self.history[-1][0] == "item":
                     self.history.pop()
                 if self.history:
-                    self.page, self.page_num, self.product, self.selected, self.order_id = self.history.pop()
+                    self._restore()
                     return
             if t == "description":
                 self.feedback.append("Description: " + self.product.description)
