@@ -186,14 +186,16 @@ class TantivyIndex:
         if not tokens or k == 0:
             return []
         q = self._query(tokens)
-        want = offset + k
-        limit = want + 8
+        if offset >= self._n:
+            return []
+        want = min(offset + k, self._n)  # a huge k must not size tantivy's top-k heap
+        limit = min(want + 8, self._n)
         while True:
             hits = self._searcher.search(q, limit=limit, count=False).hits
             # a full page whose last score equals the score at the cut may hide tied docs with lower ids
             if len(hits) < limit or hits[-1][0] < hits[min(want, len(hits)) - 1][0] or limit >= self._n:
                 break
-            limit *= 4
+            limit = min(limit * 4, self._n)
         pids = self._searcher.fast_field_values("product_id", [a for _, a in hits])
         return _rank([(int(p), float(s)) for (s, _), p in zip(hits, pids)], k, offset)
 

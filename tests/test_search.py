@@ -88,6 +88,8 @@ def test_ties_are_broken_by_product_id_and_paging_is_consistent(index):
     assert index.search("socks", k=40) == hits
     assert index.search("socks", k=10, offset=15) == hits[15:25]
     assert index.search("socks", k=0) == [] and index.search("socks", k=5, offset=10**6) == []
+    everything = index.search("socks", k=10**12)  # k beyond the catalog: all matches, no giant allocation
+    assert everything[:40] == hits and len(everything) <= len(index)
     with pytest.raises(ConfigError):
         index.search("socks", k=-1)
 
