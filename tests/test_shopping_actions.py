@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from shopsim.envs.shopping.actions import TOOLS, Action, ActionError, parse, parse_json, parse_text, tool_schemas
+from shopsim.envs.shopping.actions import (
+    TOOLS,
+    Action,
+    ActionError,
+    parse,
+    parse_json,
+    parse_text,
+    tool_schemas,
+)
 
 # one example argument list per tool (with commas and brackets inside the last argument where allowed)
 EXAMPLES = {

@@ -9,8 +9,15 @@ import pytest
 from shopsim.catalog import load_catalog
 from shopsim.envs.shopping.grading import satisfies
 from shopsim.envs.shopping.orders import RETURN_WINDOW_DAYS
-from shopsim.envs.shopping.tasks import (FAMILIES, is_test_target, make_task, pools, split_ids, split_of,
-                                         splits_manifest)
+from shopsim.envs.shopping.tasks import (
+    FAMILIES,
+    is_test_target,
+    make_task,
+    pools,
+    split_ids,
+    split_of,
+    splits_manifest,
+)
 from shopsim.paths import data_dir
 
 
