@@ -235,3 +235,36 @@ def test_expert_and_random_agents_run_and_expert_wins():
     for _ in range(3):
         a = rnd_agent.act([obs], [info], [0])[0].action
         assert env.action_space.contains(np.asarray(a, dtype=np.int64))
+
+
+@pytest.mark.parametrize("valid_only", [False, True])
+def test_policy_agent_per_step_matches_batched_decoding(valid_only):
+    import torch
+
+    from agents.rec_model import build_model
+    from agents.rec_policies import RecPolicyAgent, policy_paths
+
+    kw = dict(catalog_size=100, simulator="analytic")
+    agent = RecPolicyAgent(valid_only=valid_only, **kw)
+    agent.model = build_model(agent.vocab, d=32, layers=1, heads=2, seed=1).eval()
+    env = ProactiveRecEnv(**kw)
+    task_ids = load_split()["dev"][:3]
+    hist, tgt = env.world.tasks(task_ids)
+    _, gen, lp, items, lengths = policy_paths(agent, hist, tgt, greedy=True)
+    agent.reset(1, 0)
+    for row, t in enumerate(task_ids):
+        obs, info = env.reset(seed=0, options={"task_id": t})
+        stepped, logps = [], []
+        for _ in range(11):
+            d = agent.act([obs], [info], [0])[0]
+            logps += d.action_logprobs
+            obs, _, term, _, info = env.step(d.action)
+            if not info["eos"]:
+                stepped.append(info["item"] if info["valid"] else INVALID)
+            if term:
+                break
+        assert stepped == [int(i) for i in items[row, : lengths[row]]]
+        n_tok = 4 * lengths[row] + (1 if lengths[row] < 10 else 0)
+        np.testing.assert_allclose(logps[:n_tok], lp[row, :n_tok].numpy(), atol=1e-5)
+        if valid_only:
+            assert (items[row, : lengths[row]] >= 0).all()

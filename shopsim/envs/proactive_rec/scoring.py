@@ -103,30 +103,34 @@ class PathScorer:
             cur = path[:, k:k + 1]
             seen = (hist == cur).any(1) | ((path[:, :k] == cur) & valid[:, :k]).any(1)
             dup[:, k] = valid[:, k] & seen
-        logp = np.zeros((b, length + 1), dtype=np.float64)
-        rank = np.zeros((b, length + 1), dtype=np.int64)
-        ctr = np.zeros((b, length), dtype=np.float64)
         before = np.concatenate([np.zeros((b, 1), np.int64), n_valid[:, :-1]], axis=1)  # state index before step k
+        after = np.concatenate([np.zeros((b, 1), np.int64), n_valid], axis=1)  # state index after k steps
+        # only the states a path reaches are scored against the catalog (short paths cost less)
+        need = np.arange(length + 1)[None] <= after[:, -1:]
+        flat = np.full((b, length + 1), -1, dtype=np.int64)
+        flat[need] = np.arange(int(need.sum()))
+        state_row = np.nonzero(need)[0]
         with torch.no_grad():
-            for s0 in range(0, b, self.chunk):
-                sl = slice(s0, min(b, s0 + self.chunk))
-                h = self.sim.states(torch.as_tensor(seq[sl]))[:, h_len - 1:]  # states after 0..L valid items
-                s = self.sim.scores(h)  # [c, L+1, n]
-                t = torch.as_tensor(tgt[sl])
-                st = s.gather(2, t[:, None, None].expand(-1, s.shape[1], 1)).squeeze(2)
-                lp_states = (st - torch.logsumexp(s, dim=2)).double().numpy()
-                rk_states = (1 + (s > st[..., None]).sum(2)).numpy()
-                # state index after k steps = number of valid items among them
-                idx_after = np.concatenate([np.zeros((sl.stop - s0, 1), np.int64), n_valid[sl]], axis=1)
-                logp[sl] = np.take_along_axis(lp_states, idx_after, 1)
-                rank[sl] = np.take_along_axis(rk_states, idx_after, 1)
-                # CTR from the state before each step
-                bi = torch.as_tensor(before[sl])
-                ar = torch.arange(bi.shape[0])[:, None]
-                hb = h[ar, bi]  # [c, L, d]
-                si = s[ar, bi, torch.as_tensor(np.where(valid[sl], path[sl], 0))]  # [c, L]
-                mu, sd = self.sim.score_moments(hb)
-                ctr[sl] = torch.sigmoid((si - mu) / sd - self.ctr_offset).double().numpy()
+            h = torch.cat([self.sim.states(torch.as_tensor(seq[s0:s0 + self.chunk]))[:, h_len - 1:]
+                           for s0 in range(0, b, self.chunk)])  # [B, L+1, d]: after 0..L valid items
+            hs = h[torch.as_tensor(need)]  # [M, d]
+            t_all = torch.as_tensor(tgt[state_row])
+            lp_flat = torch.empty(len(hs), dtype=torch.float64)
+            rk_flat = torch.empty(len(hs), dtype=torch.int64)
+            step = 8 * self.chunk
+            for m0 in range(0, len(hs), step):
+                sc = self.sim.scores(hs[m0:m0 + step])  # [m, n]
+                st = sc.gather(1, t_all[m0:m0 + step, None])
+                lp_flat[m0:m0 + step] = (st.squeeze(1) - torch.logsumexp(sc, 1)).double()
+                rk_flat[m0:m0 + step] = 1 + (sc > st).sum(1, dtype=torch.int32)
+            logp = lp_flat.numpy()[flat[np.arange(b)[:, None], after]]
+            rank = rk_flat.numpy()[flat[np.arange(b)[:, None], after]]
+            # CTR of each real item from the state before it: one dot product per step
+            hb = h[torch.arange(b)[:, None], torch.as_tensor(before)]  # [B, L, d]
+            cols = self.sim._score_mat[:, torch.as_tensor(np.where(valid, path, 0))]  # [d, B, L]
+            si = torch.einsum("bld,dbl->bl", hb, cols)
+            mu, sd = self.sim.score_moments(hb)
+            ctr = torch.sigmoid((si - mu) / sd - self.ctr_offset).double().numpy()
         ioi = logp[:, 1:] - logp[:, :-1]
         ior = (rank[:, :-1] - rank[:, 1:]).astype(np.float64)
         ctr = np.where(dup, 0.0, ctr)
