@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shopsim {args.command}: error: cannot write {exc.filename!s}: permission denied; "
               "choose a writable path", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `shopsim catalog info | head`: the reader went away, nothing to report
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"shopsim {args.command}: interrupted", file=sys.stderr)
         return 130
