@@ -150,7 +150,10 @@ def _pick_goal(rng, product, n_attr_max: int = 3, with_price: bool = True) -> Go
 
 
 def _article(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
+    w = word.lower()
+    if w.startswith(("us", "uni", "use", "uti", "eu", "one")):  # "a usb cable", "a eucalyptus ..."
+        return "a"
+    return "an" if w[:1] in "aeiou" else "a"
 
 
 def describe(goal: Goal, hidden=(), with_price: bool = True) -> str:
