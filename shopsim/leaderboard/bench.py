@@ -59,24 +59,39 @@ class Budget:
 
 _SHOP_REFS = ("expert", "random")
 _INV_REFS = ("s_S", "base_stock", "random")
+# Smaller batches/evaluations than the papers' defaults so that the quick run fits in ~10 min on 2 cores; they are
+# recorded in every results file's config (and so in its config hash).
+_REC_SMALL = {"sft_steps": 50, "eval_tasks": 8, "group_size": 8, "prompts_per_iter": 4}
+_RET_SMALL = {"eval_contexts": 1000}
+_INV_SMALL = {"batch_scenarios": 32, "eval_scenarios": 0}
+_QUICK_OVERRIDES = {
+    "shopsim/ProactiveRec-v0": {"prorl": _REC_SMALL, "reinforce": _REC_SMALL, "grpo": _REC_SMALL},
+    "shopsim/TwoStageRetrieval-v0": {a: _RET_SMALL for a in ("capg", "capg_swr", "vpg", "vpg_swr", "top1")},
+    "shopsim/Replenishment-v0": {"hpo": {**_INV_SMALL, "hidden": (128, 128)}, "ppo": _INV_SMALL},
+}
 
 #: mode -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
 BUDGETS: dict[str, dict[str, Budget]] = {
     "quick": {
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 3, "mpo": 3}, tasks=8, seeds=2, tries=4,
                                       needs_init=True, user_iterations=3),
-        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 20, "reinforce": 20}, tasks=16, seeds=3, tries=4),
+        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 5, "reinforce": 5}, tasks=8, seeds=3, tries=4,
+                                          overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
         "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 30, "top1": 30, "vpg": 30}, tasks=64, seeds=3,
-                                               tries=4),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 15, "ppo": 15}, tasks=8, seeds=3, tries=4),
+                                               tries=4, overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 10, "ppo": 10}, tasks=8, seeds=3, tries=4,
+                                           overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"], user_iterations=6),
         "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
     },
     "tiny": {  # CI smoke run: every entry type once, seconds not minutes
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 1}, tasks=2, seeds=2, tries=4, needs_init=True,
                                       user_iterations=1),
-        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 1}, tasks=2, seeds=2, tries=4, user_iterations=1),
-        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 1}, tasks=4, seeds=2, tries=4, user_iterations=1),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 1}, tasks=2, seeds=2, tries=4, user_iterations=1),
+        "shopsim/ProactiveRec-v0": Budget(algos={"reinforce": 1}, tasks=2, seeds=2, tries=4, user_iterations=1,
+                                          overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
+        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 1}, tasks=4, seeds=2, tries=4, user_iterations=1,
+                                               overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 1}, tasks=2, seeds=2, tries=4, user_iterations=1,
+                                           overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"]),
         "*": Budget(tasks=2, seeds=2, tries=4, user_iterations=1),
     },
     "full": {
@@ -164,11 +179,15 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
                 continue
             entries.append(Entry(env_id, algo, "trained", algorithm=algo, iterations=iters,
                                  overrides=dict(b.overrides.get(algo, {})), skip_reason=note))
+        used = {e.name for e in entries if e.env_id == env_id}
         for spec, cls in user_classes:
             if family in cls.families:
-                name = getattr(cls, "name", None) or cls.__name__
-                entries.append(Entry(env_id, name if name != "algorithm" else cls.__name__, "trained",
-                                     algorithm=spec, iterations=b.user_iterations, skip_reason=note))
+                name = getattr(cls, "name", "algorithm")
+                name = cls.__name__ if name in ("algorithm", "") else name
+                name = spec.replace(":", ".") if name in used else name  # never overwrite another row's file
+                used.add(name)
+                entries.append(Entry(env_id, name, "trained", algorithm=spec, iterations=b.user_iterations,
+                                     skip_reason=note))
     return entries
 
 

@@ -1,0 +1,116 @@
+"""The benchmark orchestration on a toy registered env (fast), and the real quick job on the tiny budget (slow)."""
+
+import json
+import os
+
+import pytest
+
+from shopsim.cli import main
+from shopsim.leaderboard.bench import BUDGETS, Budget, budget_for, plan, run_bench
+from shopsim.leaderboard.results import find_results
+from tests.fixtures.leaderboard_toy import FAMILY, TOY_ID, toy_world  # noqa: F401
+
+TABLE = {"quick": {TOY_ID: Budget(references=("expert", "random", "missing_agent"),
+                                  algos={"toyalgo": 3, "broken": 2, "not_registered": 1},
+                                  tasks=3, seeds=2, tries=4, user_iterations=2)}}
+
+
+def test_bench_trains_evaluates_and_renders(toy_world, tmp_path):
+    out = tmp_path / "bench"
+    logs = []
+    outcome = run_bench("quick", out, envs=[TOY_ID], table=TABLE, progress=False, log=logs.append,
+                        user_algos=["tests.fixtures.leaderboard_toy:ToyAlgo"])
+    by_entry = {r["entry"]: r for r in outcome.results}
+    # unknown agents / algorithms are left out; the user's class collides with "toyalgo" and gets its path
+    assert sorted(by_entry) == ["broken", "expert", "random", "tests.fixtures.leaderboard_toy.ToyAlgo", "toyalgo"]
+    assert by_entry["broken"]["status"] == "error" and "always fails" in by_entry["broken"]["error"]
+    assert (out / "logs" / "ToyCoin-v0_broken.txt").read_text().count("RuntimeError") >= 1
+    assert outcome.exit_code == 0  # a trained entry failing does not fail the run
+    trained = by_entry["toyalgo"]
+    assert trained["kind"] == "trained" and trained["budget"] == {"mode": "quick", "iterations": 3, "train_seed": 0}
+    assert trained["config"] == {"lr": 0.5} and trained["seeds"] == [0, 1] and len(trained["task_ids"]) == 3
+    assert (out / "results" / "ToyCoin-v0" / trained["curve"]).resolve() == \
+        (out / "runs" / "ToyCoin-v0" / "toyalgo" / "metrics.csv").resolve()
+    # q after 3 iterations = 0.9375: between random (0.5) and the expert (1.0)
+    sr = {e: by_entry[e]["metrics"]["success_rate"]["mean"] for e in ("expert", "toyalgo", "random")}
+    assert sr["expert"] >= sr["toyalgo"] >= sr["random"]
+    for name in ("leaderboard.md", "leaderboard.csv", "index.html", "plots/ToyCoin-v0_curves.png"):
+        assert (out / name).is_file(), name
+    md = outcome.markdown
+    assert md.index("| expert |") < md.index("| random |") and "| broken | trained |" in md
+    assert any("broken" in line and "error" in line for line in logs)
+    assert len(find_results(out / "results")) == 5
+
+
+def test_bench_exit_code_when_a_reference_fails(toy_world, tmp_path, monkeypatch):
+    import agents
+
+    monkeypatch.setitem(agents.registry._REGISTRY, ("random", FAMILY), "tests.fixtures.leaderboard_toy:Nope")
+    outcome = run_bench("quick", tmp_path / "b", envs=[TOY_ID], progress=False, log=lambda m: None,
+                        table={"quick": {TOY_ID: Budget(tasks=1, seeds=1, tries=1)}})
+    assert [r["status"] for r in outcome.results] == ["ok", "error"] and outcome.exit_code == 1
+
+
+def test_bench_cli_with_user_algo_and_eval_leaderboard_commands(toy_world, tmp_path, capsys, monkeypatch):
+    import shopsim.leaderboard.bench as bench
+
+    monkeypatch.setitem(bench.BUDGETS["tiny"], FAMILY, Budget(algos={"toyalgo": 1}, tasks=2, seeds=2, tries=4))
+    out = tmp_path / "b"
+    rc = main(["bench", "--budget", "tiny", "--envs", "ToyCoin-v0", "--out", str(out), "--no-progress",
+               "--algo", "tests.fixtures.leaderboard_toy:ToyAlgo"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "## shopsim/ToyCoin-v0" in text and "| toyalgo | trained |" in text
+    res = tmp_path / "r" / "expert.json"
+    assert main(["eval", "--env", TOY_ID, "--agent", "expert", "--tasks", "2", "--seeds", "5", "6",
+                 "--out", str(res), "--no-progress"]) == 0
+    rec = json.loads(res.read_text())
+    assert rec["seeds"] == [5, 6] and rec["kind"] == "reference" and rec["episodes"] == 16
+    assert main(["leaderboard", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "lb"), "--no-plots"]) == 0
+    assert "| expert | reference |" in (tmp_path / "lb" / "leaderboard.md").read_text()
+    bad = tmp_path / "r" / "old.json"
+    bad.write_text(json.dumps({**rec, "schema_version": 0}))
+    capsys.readouterr()
+    assert main(["leaderboard", "--results", str(tmp_path / "r"), "--out", str(tmp_path / "lb")]) == 2
+    assert "schema_version 0 is older" in capsys.readouterr().err
+
+
+def test_plan_and_budget_table():
+    assert {"quick", "tiny", "full"} <= set(BUDGETS)
+    assert budget_for("quick", "shopsim/Replenishment-v0", "inventory").references[0] == "s_S"
+    assert budget_for("quick", "shopsim/New-v0", "newfamily") == BUDGETS["quick"]["*"]
+    with pytest.raises(Exception, match="unknown benchmark mode"):
+        budget_for("huge", "shopsim/Replenishment-v0", "inventory")
+    entries = plan("quick", ["shopsim/Shopping-v0"], [], sft=None)
+    trained = [e for e in entries if e.kind == "trained"]
+    assert trained and all("no shipped SFT checkpoint" in e.skip_reason for e in trained)
+
+
+@pytest.mark.slow
+def test_real_quick_bench_end_to_end_on_tiny_budget(tmp_path):
+    """The main job, every registered env, on the tiny budget (CI: `pytest -m slow tests/test_bench.py`)."""
+    out = tmp_path / "tiny"
+    rc = main(["bench", "--budget", "tiny", "--out", str(out), "--no-progress"])
+    results = find_results(out / "results")
+    refs = [r for r in results if r["kind"] == "reference"]
+    assert refs and all(r["status"] == "ok" for r in refs), [(r["entry"], r.get("error")) for r in refs]
+    assert rc == 0
+    assert (out / "index.html").is_file() and (out / "leaderboard.md").read_text().count("## shopsim/") >= 2
+    envs = {r["env_id"] for r in results}
+    assert "shopsim/Replenishment-v0" in envs
+    if os.environ.get("CI"):
+        errors = [(r["env_id"], r["entry"], r["error"]) for r in results if r["status"] == "error"]
+        assert not errors, errors
+
+
+def test_eval_checkpoint_command(toy_world, tmp_path, capsys):
+    from tests.fixtures.leaderboard_toy import CoinPolicy
+
+    ckpt = CoinPolicy(q=1.0).save(tmp_path / "ckpt")
+    out = tmp_path / "res.json"
+    assert main(["eval", "--env", TOY_ID, "--checkpoint", str(ckpt), "--episodes", "8", "--out", str(out),
+                 "--no-progress"]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["kind"] == "checkpoint" and rec["entry"] == "ckpt" and len(rec["task_ids"]) == 2  # 8 // 4 tries
+    assert rec["metrics"]["success_rate"]["mean"] > 0.2 and "success_rate" in capsys.readouterr().out
+    assert main(["eval", "--env", TOY_ID, "--checkpoint", str(tmp_path), "--out", str(out)]) == 2
+    assert "not a shopsim checkpoint" in capsys.readouterr().err

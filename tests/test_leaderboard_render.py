@@ -1,0 +1,72 @@
+"""Rendering: Markdown/CSV contents, plots, and the HTML page checked in headless Chromium."""
+
+import csv
+import io
+import re
+
+from shopsim.leaderboard.protocols import Protocol
+from shopsim.leaderboard.render import group_by_env, render_all, to_csv, to_markdown
+from shopsim.leaderboard.results import find_results, make_results, write_results
+from tests.fixtures.headless import dump_dom
+
+
+def _m(mean, half=None):
+    return {"mean": mean, "std": 0.0, "ci95": None if half is None else [mean - half, mean + half], "n": 3,
+            "per_seed": [mean] * 3}
+
+
+def sample_results(tmp_path):
+    shop = Protocol(env_id="shopsim/Shopping-v0", family="shopping", task_ids=(1, 2, 3), seeds=(0, 1, 2), tries=4)
+    inv = Protocol(env_id="shopsim/Replenishment-v0", family="inventory", task_ids=(5,), seeds=(0, 1, 2), tries=4)
+    curve = tmp_path / "runs" / "metrics.csv"
+    curve.parent.mkdir(parents=True)
+    curve.write_text("iteration,loss,success_rate\n0,1.0,0.1\n1,0.8,0.3\n2,0.5,0.4\n")
+    recs = [
+        make_results(protocol=shop, entry="random", kind="reference", metrics={
+            "success_rate": _m(0.05, 0.02), "score": _m(0.2), "pass^1": _m(0.05), "pass^4": _m(0.0)}),
+        make_results(protocol=shop, entry="expert", kind="reference", metrics={
+            "success_rate": _m(0.95, 0.01), "score": _m(0.97), "pass^1": _m(0.95), "pass^4": _m(0.81)}),
+        make_results(protocol=shop, entry="grpo", kind="trained", budget={"mode": "quick", "iterations": 3},
+                     metrics={"success_rate": _m(0.4, 0.1), "score": _m(0.6)}, curve="../../runs/metrics.csv"),
+        make_results(protocol=shop, entry="mpo", kind="trained", metrics={}, status="error",
+                     error="RuntimeError: boom | pipe"),
+        make_results(protocol=inv, entry="s_S", kind="reference", metrics={"cost": _m(100.0, 5.0),
+                                                                            "gap_to_s_S_pct": _m(0.0)}),
+        make_results(protocol=inv, entry="hpo", kind="trained", metrics={"cost": _m(90.0, 4.0),
+                                                                          "gap_to_s_S_pct": _m(-10.0, 1.0)}),
+    ]
+    for r in recs:
+        write_results(tmp_path / "results" / r["env_id"].split("/")[1] / f"{r['entry']}.json", r)
+    return find_results(tmp_path / "results")
+
+
+def test_tables_sorted_best_first_with_intervals(tmp_path):
+    results = sample_results(tmp_path)
+    groups = group_by_env(results)
+    assert [r["entry"] for r in groups["shopsim/Shopping-v0"]] == ["expert", "grpo", "random", "mpo"]
+    assert [r["entry"] for r in groups["shopsim/Replenishment-v0"]] == ["hpo", "s_S"]  # lower cost first
+    md = to_markdown(results)
+    assert "## shopsim/Shopping-v0" in md and "## shopsim/Replenishment-v0" in md
+    assert "| expert | reference | 0.950 ± 0.010 | 0.970 |" in md
+    assert "error: RuntimeError: boom \\| pipe" in md  # pipes escaped inside a cell
+    rows = list(csv.DictReader(io.StringIO(to_csv(results))))
+    hpo = next(r for r in rows if r["entry"] == "hpo")
+    assert float(hpo["cost"]) == 90.0 and float(hpo["cost_ci_lo"]) == 86.0 and hpo["success_rate"] == ""
+
+
+def test_render_all_writes_plots_and_a_working_html_page(tmp_path):
+    results = sample_results(tmp_path)
+    written = render_all(results, tmp_path / "board")
+    pngs = sorted(p.name for p in (tmp_path / "board" / "plots").glob("*.png"))
+    assert pngs == ["Replenishment-v0_cost.png", "Shopping-v0_curves.png", "Shopping-v0_success_rate.png"]
+    page = written["html"].read_text()
+    assert page.count("data:image/png;base64,") == 3 and "http" not in page.replace("http-equiv", "")
+    dom = dump_dom(written["html"])
+    assert 'data-ready="1"' in dom, "the page script did not finish"
+    assert "data-js-error" not in dom, re.findall(r'data-js-error="[^"]*"', dom)
+    assert 'data-rows="6"' in dom
+    for entry in ("expert", "grpo", "random", "mpo", "s_S", "hpo"):
+        assert f'data-entry="{entry}"' in dom
+    # the first tab is shown, the second hidden, by the script
+    assert re.search(r'<section class="env" id="env-0"[^>]*data-env="shopsim/Replenishment-v0"', dom)
+    assert re.search(r'id="env-1"[^>]*hidden', dom) and not re.search(r'id="env-0"[^>]*hidden', dom)
