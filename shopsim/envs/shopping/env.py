@@ -53,9 +53,12 @@ class ShoppingEnv(gym.Env):
     ## Rewards
     Zero until the episode ends (minus ``invalid_penalty`` per invalid action). At the end: find_and_buy and
     clarify_and_buy use WebShop's partial credit (`grading.score_purchase`); bundle the mean item score times
-    budget satisfied (`grading.score_bundle`); after_sales 1 if the final order database equals the gold one and the
-    agent answered the customer (`orders.grade`). ``info["score"]`` is that number, ``info["success"]`` is
-    ``score == 1``; ``info["reward_parts"]`` has the components.
+    budget satisfied (`grading.score_bundle`); checkout of several lines in a one-item family scores the best line
+    divided by the number of lines; after_sales 1 if the final order database equals the gold one, the
+    agent opened the request's order and answered the customer (`orders.grade`). ``info["score"]`` is that number,
+    ``info["success"]`` is ``score == 1``; ``info["reward_parts"]`` has the components. At every episode end ``info["episode_metrics"]`` has
+    success, score, turns, invalid_actions, questions, turns/chars before the first answer and side-effect counts
+    (purchased, wrong_purchase, customer_left; after_sales: writes, wrong_write).
 
     ## Starting State
     ``reset(options={"split": "train"|"dev"|"test", "task_id": int, "family": str, "strategy": str})`` (the split
