@@ -439,3 +439,22 @@ def test_results_always_match_the_latest_search():
         _, _, _, _, info = env.step(f"search[{q}]")
         want = [pid for pid, _ in env.index.search(q, k=env.max_results)][: env.results_per_page]
         assert [r["product_id"] for r in info["structured"]["results"]] == want
+
+
+def test_checkout_of_extra_lines_in_a_one_item_family_is_divided(env):
+    obs, info = env.reset(seed=0, options={"family": "find_and_buy", "task_id": 9})
+    goal = info["oracle"]["goals"][0]
+    target = env.catalog.product(goal["target_id"])
+    env.step(f"search[{target.title}]")
+    env.step(f"click[{target.sku}]")
+    for name, value in goal["options"].items():
+        env.step(f"click[{name}: {value}]")
+    _, _, _, _, info = env.step("add_to_cart")
+    assert info["invalid_action"] is None
+    _, _, _, _, info = env.step("click[< prev]")
+    other = next(r["sku"] for r in info["structured"]["results"] if r["sku"] != target.sku)
+    env.step(f"click[{other}]")
+    env.step("add_to_cart")
+    _, r, term, _, info = env.step("checkout")
+    assert term and info["reward_parts"]["lines_bought"] == 2.0
+    assert r == pytest.approx(0.5) and info["success"] is False  # the perfect line, divided by 2 lines
