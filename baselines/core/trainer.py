@@ -156,16 +156,23 @@ class LMAlgorithm(Algorithm):
 
     @torch.no_grad()
     def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
-        """π_old, π_ref and critic values over the recorded ids (no grad)."""
+        """π_old, π_ref and critic values over the recorded ids (no grad; in chunks of `micro_batch_rows`)."""
         c = self.config
-        old, _, hid = self._rows_forward(self.model, batch.input_ids, batch.attention_mask,
-                                         need_hidden=self.critic is not None and self.critic.shared)
-        ref = None
-        if self.ref_model is not None:
-            ref, _, _ = self._rows_forward(self.ref_model, batch.input_ids, batch.attention_mask)
-        values = None
-        if self.critic is not None:
-            values = self.critic(batch.input_ids, batch.attention_mask, hidden=hid) * batch.gen_mask
+        R = batch.num_rows
+        step = c.micro_batch_rows or R
+        shared = self.critic is not None and self.critic.shared
+        olds, refs, vals = [], [], []
+        for lo in range(0, R, step):
+            ids, attn = batch.input_ids[lo:lo + step], batch.attention_mask[lo:lo + step]
+            old, _, hid = self._rows_forward(self.model, ids, attn, need_hidden=shared)
+            olds.append(old)
+            if self.ref_model is not None:
+                refs.append(self._rows_forward(self.ref_model, ids, attn)[0])
+            if self.critic is not None:
+                vals.append(self.critic(ids, attn, hidden=hid))
+        old = torch.cat(olds)
+        ref = torch.cat(refs) if refs else None
+        values = torch.cat(vals) * batch.gen_mask if vals else None
         behav = batch.old_logp
         old_pi = old * batch.gen_mask if c.recompute_old_logp else behav
         return Ctx(old_logp=old_pi, behav_logp=behav, values=values, ref_logp=ref, iteration=iteration)
