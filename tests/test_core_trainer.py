@@ -76,3 +76,27 @@ def test_micro_batching_does_not_change_the_update(tmp_path):
     b = _train("grpo", tmp_path / "b", iterations=2, seed=5, loss_agg="seq-mean-token-mean", micro_batch_rows=1)
     assert [r["loss"] for r in b.history] == pytest.approx([r["loss"] for r in a.history], rel=1e-4, abs=1e-6)
     assert [r["grad_norm"] for r in b.history] == pytest.approx([r["grad_norm"] for r in a.history], rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_one_update_moves_logprobs_with_the_advantage_sign(name):
+    from baselines.core.batch import build_batch
+    from baselines.core.trainer import forward_policy
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent()
+    extra = {"value_pretrain_steps": 0} if name == "vapo" else {}
+    algo = baselines.make(name, env_id="shopsim/Shopping-v0", group_size=4, lr=1e-2, critic_lr=1e-2, minibatches=1,
+                          update_epochs=1, **extra)
+    algo.setup(agent)
+    trajs = collect("toy", agent, seeds=[1, 2, 3, 4], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
+    b = build_batch(trajs)
+    ctx = algo.prepare(b)
+    adv = algo.compute_advantages(b, ctx).adv
+    algo.update(b)
+    with torch.no_grad():
+        after, _, _ = forward_policy(agent.model, b.input_ids, b.attention_mask)
+    d = (after - ctx.old_logp) * b.gen_mask
+    pos, neg = (adv > 0) & b.gen_mask, (adv < 0) & b.gen_mask
+    assert pos.any() and neg.any()
+    assert d[pos].mean() > 0 > d[neg].mean()
