@@ -243,7 +243,7 @@ class _RecPG(Algorithm):
             pm = path_metrics(scores)
             real_rollout = (scores.valid | ~scores.step_mask).all(1)
             epoch_valid.append(real_rollout.mean())
-            row = {"iteration": it, "epoch": epoch, "loss": float(loss), "grad_norm": gnorm,
+            row = {"iteration": it, "epoch": epoch, "loss": float(loss.detach()), "grad_norm": gnorm,
                    "return_raw": float(self.raw_return(scores).mean()),
                    **{f"sample_{k}": v for k, v in pm.items()},
                    "sample_distinct": len({tuple(r) for r in items}) / len(items),

@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sft-users", type=int, default=None)
     ap.add_argument("--sft-steps", type=int, default=None)
     ap.add_argument("--valid-only", action="store_true", help="catalog-constrained decoding (no hallucinated IDs)")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="algorithms to train")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/repro_prorl")
     ap.add_argument("--threads", type=int, default=1)
@@ -79,7 +80,8 @@ def main(argv=None) -> int:
     gv = gradient_variance(gv_algo, init, np.arange(500_000, 500_064), n_batches=8, prompts=4, seed=args.seed)
     print("gradient variance:", gv)
     results, hist_all = {}, {}
-    for name, cls in ARMS.items():
+    for name in args.arms:
+        cls = ARMS[name]
         t1 = time.time()
         res = cls(**common).train(ENV_ID, iterations=iters, seed=args.seed, out_dir=out / name, agent=init,
                                   progress=False)
