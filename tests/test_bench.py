@@ -82,7 +82,7 @@ def test_plan_and_budget_table():
         budget_for("huge", "shopsim/Replenishment-v0", "inventory")
     entries = plan("quick", ["shopsim/Shopping-v0"], [], sft=None)
     trained = [e for e in entries if e.kind == "trained"]
-    assert trained and all("no shipped SFT checkpoint" in e.skip_reason for e in trained)
+    assert trained and all("no SFT checkpoint" in e.skip_reason for e in trained)
 
 
 @pytest.mark.slow

@@ -68,5 +68,15 @@ def test_render_all_writes_plots_and_a_working_html_page(tmp_path):
     for entry in ("expert", "grpo", "random", "mpo", "s_S", "hpo"):
         assert f'data-entry="{entry}"' in dom
     # the first tab is shown, the second hidden, by the script
-    assert re.search(r'<section class="env" id="env-0"[^>]*data-env="shopsim/Replenishment-v0"', dom)
+    assert re.search(r'<section class="env" id="env-0"[^>]*data-env="shopsim/Shopping-v0"', dom)
     assert re.search(r'id="env-1"[^>]*hidden', dom) and not re.search(r'id="env-0"[^>]*hidden', dom)
+
+
+def test_entries_from_different_protocols_get_separate_tables(tmp_path):
+    results = sample_results(tmp_path)
+    other = Protocol(env_id="shopsim/Replenishment-v0", family="inventory", task_ids=(5, 6), seeds=(7,), tries=1)
+    results.append(make_results(protocol=other, entry="ppo", kind="trained", metrics={"cost": _m(80.0)}))
+    groups = group_by_env(results)
+    assert [r["entry"] for r in groups["shopsim/Replenishment-v0 [protocol 1]"]] == ["hpo", "s_S"]
+    assert [r["entry"] for r in groups["shopsim/Replenishment-v0 [protocol 2]"]] == ["ppo"]
+    assert "2 tasks × 1 tries per eval seed, seeds 7" in to_markdown(results)

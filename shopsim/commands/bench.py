@@ -27,6 +27,9 @@ def add_parser(sub) -> None:
                         "(imported from the current folder or an installed package)")
     p.add_argument("--split", default="test", choices=["test", "dev"])
     p.add_argument("--seed", type=int, default=0, help="training seed")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default 1 for quick/tiny: the models are small and extra threads only "
+                        "contend; torch's default for full)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-plots", action="store_true")
     p.set_defaults(func=run, budget="quick")
@@ -38,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
 
     from shopsim.leaderboard.bench import run_bench
 
+    threads = args.threads if args.threads is not None else (None if args.budget == "full" else 1)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     if args.algo and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `--algo mypkg.module:MyAlgo` resolves like `python -m` would
     out = writable_output(args.out or f"runs/{args.budget}", is_dir=True)

@@ -24,6 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tries", type=positive_int, default=None, help="tries per task and seed (pass^k needs >= k)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="eval seeds (default: the split file's)")
     p.add_argument("--num-envs", type=positive_int, default=8, help="env copies stepped together")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", required=True, help="results JSON to write")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -41,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_env_id(args.env)
     out = writable_output(args.out)
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
     protocol = load_protocol(args.env, args.split)
     tries = args.tries or protocol.tries
     tasks = args.tasks if args.episodes is None else max(1, args.episodes // tries)

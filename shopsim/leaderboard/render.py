@@ -27,7 +27,8 @@ from shopsim.leaderboard.protocols import DEFAULT_METRICS, FAMILY_METRICS, LOWER
 META_COLUMNS = ("entry", "kind", "seeds", "budget", "config", "status")
 #: learning-curve columns, in order of preference (the first one a run's metrics.csv has is plotted)
 CURVE_KEYS = ("eval/success_rate", "eval_success", "success_rate", "success", "eval/score", "score",
-              "eval/return", "mean_return", "return", "reward", "mean_reward", "cost", "loss")
+              "eval/return", "mean_return", "return", "return_raw", "value", "reward", "mean_reward", "cost",
+              "train_cost", "loss")
 
 
 def _family(results: list[dict]) -> str:
@@ -51,16 +52,34 @@ def _sort_key(row: dict, primary: str | None):
     return (0 if ok else 2, 0, signed, row.get("entry", ""))
 
 
+def _env_order(env_id: str) -> tuple[int, str]:
+    """Registry order (Shopping, ProactiveRec, TwoStageRetrieval, Replenishment, ...), unknown ids last."""
+    from shopsim.envs import all_env_ids
+
+    ids = all_env_ids()
+    return (ids.index(env_id) if env_id in ids else len(ids), env_id)
+
+
+def _protocol_key(r: dict) -> str:
+    return json.dumps([r["split"], r.get("task_ids"), r["seeds"], r.get("tries")], sort_keys=True, default=str)
+
+
 def group_by_env(results: list[dict]) -> dict[str, list[dict]]:
-    """Results per env id (sorted by env id), each list sorted best first on the env's first table column."""
-    envs: dict[str, list[dict]] = {}
+    """One table per env id (in registry order), each sorted best first on the env's first table column.
+
+    Only entries evaluated on the same episodes (split, task ids, eval seeds, tries) share a table: if an env has
+    results from several protocols, each gets its own table, keyed ``"<env id> [protocol i]"``.
+    """
+    envs: dict[str, dict[str, list[dict]]] = {}
     for r in results:
-        envs.setdefault(r["env_id"], []).append(r)
+        envs.setdefault(r["env_id"], {}).setdefault(_protocol_key(r), []).append(r)
     out = {}
-    for env_id in sorted(envs):
-        rows = envs[env_id]
-        cols = columns_for(rows)
-        out[env_id] = sorted(rows, key=lambda r: _sort_key(r, cols[0] if cols else None))
+    for env_id in sorted(envs, key=_env_order):
+        protocols = sorted(envs[env_id].values(), key=lambda rows: -len(rows))  # the most used protocol first
+        for i, rows in enumerate(protocols, 1):
+            cols = columns_for(rows)
+            key = env_id if len(protocols) == 1 else f"{env_id} [protocol {i}]"
+            out[key] = sorted(rows, key=lambda r: _sort_key(r, cols[0] if cols else None))
     return out
 
 
@@ -146,7 +165,9 @@ def to_csv(results: list[dict]) -> str:
 
 # ----------------------------------------------------------------------------------------------------- plots
 def _slug(env_id: str) -> str:
-    return env_id.split("/")[-1]
+    """File-name-safe short name of a table key ("shopsim/Replenishment-v0 [protocol 2]" -> "Replenishment-v0_p2")."""
+    name = env_id.split("/")[-1]
+    return name.replace(" [protocol ", "_p").replace("]", "")
 
 
 def _curve_path(r: dict) -> Path | None:
@@ -200,6 +221,8 @@ def plot_env(env_id: str, rows: list[dict], out_dir: Path) -> list[Path]:
         ax.bar(range(len(ok)), means, yerr=errs, color=colors, capsize=3)
         ax.set_xticks(range(len(ok)), [r["entry"] for r in ok], rotation=30, ha="right")
         ax.set_ylabel(metric)
+        if min(means) > 0 and max(means) / min(means) > 50:  # e.g. a random agent's cost dwarfs the rest
+            ax.set_yscale("log")
         ax.set_title(f"{_slug(env_id)}: {metric} (95% CI over seeds)")
         fig.tight_layout()
         p = out_dir / f"{_slug(env_id)}_{metric.replace('^', '').replace('/', '_')}.png"
@@ -208,13 +231,19 @@ def plot_env(env_id: str, rows: list[dict], out_dir: Path) -> list[Path]:
         paths.append(p)
     curves = [(r["entry"], read_curve(cp)) for r in rows if (cp := _curve_path(r))]
     curves = [(e, c) for e, c in curves if c]
-    if curves:
-        fig, ax = plt.subplots(figsize=(5.5, 3.2))
-        for entry, (key, x, y) in curves:
-            ax.plot(x, y, marker="." if len(x) < 30 else None, label=f"{entry} ({key})")
-        ax.set_xlabel("iteration")
-        ax.set_title(f"{_slug(env_id)}: learning curves")
-        ax.legend(fontsize=7)
+    if curves:  # one small panel per run: their columns and scales differ
+        ncols = min(3, len(curves))
+        nrows = -(-len(curves) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), squeeze=False)
+        for ax, (entry, (key, x, y)) in zip(axes.flat, curves):
+            ax.plot(x, y, marker="." if len(x) < 30 else None)
+            ax.set_title(entry, fontsize=9)
+            ax.set_xlabel("iteration", fontsize=8)
+            ax.set_ylabel(key, fontsize=8)
+            ax.tick_params(labelsize=7)
+        for ax in list(axes.flat)[len(curves):]:
+            ax.set_visible(False)
+        fig.suptitle(f"{_slug(env_id)}: learning curves (training metrics.csv)", fontsize=10)
         fig.tight_layout()
         p = out_dir / f"{_slug(env_id)}_curves.png"
         fig.savefig(p, dpi=90)
@@ -227,7 +256,7 @@ def plot_env(env_id: str, rows: list[dict], out_dir: Path) -> list[Path]:
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}nav button{margin:0 .3em .3em 0;padding:.4em .8em;
 border:1px solid #aaa;background:#f4f4f4;cursor:pointer}nav button.active{background:#3b6fb6;color:#fff}
 table{border-collapse:collapse;margin:.8em 0}th,td{border:1px solid #ccc;padding:.25em .6em;font-size:.9em}
-th{background:#eee;cursor:pointer;user-select:none}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#eee;cursor:pointer;user-select:none}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.reference td{background:#fafafa;color:#555}tr.error td{background:#fdecec}tr.skipped td{color:#999}
 .meta{color:#666;font-size:.85em}img{max-width:100%;margin:.5em 1em .5em 0}"""
 
@@ -280,7 +309,7 @@ def to_html(results: list[dict], plots: dict[str, list[Path]] | None = None, tit
         imgs = "".join(_img_tag(p) for p in plots.get(env_id, []))
         sections.append(
             f'<section class="env" id="{tab}" data-env="{esc(env_id)}"><h2>{esc(env_id)}</h2>'
-            f'<p class="meta">{esc(_protocol_line(rows))}</p>'
+            f'<p class="meta">{esc(_protocol_line(rows).replace("`", ""))}</p>'
             f"<table><thead><tr>{ths}</tr></thead><tbody>{''.join(trs)}</tbody></table>{imgs}</section>")
     note = ("Means over eval seeds ± half-width of the 95% t-interval. pass^k: all k tries of a task succeed "
             "(τ-bench). Click a column header to sort; gray rows are reference agents.")
