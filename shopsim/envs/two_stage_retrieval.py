@@ -238,7 +238,7 @@ class TwoStageRetrievalSim:
         if self.config.n_user_types == 1:
             reac = x @ self._table[:, 1].T
         else:
-            zz = np.asarray(z, dtype=np.int64)
+            zz = np.zeros(len(x), dtype=np.int64) if z is None else np.asarray(z, dtype=np.int64)
             reac = np.einsum("bd,bnd->bn", x, self._table[:, 1:-1].transpose(1, 0, 2)[zz])
         eta = np.sqrt(_sigmoid(x @ self.w_x.astype(np.float32) + 3.0)[:, None] * self._sig_a[None, :])
         return 10.0 * ((1.0 - eta) * base + eta * reac)
