@@ -163,6 +163,12 @@ def test_oracle_is_best_and_catalog_variant_has_structure():
     oracle = sim.evaluate_batch(x, sim.oracle_candidates(x), rng).value
     rand = sim.evaluate_batch(x, RandomRetriever(seed=0).sample(len(x)), rng).value
     assert np.all(oracle >= rand - 1e-6) and oracle.mean() > rand.mean() + 1.5
+    typed = TwoStageRetrievalSim(k=10, n_user_types=3)
+    z = typed.user_types(np.arange(2000))
+    assert set(np.unique(z)) == {0, 1, 2}
+    top = typed.oracle_candidates(x, z)
+    mu = typed.expected_reward(x, None, z)
+    np.testing.assert_allclose(np.take_along_axis(mu, top[:, :1], 1)[:, 0], mu.max(1), rtol=1e-6)
     cat = TwoStageRetrievalSim(item_source="catalog")
     # items of the same category are closer than items of different categories
     from shopsim.catalog import load_catalog
