@@ -16,7 +16,7 @@ Option ``enable_similarity``: anchor groups by greedy clustering of anchor texts
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +46,8 @@ class GiGPOConfig(LMConfig):
     clip_high: float = 0.2
     loss_agg: str = "token-mean"
     reward: str = "return"
+    env_kwargs: dict = field(default_factory=lambda: {"invalid_penalty": 0.1})
+    """verl-agent's WebShop invalid-action penalty 0.1 (the env's ``invalid_penalty``); set {} for the env default."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -87,10 +87,11 @@ class MPOConfig(LMConfig):
         super().__post_init__()
 
 
-def _turn_scatter_mean(x: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, n_keys: int):
+def _turn_scatter_mean(x: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, n_keys: int,
+                       counts: torch.Tensor | None = None):
     m = mask.to(x.dtype)
     s = torch.zeros(n_keys, dtype=x.dtype).index_add_(0, key.reshape(-1), (x * m).reshape(-1))
-    c = torch.zeros(n_keys, dtype=x.dtype).index_add_(0, key.reshape(-1), m.reshape(-1))
+    c = torch.zeros(n_keys, dtype=x.dtype).index_add_(0, key.reshape(-1), m.reshape(-1)) if counts is None else counts
     return s / c.clamp_min(1.0), c
 
 
@@ -140,7 +141,7 @@ def mpo_advantages(values: torch.Tensor, tok_mask: torch.Tensor, tok_turn: torch
     after = torch.gather(S_pad, 1, (e + 1).clamp_max(L))
     a = (S - torch.pow(torch.as_tensor(lam_intra, dtype=S.dtype), (e - pos + 1).to(S.dtype)) * after) * m
     # 3) projection onto {mean over the turn = A^turn}
-    abar, _ = _turn_scatter_mean(a, key, m, N * K)
+    abar, _ = _turn_scatter_mean(a, key, m, N * K, counts)
     abar_tok = abar[key]
     At_tok = torch.gather(A_turn, 1, turn)
     if beta_role == "mix":
