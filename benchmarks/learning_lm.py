@@ -100,6 +100,9 @@ def run(args) -> None:
     info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps)
     print(f"start checkpoint: alpha={info['alpha']:.3f}, dev success {info['calib_success']:.2f} "
           f"(SFT {info['sft_success']:.2f}) [{time.perf_counter() - t0:.0f}s]")
+    if info["sft_success"] < args.target:
+        print(f"WARNING: the SFT checkpoint's dev success {info['sft_success']:.2f} is below the target "
+              f"{args.target:.2f}; it is used unweakened and the comparison starts from there")
     start_agent = LMAgent(env_id=ENV, checkpoint=out / "start")
     start = {s: evaluate(start_agent, s, args.eval_episodes, env_kwargs) for s in ("dev", "test")}
     curves = [{"algo": "start", "seed": -1, "iteration": 0, "dev_success": start["dev"], "test_success": start["test"],
