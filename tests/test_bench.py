@@ -6,7 +6,7 @@ import os
 import pytest
 
 from shopsim.cli import main
-from shopsim.leaderboard.bench import BUDGETS, Budget, budget_for, plan, run_bench
+from shopsim.leaderboard.bench import BUDGETS, Budget, budget_for, plan, run_bench, sft_checkpoint
 from shopsim.leaderboard.results import find_results
 from tests.fixtures.leaderboard_toy import FAMILY, TOY_ID, toy_world  # noqa: F401
 
@@ -74,7 +74,7 @@ def test_bench_cli_with_user_algo_and_eval_leaderboard_commands(toy_world, tmp_p
     assert "schema_version 0 is older" in capsys.readouterr().err
 
 
-def test_plan_and_budget_table():
+def test_plan_and_budget_table(tmp_path):
     assert {"quick", "tiny", "full"} <= set(BUDGETS)
     assert budget_for("quick", "shopsim/Replenishment-v0", "inventory").references[0] == "s_S"
     assert budget_for("quick", "shopsim/New-v0", "newfamily") == BUDGETS["quick"]["*"]
@@ -83,6 +83,13 @@ def test_plan_and_budget_table():
     entries = plan("quick", ["shopsim/Shopping-v0"], [], sft=None)
     trained = [e for e in entries if e.kind == "trained"]
     assert trained and all("no SFT checkpoint" in e.skip_reason for e in trained)
+    assert sft_checkpoint(tmp_path) is None
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "config.json").write_text("{}")
+    assert sft_checkpoint(tmp_path) == tmp_path / "sft"
+    entries = plan("quick", ["shopsim/Shopping-v0"], [], sft=tmp_path / "sft")
+    assert [e.name for e in entries if e.kind == "checkpoint"] == ["lm-sft"]
+    assert all(e.skip_reason is None for e in entries)
 
 
 @pytest.mark.slow

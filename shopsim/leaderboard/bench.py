@@ -73,8 +73,9 @@ _QUICK_OVERRIDES = {
 #: mode -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
 BUDGETS: dict[str, dict[str, Budget]] = {
     "quick": {
-        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 5, "mpo": 5}, tasks=16, seeds=3, tries=4,
-                                      needs_init=True, user_iterations=5),
+        # LM rollouts dominate here (~1-2 s per episode on one core): 4 tasks x 4 tries x 2 seeds per entry
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 3, "mpo": 3}, tasks=4, seeds=2, tries=4,
+                                      needs_init=True, user_iterations=3),
         "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 20, "reinforce": 20}, tasks=8, seeds=3, tries=4,
                                           overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
         "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 100, "top1": 100, "vpg": 100}, tasks=256, seeds=3,
@@ -118,11 +119,14 @@ def budget_for(mode: str, env_id: str, family: str, table: dict | None = None) -
 
 
 def sft_checkpoint(root: str | Path | None = None) -> Path | None:
-    """The shipped SFT LM checkpoint (a folder with the agent manifest under ``data/lm/``), if any."""
+    """The shipped SFT LM checkpoint (``data/lm/sft``, or a folder under ``data/lm/`` with an agent manifest)."""
     from agents.registry import CHECKPOINT_MANIFEST
     from shopsim.paths import data_dir
 
     base = Path(root) if root is not None else data_dir() / "lm"
+    sft = base / "sft"
+    if (sft / CHECKPOINT_MANIFEST).is_file() or (sft / "config.json").is_file():
+        return sft
     if (base / CHECKPOINT_MANIFEST).is_file():
         return base
     found = sorted(base.glob(f"*/{CHECKPOINT_MANIFEST}")) if base.is_dir() else []
@@ -167,7 +171,7 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
         for ref in b.references:
             if ref in known:
                 entries.append(Entry(env_id, ref, "reference"))
-        if family == "shopping" and sft is not None:
+        if family == "shopping" and sft is not None and "lm" in known:
             entries.append(Entry(env_id, "lm-sft", "checkpoint", checkpoint=sft))
         registered = set(baselines.available(env_id=env_id))
         note = None
@@ -217,7 +221,12 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             agent = agents.make(entry.name, entry.env_id)
             info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
         elif entry.kind == "checkpoint":
-            agent = agents.load_checkpoint(entry.checkpoint, env_id=entry.env_id)
+            from agents.registry import CHECKPOINT_MANIFEST
+
+            if (Path(entry.checkpoint) / CHECKPOINT_MANIFEST).is_file():
+                agent = agents.load_checkpoint(entry.checkpoint, env_id=entry.env_id)
+            else:  # a plain Hugging Face folder: the LM agent loads the shipped SFT model by default
+                agent = agents.make("lm", entry.env_id)
             info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
             info["config"] = {"checkpoint": str(entry.checkpoint)}
         else:
