@@ -125,6 +125,7 @@ def main(argv=None) -> int:
                 print(f"  {name} seed {seed}: test cost {last['test_cost']:.0f} (gap to (s,S) {last['gap_to_sS']:+.1%}) "
                       f"after {last['simulated_periods']} periods, {last['seconds']:.0f}s", flush=True)
                 _write(out, rows, refs, seeds, iterations, batch, n_test)
+    _write(out, rows, refs, seeds, iterations, batch, n_test)
     print((out / "summary.md").read_text())
     return 0
 
