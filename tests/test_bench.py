@@ -1,4 +1,5 @@
 """The benchmark orchestration on a toy registered env (fast), and the real quick job on the tiny budget (slow)."""
+# ruff: noqa: F811  (the `toy_world` fixture is imported from tests.fixtures and named as an argument)
 
 import json
 import os
@@ -52,7 +53,7 @@ def test_bench_exit_code_when_a_reference_fails(toy_world, tmp_path, monkeypatch
 
 
 def test_bench_cli_with_user_algo_and_eval_leaderboard_commands(toy_world, tmp_path, capsys, monkeypatch):
-    import shopsim.leaderboard.bench as bench
+    from shopsim.leaderboard import bench
 
     monkeypatch.setitem(bench.BUDGETS["tiny"], FAMILY, Budget(algos={"toyalgo": 1}, tasks=2, seeds=2, tries=4))
     out = tmp_path / "b"

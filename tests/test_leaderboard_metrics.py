@@ -5,8 +5,16 @@ import math
 import pytest
 
 from shopsim.errors import ConfigError
-from shopsim.leaderboard.metrics import (add_gap, aggregate, episode_record, pass_at_k, pass_hat_k, seed_summary,
-                                         stat, t_critical)
+from shopsim.leaderboard.metrics import (
+    add_gap,
+    aggregate,
+    episode_record,
+    pass_at_k,
+    pass_hat_k,
+    seed_summary,
+    stat,
+    t_critical,
+)
 from shopsim.trajectory import Trajectory, Turn
 
 

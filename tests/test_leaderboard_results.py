@@ -1,4 +1,5 @@
 """Results files: round trip, schema validation with clear errors, protocol loading, evaluation on a toy env."""
+# ruff: noqa: F811  (the `toy_world` fixture is imported from tests.fixtures and named as an argument)
 
 import json
 
@@ -7,8 +8,16 @@ import pytest
 from shopsim.errors import ConfigError, DatasetError
 from shopsim.leaderboard.evaluate import evaluate
 from shopsim.leaderboard.protocols import Protocol, load_protocol
-from shopsim.leaderboard.results import (SCHEMA_VERSION, config_hash, find_results, git_commit, make_results,
-                                         read_results, validate_results, write_results)
+from shopsim.leaderboard.results import (
+    SCHEMA_VERSION,
+    config_hash,
+    find_results,
+    git_commit,
+    make_results,
+    read_results,
+    validate_results,
+    write_results,
+)
 from tests.fixtures.leaderboard_toy import FAMILY, TEST_IDS, TOY_ID, CoinExpert, CoinPolicy, toy_world  # noqa: F401
 
 PROTO = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(1, 2), seeds=(0, 1), tries=4)

@@ -2,8 +2,6 @@
 
 import re
 
-import pytest
-
 from shopsim.cli import main
 from shopsim.datasets import write_dataset
 from shopsim.leaderboard.viewer import render_viewer

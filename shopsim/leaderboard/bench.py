@@ -24,9 +24,10 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.leaderboard.evaluate import evaluate

@@ -10,8 +10,9 @@ reference is evaluated on the same episodes and every entry gets a per-seed ``ga
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from shopsim.leaderboard.metrics import add_gap, aggregate, episode_record, seed_summary
 from shopsim.leaderboard.protocols import Protocol

@@ -98,7 +98,7 @@ class Protocol:
         return tasks, seeds
 
     def limited(self, *, tasks: int | None = None, seeds: int | list[int] | None = None,
-                tries: int | None = None) -> "Protocol":
+                tries: int | None = None) -> Protocol:
         """A smaller protocol: the first `tasks` task ids, the first `seeds` eval seeds (or these seeds)."""
         kw: dict = {}
         if tasks is not None:

@@ -126,8 +126,8 @@ def _protocol_line(rows: list[dict]) -> str:
 
 def to_markdown(results: list[dict]) -> str:
     lines = ["# shopsim leaderboard", "",
-             "Values are means over eval seeds ± the half-width of the 95% t-interval; pass^k is the τ-bench "
-             "estimator (all k tries of a task succeed). Lower is better for cost, gap and turns.", ""]
+             ("Values are means over eval seeds ± the half-width of the 95% t-interval; pass^k is the τ-bench "
+              "estimator (all k tries of a task succeed). Lower is better for cost, gap and turns."), ""]
     for env_id, rows in group_by_env(results).items():
         cols = columns_for(rows)
         lines += [f"## {env_id}", "", _protocol_line(rows), ""]

@@ -53,7 +53,7 @@ def git_commit(root: str | Path = _REPO_ROOT) -> str:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=5, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+                               capture_output=True, text=True, timeout=5, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{sha}+dirty" if sha and dirty else (sha or "unknown")
@@ -88,7 +88,7 @@ def make_results(*, protocol, entry: str, kind: str, metrics: dict, agent: str |
         "config_hash": config_hash(hashed), "budget": budget, "metrics": metrics,
         "status": status, "error": error, "curve": curve,
         "package_version": __version__, "git_commit": git_commit(),
-        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_s": None if wall_s is None else round(float(wall_s), 3),
     }
     if extra:

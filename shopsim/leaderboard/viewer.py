@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from shopsim.errors import DatasetError
 from shopsim.trajectory import Trajectory, to_jsonable
