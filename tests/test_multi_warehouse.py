@@ -114,3 +114,21 @@ def test_invalid_or_missing_actions_raise():
         env.step({"warehouse_0": good})
     with pytest.raises(InvalidActionError, match=">= 0"):
         env.step({"warehouse_0": good, "warehouse_1": {**good, "quantity": -np.ones(5)}})
+
+
+def test_reference_policies_run_per_warehouse():
+    import agents
+
+    team = {}
+    for name in ("s_S", "constant"):
+        env = mw.parallel_env()
+        obs, infos = env.reset(seed=0, options={"task_id": 2_000_000})
+        agent = agents.make(name, mw.ENV_ID)
+        agent.reset(3, 0)
+        for w, a in enumerate(env.agents):
+            agent.begin_episode(w, obs[a], infos[a])
+        while env.agents:
+            ds = agent.act([obs[a] for a in env.agents], [infos[a] for a in env.agents], list(range(3)))
+            obs, _, _, _, infos = env.step({a: d.action for a, d in zip(env.agents, ds)})
+        team[name] = infos["warehouse_0"]["episode_metrics"]["team_cost"]
+    assert team["s_S"] < team["constant"]
