@@ -122,3 +122,14 @@ def test_eval_checkpoint_command(toy_world, tmp_path, capsys):
     assert rec["metrics"]["success_rate"]["mean"] > 0.2 and "success_rate" in capsys.readouterr().out
     assert main(["eval", "--env", TOY_ID, "--checkpoint", str(tmp_path), "--out", str(out)]) == 2
     assert "not a shopsim checkpoint" in capsys.readouterr().err
+
+
+def test_several_training_seeds_give_intervals_over_training_runs(toy_world, tmp_path):
+    table = {"quick": {TOY_ID: Budget(references=(), algos={"toyalgo": 2}, tasks=2, seeds=2, tries=4)}}
+    outcome = run_bench("quick", tmp_path / "b", envs=[TOY_ID], table=table, progress=False, log=lambda m: None,
+                        train_seeds=3, train_seed=10)
+    (rec,) = outcome.results
+    assert rec["ci_over"] == "train_seeds" and rec["budget"]["train_seeds"] == [10, 11, 12]
+    assert rec["metrics"]["success_rate"]["n"] == 3
+    assert all((tmp_path / "b" / "runs" / "ToyCoin-v0" / "toyalgo" / f"seed{s}" / "metrics.csv").is_file()
+               for s in (10, 11, 12))

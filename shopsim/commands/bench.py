@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from shopsim.commands import writable_output
+from shopsim.commands import positive_int, writable_output
 
 
 def add_parser(sub) -> None:
@@ -26,7 +26,10 @@ def add_parser(sub) -> None:
                    help="also train and rank your own baselines.Algorithm subclass(es), e.g. mypkg.module:MyAlgo "
                         "(imported from the current folder or an installed package)")
     p.add_argument("--split", default="test", choices=["test", "dev"])
-    p.add_argument("--seed", type=int, default=0, help="training seed")
+    p.add_argument("--seed", type=int, default=0, help="(first) training seed")
+    p.add_argument("--train-seeds", type=positive_int, default=None,
+                   help="independent training runs per baseline (default: the budget's; 1 quick, 3 full); "
+                        "with more than one, trained entries' intervals are over training seeds")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default 1 for quick/tiny: the models are small and extra threads only "
                         "contend; torch's default for full)")
@@ -50,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())  # `--algo mypkg.module:MyAlgo` resolves like `python -m` would
     out = writable_output(args.out or f"runs/{args.budget}", is_dir=True)
     outcome = run_bench(args.budget, out, envs=args.envs, user_algos=args.algo, split=args.split,
-                        train_seed=args.seed, progress=not args.no_progress, plots=not args.no_plots)
+                        train_seed=args.seed, progress=not args.no_progress, plots=not args.no_plots,
+                        train_seeds=args.train_seeds)
     print(outcome.markdown)
     print(f"leaderboard: {outcome.written['html']} (also leaderboard.md, leaderboard.csv, plots/) "
           f"in {outcome.wall_s:.0f}s")

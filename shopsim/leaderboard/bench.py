@@ -31,6 +31,7 @@ from typing import Any
 
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.leaderboard.evaluate import evaluate
+from shopsim.leaderboard.metrics import aggregate
 from shopsim.leaderboard.protocols import Protocol, load_protocol, protocol_envs
 from shopsim.leaderboard.results import find_results, make_results, write_results
 
@@ -54,6 +55,9 @@ class Budget:
     tries: int | None = None
     """Tries per task and seed (None: the protocol's; pass^k needs >= k)."""
     num_envs: int = 8
+    train_seeds: int = 1
+    """Independent training runs per baseline (seeds train_seed, train_seed+1, ...). With more than one, a trained
+    entry's intervals are over training seeds (each run's metrics averaged over the eval seeds first)."""
     needs_init: bool = False
     """Trainers start from the shipped SFT checkpoint (LM envs); skipped when there is none."""
 
@@ -99,13 +103,15 @@ BUDGETS: dict[str, dict[str, Budget]] = {
     "full": {
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 200, "mpo": 200, "ppo": 200, "reinforce": 200,
                                                    "gigpo": 200, "dapo": 200}, needs_init=True,
-                                      user_iterations=200),
+                                      user_iterations=200, train_seeds=3),
         "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 500, "grpo": 500, "reinforce": 500},
-                                          user_iterations=500),
+                                          user_iterations=500, train_seeds=3),
         "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 2000, "capg_swr": 2000, "vpg": 2000,
-                                                      "vpg_swr": 2000, "top1": 2000}, user_iterations=2000),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 300, "ppo": 300}, user_iterations=300),
-        "*": Budget(user_iterations=100),
+                                                      "vpg_swr": 2000, "top1": 2000}, user_iterations=2000,
+                                               train_seeds=3),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 300, "ppo": 300}, user_iterations=300,
+                                           train_seeds=3),
+        "*": Budget(user_iterations=100, train_seeds=3),
     },
 }
 MODES = tuple(BUDGETS)
@@ -210,8 +216,12 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
     run_dir = out / "runs" / slug / entry.name
     info: dict[str, Any] = {"protocol": protocol, "entry": entry.name, "kind": entry.kind,
                             "algorithm": entry.algorithm}
+    n_train = max(1, budget.train_seeds) if entry.kind == "trained" else 1
+    train_seeds = [train_seed + i for i in range(n_train)]
     if entry.kind == "trained":
         info["budget"] = {"mode": mode, "iterations": entry.iterations, "train_seed": train_seed}
+        if n_train > 1:
+            info["budget"]["train_seeds"] = train_seeds
     t0 = time.perf_counter()
     if entry.skip_reason:
         rec = make_results(**info, metrics={}, status="skipped", error=entry.skip_reason)
@@ -234,22 +244,43 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             algo = baselines.make(entry.algorithm, env_id=entry.env_id, **entry.overrides)
             info["config"] = dataclasses.asdict(algo.config) if dataclasses.is_dataclass(algo.config) else {}
             init = sft_checkpoint() if budget.needs_init else None
-            result = algo.train(entry.env_id, iterations=entry.iterations, seed=train_seed, out_dir=run_dir,
-                                init=init, progress=progress)
-            agent = result.agent
-            if agent is None and result.checkpoint is not None:
-                agent = agents.load_checkpoint(result.checkpoint, env_id=entry.env_id)
-            if agent is None:
-                raise ShopsimError(f"{entry.algorithm}.train returned no agent and no checkpoint")
-            info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
-            curve = Path(result.out_dir or run_dir) / "metrics.csv"
-            if curve.is_file():
-                info["curve"] = str(_relative(curve, res_path.parent))
-        ev = evaluate(agent, protocol, progress=progress, num_envs=budget.num_envs)
-        for note in ev.notes:
-            log(f"  note: {note}")
-        rec = make_results(**info, metrics=ev.metrics, wall_s=time.perf_counter() - t0,
-                           extra={"notes": ev.notes} if ev.notes else None)
+            runs = []  # (per-eval-seed summaries, notes) per training seed
+            for ts in train_seeds:
+                seed_dir = run_dir if n_train == 1 else run_dir / f"seed{ts}"
+                result = algo.train(entry.env_id, iterations=entry.iterations, seed=ts, out_dir=seed_dir,
+                                    init=init, progress=progress)
+                agent = result.agent
+                if agent is None and result.checkpoint is not None:
+                    agent = agents.load_checkpoint(result.checkpoint, env_id=entry.env_id)
+                if agent is None:
+                    raise ShopsimError(f"{entry.algorithm}.train returned no agent and no checkpoint")
+                info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
+                curve = Path(result.out_dir or seed_dir) / "metrics.csv"
+                if curve.is_file() and "curve" not in info:
+                    info["curve"] = str(_relative(curve, res_path.parent))
+                ev = evaluate(agent, protocol, progress=progress, num_envs=budget.num_envs)
+                runs.append(ev)
+                if n_train > 1:  # a fresh algorithm object per run: no state carried between seeds
+                    algo = baselines.make(entry.algorithm, env_id=entry.env_id, **entry.overrides)
+            if n_train == 1:
+                metrics, notes = runs[0].metrics, runs[0].notes
+            else:
+                metrics = aggregate([_mean_over_seeds(ev.per_seed) for ev in runs])
+                notes = sorted({n for ev in runs for n in ev.notes})
+            for note in notes:
+                log(f"  note: {note}")
+            extra = {"ci_over": "train_seeds" if n_train > 1 else "eval_seeds"}
+            if notes:
+                extra["notes"] = notes
+            rec = make_results(**info, metrics=metrics, wall_s=time.perf_counter() - t0, extra=extra)
+        if entry.kind != "trained":
+            ev = evaluate(agent, protocol, progress=progress, num_envs=budget.num_envs)
+            for note in ev.notes:
+                log(f"  note: {note}")
+            extra = {"ci_over": "eval_seeds"}
+            if ev.notes:
+                extra["notes"] = ev.notes
+            rec = make_results(**info, metrics=ev.metrics, wall_s=time.perf_counter() - t0, extra=extra)
     except Exception as exc:  # noqa: BLE001 - one entry's failure becomes an error row, the run goes on
         tb = traceback.format_exc()
         log_path = out / "logs" / f"{slug}_{entry.name}.txt"
@@ -260,6 +291,12 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                            wall_s=time.perf_counter() - t0)
     write_results(res_path, rec)
     return rec
+
+
+def _mean_over_seeds(per_seed: list[dict]) -> dict[str, float]:
+    """One training run's summary: each metric's mean over the eval seeds (keys present in every seed)."""
+    keys = set(per_seed[0]).intersection(*per_seed[1:])
+    return {k: sum(s[k] for s in per_seed) / len(per_seed) for k in keys}
 
 
 def _relative(path: Path, start: Path) -> Path:
@@ -287,7 +324,7 @@ class BenchOutcome:
 def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list[str] | None = None,
               user_algos: list[str] = (), split: str = "test", train_seed: int = 0, progress: bool = True,
               table: dict | None = None, log: Callable[[str], None] | None = None,
-              plots: bool = True) -> BenchOutcome:
+              plots: bool = True, train_seeds: int | None = None) -> BenchOutcome:
     """Run the benchmark (see module docstring) and render the leaderboard into `out`."""
     from shopsim.envs import check_env_id, family_of, is_pettingzoo
     from shopsim.leaderboard.render import render_all, to_markdown
@@ -307,6 +344,8 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
     bar = _progress(len(entries), progress)
     for i, entry in enumerate(entries, 1):
         b = budget_for(mode, entry.env_id, family_of(entry.env_id), table)
+        if train_seeds is not None:
+            b = dataclasses.replace(b, train_seeds=train_seeds)
         label = f"[{i}/{len(entries)}] {entry.env_id} · {entry.kind} {entry.name}"
         if entry.kind == "trained" and not entry.skip_reason:
             label += f" ({entry.iterations} it)"

@@ -97,7 +97,8 @@ def _budget_text(r: dict) -> str:
     b = r.get("budget") or {}
     if not b:
         return "—"
-    parts = [f"{b['iterations']} it" if "iterations" in b else "", b.get("mode", "")]
+    parts = [f"{b['iterations']} it" if "iterations" in b else "", b.get("mode", ""),
+             f"x{len(b['train_seeds'])} runs" if len(b.get("train_seeds") or ()) > 1 else ""]
     return " ".join(p for p in parts if p) or json.dumps(b, sort_keys=True)
 
 
@@ -126,8 +127,9 @@ def _protocol_line(rows: list[dict]) -> str:
 
 def to_markdown(results: list[dict]) -> str:
     lines = ["# shopsim leaderboard", "",
-             ("Values are means over eval seeds ± the half-width of the 95% t-interval; pass^k is the τ-bench "
-              "estimator (all k tries of a task succeed). Lower is better for cost, gap and turns."), ""]
+             ("Values are means over eval seeds ± the half-width of the 95% t-interval (for trained entries with "
+              "several training runs, 'xN runs', over the training runs); pass^k is the τ-bench estimator (all k "
+              "tries of a task succeed). Lower is better for cost, gap and turns."), ""]
     for env_id, rows in group_by_env(results).items():
         cols = columns_for(rows)
         lines += [f"## {env_id}", "", _protocol_line(rows), ""]

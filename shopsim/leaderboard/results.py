@@ -12,6 +12,7 @@ Schema (``schema_version`` = `SCHEMA_VERSION`)::
      "agent": "module:Class", "algorithm": "hpo" | null, "config": {...}, "config_hash": "1f0c...",
      "budget": {"iterations": 20, "train_seed": 0} | null,
      "metrics": {"cost": {"mean", "std", "ci95": [lo, hi] | null, "n", "per_seed": [...]}, ...},
+     "ci_over": "eval_seeds" | "train_seeds",
      "status": "ok" | "error" | "skipped", "error": null | "message",
      "curve": "relative/or/absolute/metrics.csv" | null,
      "package_version": "0.1.0", "git_commit": "abc123..." | "unknown", "created": "2026-...Z", "wall_s": 12.3}
