@@ -144,9 +144,10 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         tok_lp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         steps += 1
+        tok_l, lp_l = tok.tolist(), tok_lp.tolist()
         for i in torch.nonzero(~done).flatten().tolist():
-            gen_ids[i].append(int(tok[i]))
-            gen_lp[i].append(float(tok_lp[i]))
+            gen_ids[i].append(tok_l[i])
+            gen_lp[i].append(lp_l[i])
         done |= torch.isin(tok, stop)
         if bool(done.all()) or steps == config.max_new_tokens:
             break

@@ -1,8 +1,9 @@
 """The default causal LM of the LM agent: a small model built from a config (design §5).
 
-The default is a Llama-architecture decoder (RoPE, so the context length is a config value, not a learned table)
-of about 3 million parameters with tied input/output embeddings, sized for CPU training (SFT in minutes on two
-cores). Any other `transformers` causal LM works with the agent; `build_model(..., arch="gpt2")` builds a GPT-2 of
+The default ("mini") is a Llama-architecture decoder (RoPE, so the context length is a config value, not a learned
+table): width 128, 4 layers, 4 heads, SwiGLU 384, tied input/output embeddings, about 1.3 million parameters (half of
+them the 4,096-token embedding), sized for CPU training (SFT in minutes on two cores). "small" (width 256, 4.2M) and
+"medium" are there for machines with more compute. Any other `transformers` causal LM works with the agent; `build_model(..., arch="gpt2")` builds a GPT-2 of
 the same size, which the architecture-independence test uses. Models are saved with ``save_pretrained``
 (safetensors) and reloaded with ``AutoModelForCausalLM.from_pretrained`` — ordinary Hugging Face checkpoints.
 """
@@ -38,7 +39,7 @@ class ModelSize:
             raise ConfigError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
 
 
-#: named sizes; "small" is the default of the LM agent, "tiny" is for tests.
+#: named sizes; DEFAULT_SIZE is the LM agent's default, "tiny" is for tests.
 SIZES = {
     "tiny": ModelSize(hidden=32, layers=2, heads=2, ffn=64, max_positions=4096),
     "mini": ModelSize(hidden=128, layers=4, heads=4, ffn=384, max_positions=4096),
@@ -47,7 +48,10 @@ SIZES = {
 }
 
 
-def make_config(tokenizer, *, arch: str = "llama", size: str | ModelSize = "small"):
+DEFAULT_SIZE = "mini"
+
+
+def make_config(tokenizer, *, arch: str = "llama", size: str | ModelSize = DEFAULT_SIZE):
     """A `transformers` config for a from-scratch model whose vocabulary and special ids match `tokenizer`."""
     if arch not in ARCHS:
         raise ConfigError(f"arch={arch!r}; choose one of {ARCHS}")
@@ -71,7 +75,7 @@ def make_config(tokenizer, *, arch: str = "llama", size: str | ModelSize = "smal
                       n_inner=size.ffn, n_positions=size.max_positions, tie_word_embeddings=True, **ids)
 
 
-def build_model(tokenizer, *, arch: str = "llama", size: str | ModelSize = "small", seed: int = 0):
+def build_model(tokenizer, *, arch: str = "llama", size: str | ModelSize = DEFAULT_SIZE, seed: int = 0):
     """A randomly initialised causal LM (seeded) for `tokenizer`."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -8,7 +8,10 @@ Each expert turn becomes a training example built with exactly the prompt builde
 
 The expert's action text is tokenised once and followed by the stop token (so the model learns to stop); the loss
 is the cross-entropy of the agent tokens only (prompt and observation tokens are masked out), averaged over the
-agent tokens of the batch (token-mean). Held-out evaluation runs the agent greedily on the dev split with the
+agent tokens of the batch (token-mean). An optional auxiliary language-modelling loss on the observation tokens
+(``obs_loss_weight``, default 0) exists because a from-scratch model learns to copy SKUs and query words from the
+page only slowly when ~3% of the tokens carry a target; it is off unless asked for and logged apart
+(``loss`` is always the agent-token loss, ``total_loss`` includes the auxiliary term). Held-out evaluation runs the agent greedily on the dev split with the
 rollout runner. Checkpoints are ``save_pretrained`` folders (safetensors) with the shopsim manifest
 (`agents.load_checkpoint` reads them). `train_sft` also writes ``metrics.csv`` and ``sft_curve.png``.
 """
@@ -47,6 +50,8 @@ class SFTConfig:
     """window | concat (design §4); the trained agent acts in this mode."""
     history: int = 1
     history_obs_chars: int | None = 100
+    obs_loss_weight: float = 0.0
+    """Weight of the auxiliary language-modelling loss on prompt/observation tokens (0 = agent tokens only)."""
     only_success: bool = True
     """Train on successful expert episodes only."""
     eval_every: int = 500
@@ -121,8 +126,14 @@ def _batches(rows, batch_size: int, rng: np.random.Generator):
                 yield [rows[i] for i in groups[g]]
 
 
-def sft_loss(model, batch, pad_id: int) -> tuple[torch.Tensor, int]:
-    """Token-mean cross-entropy over the agent tokens of a right-padded batch."""
+def sft_loss(model, batch, pad_id: int, obs_loss_weight: float = 0.0) -> tuple[torch.Tensor, int, float]:
+    """Token-mean cross-entropy over the agent tokens of a right-padded batch: ``(loss, n_agent_tokens,
+    agent_loss)`` (``agent_loss`` excludes the auxiliary term, for logging).
+
+    With ``obs_loss_weight > 0`` an auxiliary token-mean cross-entropy over the other (prompt/observation) tokens
+    is added with that weight: plain language modelling of the pages, which teaches a small model to copy strings
+    (SKUs, option values, query words) much sooner than the few agent tokens alone do.
+    """
     from agents.lm.generation import positions
 
     width = max(len(ids) for ids, _ in batch)
@@ -138,9 +149,13 @@ def sft_loss(model, batch, pad_id: int) -> tuple[torch.Tensor, int]:
     body = model.base_model(input_ids=ids, attention_mask=att, position_ids=positions(att), use_cache=False)
     hidden = body.last_hidden_state[:, :-1]
     target, tmask = ids[:, 1:], lm[:, 1:]
-    logits = model.get_output_embeddings()(hidden[tmask]).float()
-    loss = torch.nn.functional.cross_entropy(logits, target[tmask])
-    return loss, int(tmask.sum())
+    head = model.get_output_embeddings()
+    agent_loss = torch.nn.functional.cross_entropy(head(hidden[tmask]).float(), target[tmask])
+    loss = agent_loss
+    if obs_loss_weight > 0:
+        omask = att[:, 1:].bool() & ~tmask
+        loss = loss + obs_loss_weight * torch.nn.functional.cross_entropy(head(hidden[omask]).float(), target[omask])
+    return loss, int(tmask.sum()), agent_loss.item()
 
 
 @torch.no_grad()
@@ -150,8 +165,8 @@ def heldout_loss(model, rows, pad_id: int, batch_size: int = 16) -> float:
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(rows), batch_size):
-        loss, n = sft_loss(model, rows[i: i + batch_size], pad_id)
-        total, count = total + float(loss) * n, count + n
+        _, n, loss = sft_loss(model, rows[i: i + batch_size], pad_id)
+        total, count = total + loss * n, count + n
     model.train(was_training)
     return total / max(count, 1)
 
@@ -239,13 +254,13 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         batch = next(batches)
-        loss, n_tok = sft_loss(model, batch, agent.policy.pad_id)
+        loss, n_tok, agent_loss = sft_loss(model, batch, agent.policy.pad_id, config.obs_loss_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         opt.step()
         tokens_seen += sum(len(r[0]) for r in batch)
-        rec = {"step": step + 1, "loss": loss.item(), "lr": lr_at(step), "agent_tokens": n_tok,
+        rec = {"step": step + 1, "loss": agent_loss, "total_loss": loss.item(), "lr": lr_at(step), "agent_tokens": n_tok,
                "tokens_seen": tokens_seen, "time_s": time.perf_counter() - t0}
         last = step + 1 == config.steps
         if last or (config.eval_every and (step + 1) % config.eval_every == 0):

@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--history", type=int, default=1, help="window mode: past turns in the prompt")
     p.add_argument("--history-obs-chars", type=int, default=100,
                    help="window mode: characters kept of each past observation")
+    p.add_argument("--obs-loss-weight", type=float, default=0.0,
+                   help="auxiliary LM loss weight on observation tokens (0: loss on agent tokens only)")
     p.add_argument("--family", default=None, help="restrict expert episodes and evaluation to one task family")
     p.add_argument("--arch", choices=["llama", "gpt2"], default="llama")
     p.add_argument("--size", choices=["tiny", "mini", "small", "medium"], default="mini")
@@ -52,7 +54,7 @@ def run(args) -> int:
     opts = {"family": args.family} if args.family else {}
     cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     context_mode=args.context_mode, history=args.history,
-                    history_obs_chars=args.history_obs_chars, arch=args.arch, size=args.size, eval_every=args.eval_every,
+                    history_obs_chars=args.history_obs_chars, obs_loss_weight=args.obs_loss_weight, arch=args.arch, size=args.size, eval_every=args.eval_every,
                     eval_episodes=args.eval_episodes, reset_options=opts)
     if args.data:
         from shopsim.datasets import read_trajectories
