@@ -25,7 +25,9 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:0;display:flex;height:100
 table{border-collapse:collapse;width:100%}th,td{border:1px solid #ddd;padding:.2em .4em;font-size:.82em;vertical-align:top}
 th{background:#eee;cursor:pointer}tr.ep{cursor:pointer}tr.ep:hover{background:#eef3fb}tr.ep.sel{background:#d6e4f7}
 tr.fail td.ok{color:#b00}tr.win td.ok{color:#070}pre{white-space:pre-wrap;margin:0;font-size:.95em;max-height:22em;overflow:auto}
-td.invalid{background:#fdecec}.cut{color:#a60}.muted{color:#777}input{width:60%}"""
+td.invalid{background:#fdecec}.cut{color:#a60}.muted{color:#777}input{width:60%}
+section.episode table{table-layout:fixed}section.episode pre{word-break:break-word}
+col.n{width:3%}col.obs{width:40%}col.act{width:16%}col.rew{width:8%}col.inv{width:9%}col.end{width:7%}col.info{width:17%}"""
 
 _JS = """window.addEventListener('error',function(e){document.body.dataset.jsError=String(e.message||e)});
 function show(i){document.querySelectorAll('section.episode').forEach(function(s){s.hidden=(s.dataset.i!==String(i))});
@@ -79,11 +81,13 @@ def _episode_section(i: int, t: Trajectory, max_chars: int) -> str:
     metrics = t.final_info.get("episode_metrics") or {}
     head = (f"<h2>episode {i}: {esc(str(t.env_id))} · task {esc(str(t.task_id))}</h2>"
             f'<p class="muted">split {esc(str(t.split))} · seed {t.seed} · group {esc(str(t.group_id))} · '
-            f"strategy {esc(str(t.strategy))} · agent {esc(str(t.agent))} · "
+            f"strategy {esc(str(t.strategy or '—'))} · agent {esc(str(t.agent))} · "
             f"success {t.success} · score {t.score:.4g} · return {t.total_reward:.4g}</p>")
     if metrics:
         head += f'<p class="muted">episode metrics: {_text(metrics, 2000)}</p>'
-    return (f'<section class="episode" data-i="{i}" hidden>{head}<table><thead><tr><th>#</th><th>observation</th>'
+    cols = "".join(f'<col class="{c}">' for c in ("n", "obs", "act", "rew", "inv", "end", "info"))
+    return (f'<section class="episode" data-i="{i}" hidden>{head}<table><colgroup>{cols}</colgroup>'
+            f"<thead><tr><th>#</th><th>observation</th>"
             f"<th>action</th><th>reward</th><th>invalid</th><th>end</th><th>info</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></section>")
 
