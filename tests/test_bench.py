@@ -133,3 +133,13 @@ def test_several_training_seeds_give_intervals_over_training_runs(toy_world, tmp
     assert rec["metrics"]["success_rate"]["n"] == 3
     assert all((tmp_path / "b" / "runs" / "ToyCoin-v0" / "toyalgo" / f"seed{s}" / "metrics.csv").is_file()
                for s in (10, 11, 12))
+
+
+def test_bench_is_deterministic_and_rejects_pettingzoo_envs(toy_world, tmp_path):
+    table = {"quick": {TOY_ID: Budget(algos={"toyalgo": 2}, tasks=2, seeds=2, tries=4)}}
+    runs = [run_bench("quick", tmp_path / f"b{i}", envs=[TOY_ID], table=table, progress=False, log=lambda m: None,
+                      plots=False) for i in range(2)]
+    assert [r["metrics"] for r in runs[0].results] == [r["metrics"] for r in runs[1].results]
+    assert [r["config_hash"] for r in runs[0].results] == [r["config_hash"] for r in runs[1].results]
+    with pytest.raises(Exception, match="PettingZoo envs are not on the leaderboard"):
+        run_bench("quick", tmp_path / "pz", envs=["MultiWarehouse-v0"], progress=False)

@@ -334,6 +334,10 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
     log = log or _console_log()
     if envs:
         env_ids = [check_env_id(e if "/" in e else f"shopsim/{e}") for e in envs]
+        pz = [e for e in env_ids if is_pettingzoo(e)]
+        if pz:
+            raise ShopsimError(f"{', '.join(pz)}: PettingZoo envs are not on the leaderboard yet (the rollout "
+                               "runner collects Gymnasium envs only); leave them out of --envs")
     else:
         env_ids = [e for e in protocol_envs() if not is_pettingzoo(e)]
         if not env_ids:
