@@ -3,8 +3,8 @@
 Interface for trainers (kept stable; the RL baselines build on it):
 
 * ``agent = LMAgent(env_id=..., checkpoint=DIR | None, context_mode="window" | "concat", ...)``; ``checkpoint=None``
-  loads the shipped SFT checkpoint (``data/lm/sft``) when present, else a random-init default model with the shipped
-  tokenizer. ``model=`` / ``tokenizer=`` objects can be passed instead.
+  loads the shipped SFT checkpoint (``data/lm/sft``) when present, else (with a warning) a random-init default model
+  with the shipped tokenizer. ``model=`` / ``tokenizer=`` objects can be passed instead.
 * ``agent.model`` (a `PreTrainedModel`, train it in place), ``agent.tokenizer``, ``agent.policy`` (`LMPolicy`).
 * Every `Decision` carries ``prompt_ids`` (the exact context), ``action_ids`` (exactly the sampled ids, including
   the stop token when one was produced), ``action_logprobs`` (``log_softmax(logits / T)`` of each sampled token,
@@ -123,6 +123,10 @@ class LMAgent(Agent):
             ckpt = default_checkpoint_dir()
             if (ckpt / "config.json").is_file():
                 return load_model(ckpt), load_tokenizer(ckpt)
+            import warnings
+
+            warnings.warn(f"no shipped SFT checkpoint in {ckpt}: the LM agent starts from a randomly initialised "
+                          "model; train one with `shopsim sft` and pass checkpoint=OUT/checkpoint", stacklevel=3)
             tok = load_tokenizer()
             return build_model(tok), tok
         path = Path(checkpoint)
