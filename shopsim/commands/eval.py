@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="eval seeds (default: the split file's)")
     p.add_argument("--num-envs", type=positive_int, default=8, help="env copies stepped together")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--env-kwargs", default=None, metavar="JSON",
+                   help='env constructor options as JSON, e.g. \'{"k": 20}\' (default: those recorded in the '
+                        "checkpoint's manifest, else the env's defaults)")
     p.add_argument("--out", required=True, help="results JSON to write")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -50,16 +53,24 @@ def run(args: argparse.Namespace) -> int:
     tries = args.tries or protocol.tries
     tasks = args.tasks if args.episodes is None else max(1, args.episodes // tries)
     protocol = protocol.limited(tasks=tasks, seeds=args.seeds, tries=args.tries)
+    env_kwargs = _parse_env_kwargs(args.env_kwargs)
     if args.checkpoint:
         agent = agents.load_checkpoint(args.checkpoint, env_id=args.env)
         name, kind = args.name or Path(args.checkpoint).resolve().name, "checkpoint"
         config = {"checkpoint": str(args.checkpoint)}
         manifest = Path(args.checkpoint) / agents.registry.CHECKPOINT_MANIFEST
         config["manifest"] = manifest.read_text() if manifest.is_file() else None
+        if env_kwargs is None:  # evaluate on the env the policy was trained on
+            env_kwargs = manifest_env_kwargs(manifest)
     else:
         agent = agents.make(args.agent, args.env)
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")
         config = {"agent": args.agent}
+    if env_kwargs:
+        from dataclasses import replace
+
+        protocol = replace(protocol, env_kwargs={**protocol.env_kwargs, **env_kwargs})
+        config["env_kwargs"] = env_kwargs
     ev = evaluate(agent, protocol, progress=not args.no_progress, num_envs=args.num_envs)
     rec = make_results(protocol=protocol, entry=name, kind=kind, metrics=ev.metrics,
                        agent=f"{type(agent).__module__}:{type(agent).__qualname__}", config=config,
@@ -73,3 +84,32 @@ def run(args: argparse.Namespace) -> int:
     for m in shown:
         print(f"  {m:>16}: {fmt_metric(ev.metrics[m])}")
     return 0
+
+
+def _parse_env_kwargs(text: str | None) -> dict | None:
+    import json
+
+    from shopsim.errors import ShopsimError
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ShopsimError(f"--env-kwargs is not valid JSON ({exc.msg}); write e.g. '{{\"k\": 20}}'") from None
+    if not isinstance(value, dict):
+        raise ShopsimError("--env-kwargs must be a JSON object of constructor options, e.g. '{\"k\": 20}'")
+    return value
+
+
+def manifest_env_kwargs(manifest) -> dict:
+    """Env options a checkpoint records: manifest ``env_kwargs``, else ``config.env_kwargs``, else none."""
+    import json
+
+    if not manifest.is_file():
+        return {}
+    data = json.loads(manifest.read_text())
+    kw = data.get("env_kwargs")
+    if kw is None and isinstance(data.get("config"), dict):
+        kw = data["config"].get("env_kwargs")
+    return dict(kw or {})
