@@ -197,7 +197,10 @@ def plot_curve(history: Sequence[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     steps = [h["step"] for h in history if "loss" in h]
-    ax.plot(steps, [h["loss"] for h in history if "loss" in h], color="tab:blue", lw=0.8)
+    losses = np.array([h["loss"] for h in history if "loss" in h])
+    ax.plot(steps, losses, color="tab:blue", lw=0.5, alpha=0.3)
+    k = max(1, min(50, len(losses) // 10))  # batches are length-bucketed, so the raw loss is noisy: smooth it
+    ax.plot(steps[k - 1:], np.convolve(losses, np.ones(k) / k, mode="valid"), color="tab:blue", lw=1.5)
     ax.set_xlabel("step"), ax.set_ylabel("SFT loss (agent tokens)", color="tab:blue"), ax.set_yscale("log")
     ev = [h for h in history if "eval_success" in h]
     if ev:
