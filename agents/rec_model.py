@@ -16,6 +16,7 @@ the same constraint mask, so behaviour and training log-probs agree.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,3 +209,54 @@ def sft_train(model, vocab: SidVocab, prompts: torch.Tensor, targets: torch.Tens
             log(f"sft step {step}: loss {loss.item():.3f}")
     model.eval()
     return losses
+
+
+@torch.no_grad()
+def beam_search(model, vocab: SidVocab, prompts: torch.Tensor, *, beams: int = 10,
+                length_penalty: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Constrained beam search, ProRL's evaluation decoder (card §15: 10 beams, Metric@K over the top-K beams).
+
+    Follows the Hugging Face beam-search rule that ProRL's `generate(num_beams=10)` uses: at each position the
+    2·beams best continuations (by summed log-prob) are examined in order, a continuation ending in EOS becomes a
+    finished hypothesis scored sum / length^length_penalty, the others refill the `beams` live beams; position 40
+    admits only EOS, so every live beam finishes. Returns (generated ids [B, beams, 41] best first, scores [B, beams]).
+    Recomputes the prefix each step (no KV cache): fine for the evaluation sizes used here."""
+    model.eval()
+    b, v = len(prompts), vocab.vocab_size
+    gen = torch.full((b, 1, GEN_LEN), PAD, dtype=torch.long)
+    score = torch.zeros(b, 1)
+    finished: list[list[tuple[float, torch.Tensor]]] = [[] for _ in range(b)]
+    for j in range(GEN_LEN):
+        nb = gen.shape[1]
+        flat = gen.reshape(b * nb, GEN_LEN)
+        ids = torch.cat([prompts.repeat_interleave(nb, 0), flat[:, :j]], 1)
+        lp = _masked_logprobs(model(input_ids=ids).logits[:, -1], vocab.step_mask(j, flat)).view(b, nb, v)
+        cand = (score[..., None] + lp).view(b, -1)
+        val, idx = cand.topk(min(2 * beams, cand.shape[1]), -1)
+        new_gen = torch.full((b, beams, GEN_LEN), PAD, dtype=torch.long)
+        new_score = torch.full((b, beams), float("-inf"))
+        for r in range(b):
+            kept = 0
+            for s, ix in zip(val[r].tolist(), idx[r].tolist()):
+                if not math.isfinite(s):
+                    break
+                src, tok = divmod(ix, v)
+                seq = gen[r, src].clone()
+                seq[j] = tok
+                if tok == EOS:
+                    finished[r].append((s / (j + 1) ** length_penalty, seq))
+                elif kept < beams:
+                    new_gen[r, kept], new_score[r, kept] = seq, s
+                    kept += 1
+                if kept == beams:
+                    break
+        gen, score = new_gen, new_score
+        if not torch.isfinite(score).any():
+            break
+    out = torch.full((b, beams, GEN_LEN), PAD, dtype=torch.long)
+    out_score = torch.full((b, beams), float("-inf"))
+    for r in range(b):
+        best = sorted(finished[r], key=lambda x: -x[0])[:beams]
+        for k, (s, seq) in enumerate(best):
+            out[r, k], out_score[r, k] = seq, s
+    return out, out_score

@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from agents.base import Agent, Decision, ScriptedAgent
-from agents.rec_model import (EOS, GEN_LEN, L_MAX, PAD, SidVocab, build_model, generate, sft_targets, sft_train)
+from agents.rec_model import EOS, GEN_LEN, L_MAX, PAD, SidVocab, build_model, generate, sft_targets, sft_train
 from agents.registry import save_manifest
 from shopsim.envs.proactive_rec import PathScorer, get_world
+from shopsim.envs.proactive_rec.simulator import SIM_VERSION
 from shopsim.envs.proactive_rec.world import World
 from shopsim.paths import cache_dir
 
@@ -259,7 +260,7 @@ def pretrained_policy(*, catalog_size: int = 5000, catalog_seed: int = 0, simula
                       n_users: int = 1500, sft_steps: int = 400, seed: int = 0, log=None) -> RecPolicyAgent:
     """The SFT-pre-trained policy (greedy expert paths on train users 900000.., cached in cache_dir)."""
     world_kw = dict(catalog_size=catalog_size, catalog_seed=catalog_seed, simulator=simulator)
-    key = f"n{catalog_size}-s{catalog_seed}-{simulator}-u{n_users}-t{sft_steps}-seed{seed}-v1"
+    key = f"n{catalog_size}-s{catalog_seed}-{simulator}-sim{SIM_VERSION}-u{n_users}-t{sft_steps}-seed{seed}-v1"
     path = cache_dir() / "proactive_rec" / f"policy-{key}"
     if (path / "shopsim_agent.json").is_file():
         return RecPolicyAgent.from_checkpoint(path)

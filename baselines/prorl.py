@@ -24,13 +24,13 @@ from __future__ import annotations
 import copy
 import csv
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from agents.rec_model import item_logprobs, token_logprobs
+from agents.rec_model import beam_search, item_logprobs, token_logprobs
 from agents.rec_policies import RecPolicyAgent, policy_paths, pretrained_policy
 from baselines.base import Algorithm, TrainResult
 from baselines.core.losses import aggregate, clipped_surrogate, kl_term
@@ -153,6 +153,9 @@ class _RecPG(Algorithm):
         """-> (item advantages [B, 10], EOS advantage [B], stats dict)."""
         raise NotImplementedError
 
+    def _new_stats(self) -> RunningStats:
+        return RunningStats(3)
+
     def raw_return(self, scores: PathScores) -> np.ndarray:
         c = self.config
         w = RewardWeights(c.w_ctr, c.w_ioi, c.w_ior, float(self._n_items))
@@ -203,7 +206,7 @@ class _RecPG(Algorithm):
         dev_ids = np.array(load_split()["dev"][: c.eval_tasks])
         ipe = math.ceil(c.num_train_prompts / c.prompts_per_iter)
         gen = torch.Generator().manual_seed(seed)
-        self.stats = RunningStats(3)
+        self.stats = self._new_stats()
         history, low_valid_epochs, epoch_valid = [], 0, []
         iterator = range(iterations)
         if progress:
@@ -265,6 +268,31 @@ def evaluate(agent: RecPolicyAgent, scorer: PathScorer, task_ids, greedy: bool =
     _, _, _, items, _ = policy_paths(agent, hist, tgt, greedy=greedy, generator=torch.Generator().manual_seed(0))
     out = path_metrics(scorer.score(hist, tgt, items))
     out["distinct"] = len({tuple(r) for r in items}) / len(items)
+    return out
+
+
+def evaluate_beam(agent: RecPolicyAgent, scorer: PathScorer, task_ids, *, beams: int = 10,
+                  ks=(1, 5, 10)) -> dict[str, float]:
+    """ProRL's evaluation (card §15): beam search with `beams` beams; Metric@K = per user the max of the metric
+    over the top-K beams, averaged over users, for IoI and IoR (path sums), CTR (mean per item, invalid = 0) and
+    length (of the beam with the best IoI among the top K)."""
+    world = agent.world
+    hist, tgt = world.tasks(task_ids)
+    prompts = agent.vocab.prompts(world.sids.codes[tgt], world.sids.codes[hist])
+    gen, _ = beam_search(agent.model, agent.vocab, prompts, beams=beams)
+    b = len(tgt)
+    codes, lengths = agent.vocab.decode(gen.reshape(b * beams, -1).numpy())
+    s = scorer.score_codes(np.repeat(hist, beams, 0), np.repeat(tgt, beams), codes, lengths)
+    n = s.step_mask.sum(1)
+    per = {"IoI": s.ioi.sum(1), "IoR": s.ior.sum(1),
+           "CTR": np.where(n > 0, (np.clip(s.ctr, 0, None) * s.step_mask).sum(1) / np.maximum(n, 1), 0.0)}
+    out = {}
+    for k in ks:
+        k = min(k, beams)
+        for name, v in per.items():
+            out[f"{name}@{k}"] = float(v.reshape(b, beams)[:, :k].max(1).mean())
+        best = per["IoI"].reshape(b, beams)[:, :k].argmax(1)
+        out[f"length@{k}"] = float(n.reshape(b, beams)[np.arange(b), best].mean())
     return out
 
 
@@ -341,11 +369,18 @@ class ProRLConfig(RecPGConfig):
     """mo_min_std: floor of the running std in the normalisation."""
     credit: str = "position"
     """'position' (ProRL) or 'path' (ablation: every item gets the whole centred path return minus the group mean)."""
+    centering: str = "component"
+    """'component' (ProRL's code: each of IoI, IoR, CTR centred and scaled by its own running statistics, then
+    fused with w_ctr/L_max, w_ioi, w_ior) or 'fused' ([derived] reading of the paper's "subtract the expected step
+    reward": the env's raw fused step reward w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items is centred and scaled
+    by one running mean/std, same Welford/freeze/min_std rules)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.credit not in ("position", "path"):
             raise ConfigError(f"credit={self.credit!r}; choose 'position' or 'path'")
+        if self.centering not in ("component", "fused"):
+            raise ConfigError(f"centering={self.centering!r}; choose 'component' or 'fused'")
 
 
 class ProRL(_RecPG):
@@ -359,17 +394,31 @@ class ProRL(_RecPG):
     def centred_rewards(self, scores: PathScores, update: bool) -> np.ndarray:
         """r_k = w_ctr·r̃_CTR/L_max + w_ioi·r̃_IoI + w_ior·r̃_IoR with r̃ = (r − μ)/max(σ, min_std)."""
         c = self.config
-        comps = np.stack([scores.ioi, scores.ior, scores.ctr], -1)  # [B, L, 3]
         real = scores.valid & ~scores.duplicate
+        if c.centering == "fused":  # one statistic of the env's raw fused step reward (card §15 [derived])
+            f = self.raw_fused(scores)[..., None]  # [B, L, 1]
+            if update:
+                self.stats.update(f[real])
+            return ((f[..., 0] - self.stats.mean[0]) / max(float(self.stats.std[0]), c.min_std)) * scores.step_mask
+        comps = np.stack([scores.ioi, scores.ior, scores.ctr], -1)  # [B, L, 3]
         if update:
             self.stats.update(comps[real])
         z = (comps - self.stats.mean) / np.maximum(self.stats.std, c.min_std)
         r = c.w_ioi * z[..., 0] + c.w_ior * z[..., 1] + c.w_ctr * z[..., 2] / L_MAX
         return r * scores.step_mask
 
+    def raw_fused(self, scores: PathScores) -> np.ndarray:
+        """The env's raw fused step reward [B, L] (zero past the path)."""
+        c = self.config
+        w = RewardWeights(c.w_ctr, c.w_ioi, c.w_ior, float(self._n_items))  # = the env reward
+        return w.fuse(scores.ioi, scores.ior, scores.ctr) * scores.step_mask
+
+    def _new_stats(self) -> RunningStats:
+        return RunningStats(1 if self.config.centering == "fused" else 3)
+
     def advantages(self, scores, lengths, group_ids, epoch):
         if not hasattr(self, "stats"):
-            self.stats = RunningStats(3)
+            self.stats = self._new_stats()
         r = self.centred_rewards(scores, update=not self.stats.frozen)
         if self.config.credit == "position":
             adv, _ = position_advantages(r, lengths, group_ids, self.config.gamma)
@@ -379,8 +428,9 @@ class ProRL(_RecPG):
             ret = torch.as_tensor(r.sum(1))
             a = group_normalize(ret, torch.as_tensor(group_ids), mode="mean").numpy()
             item_adv, eos_adv = a[:, None] * (np.arange(L_MAX)[None] < lengths[:, None]), a
-        st = {f"mu_{k}": float(m) for k, m in zip(COMPONENTS, self.stats.mean)}
-        st.update({f"sigma_{k}": float(s) for k, s in zip(COMPONENTS, self.stats.std)})
+        names = ("fused",) if self.config.centering == "fused" else COMPONENTS
+        st = {f"mu_{k}": float(m) for k, m in zip(names, self.stats.mean)}
+        st.update({f"sigma_{k}": float(s) for k, s in zip(names, self.stats.std)})
         st["stats_frozen"] = float(self.stats.frozen)
         st["step_reward_mean"] = float(r.sum() / max(1, scores.step_mask.sum()))
         return item_adv, eos_adv, st
@@ -399,7 +449,7 @@ def gradient_variance(algo: ProRL, agent: RecPolicyAgent, task_ids, *, n_batches
     grads = {"position": [], "path": []}
     task_ids = np.asarray(task_ids)
     if not hasattr(algo, "stats"):
-        algo.stats = RunningStats(3)
+        algo.stats = algo._new_stats()
     was_frozen = algo.stats.frozen
     for bidx in range(n_batches):
         ids = task_ids[bidx * prompts:(bidx + 1) * prompts]
@@ -429,4 +479,5 @@ def gradient_variance(algo: ProRL, agent: RecPolicyAgent, task_ids, *, n_batches
     return out
 
 
-__all__ = ["ProRL", "RecGRPO", "RecReinforce", "RunningStats", "evaluate", "gradient_variance", "position_advantages"]
+__all__ = ["ProRL", "RecGRPO", "RecReinforce", "RunningStats", "evaluate", "evaluate_beam", "gradient_variance",
+           "position_advantages"]

@@ -23,13 +23,16 @@ import numpy as np
 import torch
 
 from agents.rec_policies import expert_paths, pretrained_policy, random_paths
-from baselines.prorl import ProRL, RecGRPO, RecReinforce, evaluate, gradient_variance
+from baselines.prorl import ProRL, RecGRPO, RecReinforce, evaluate, evaluate_beam, gradient_variance
 from shopsim.envs.proactive_rec import PathScorer
 from shopsim.envs.proactive_rec.env import load_split
 from shopsim.envs.proactive_rec.scoring import path_metrics
 
 ENV_ID = "shopsim/ProactiveRec-v0"
-ARMS = {"reinforce": RecReinforce, "grpo": RecGRPO, "prorl": ProRL}
+ARMS = {"reinforce": (RecReinforce, {}), "grpo": (RecGRPO, {}), "prorl": (ProRL, {}),
+        # ablations (card §15): the [derived] fused-reward centering, and whole-path credit instead of per position
+        "prorl-fused": (ProRL, {"centering": "fused"}), "prorl-path": (ProRL, {"credit": "path"})}
+DEFAULT_ARMS = ["reinforce", "grpo", "prorl"]
 
 
 def main(argv=None) -> int:
@@ -44,7 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sft-users", type=int, default=None)
     ap.add_argument("--sft-steps", type=int, default=None)
     ap.add_argument("--valid-only", action="store_true", help="catalog-constrained decoding (no hallucinated IDs)")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="algorithms to train")
+    ap.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS),
+                    help="algorithms to train (prorl-fused / prorl-path: ablations)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/repro_prorl")
     ap.add_argument("--threads", type=int, default=1)
@@ -68,7 +72,7 @@ def main(argv=None) -> int:
     hist, tgt = world.tasks(dev)
     refs = {"random": path_metrics(scorer.score(hist, tgt, random_paths(world, len(dev), np.random.default_rng(0)))),
             "expert": path_metrics(scorer.score(hist, tgt, expert_paths(world, hist, tgt)[0])),
-            "pretrained (SFT)": evaluate(init, scorer, dev)}
+            "pretrained (SFT)": {**evaluate(init, scorer, dev), **evaluate_beam(init, scorer, dev)}}
     refs["random"]["distinct"] = refs["expert"]["distinct"] = float("nan")
     print(f"setup {time.time() - t0:.0f}s; pretrained: {refs['pretrained (SFT)']}")
     common = dict(catalog_size=size, simulator=args.simulator, lr=args.lr, prompts_per_iter=args.prompts_per_iter,
@@ -81,12 +85,13 @@ def main(argv=None) -> int:
     print("gradient variance:", gv)
     results, hist_all = {}, {}
     for name in args.arms:
-        cls = ARMS[name]
+        cls, extra = ARMS[name]
         t1 = time.time()
-        res = cls(**common).train(ENV_ID, iterations=iters, seed=args.seed, out_dir=out / name, agent=init,
+        res = cls(**common, **extra).train(ENV_ID, iterations=iters, seed=args.seed, out_dir=out / name, agent=init,
                                   progress=False)
         hist_all[name] = res.history
-        results[name] = {**evaluate(res.agent, scorer, dev), "seconds": time.time() - t1,
+        results[name] = {**evaluate(res.agent, scorer, dev), **evaluate_beam(res.agent, scorer, dev),
+                         "seconds": time.time() - t1,
                          "sample_length_first": res.history[0]["sample_length"],
                          "sample_length_last": float(np.mean([h["sample_length"] for h in res.history[-3:]])),
                          "sample_distinct_last": float(np.mean([h["sample_distinct"] for h in res.history[-3:]]))}
@@ -114,6 +119,13 @@ def _table(out, refs, results, gv, args, size, iters):
         lines.append(f"| {name} | {m['IoI']:.3f} | {m['IoR']:.0f} | {m['CTR']:.3f} | {m['length']:.2f} | "
                      f"{m['invalid']:.2f} | {m['distinct']:.2f} | {m['sample_length_first']:.2f} -> "
                      f"{m['sample_length_last']:.2f} | {m['sample_distinct_last']:.2f} |")
+    lines += ["", "ProRL's evaluation protocol (card §15): beam search, 10 beams, Metric@K = max over the top-K beams "
+              "(mean over users); length@K = length of the best-IoI beam among the top K.", "",
+              "| policy | IoI@1 | IoI@10 | IoR@1 | IoR@10 | CTR@1 | CTR@10 | length@1 | length@10 |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in [("pretrained (SFT)", refs["pretrained (SFT)"]), *results.items()]:
+        lines.append(f"| {name} | {m['IoI@1']:.3f} | {m['IoI@10']:.3f} | {m['IoR@1']:.0f} | {m['IoR@10']:.0f} | "
+                     f"{m['CTR@1']:.3f} | {m['CTR@10']:.3f} | {m['length@1']:.2f} | {m['length@10']:.2f} |")
     lines += ["", "Gradient variance at the pre-trained policy (8 independent batches of 4 prompts x 16 rollouts, "
               "same samples and centred rewards; trace of the covariance, and relative to |mean gradient|^2):", "",
               "| credit | variance | relative |", "|---|---|---|",

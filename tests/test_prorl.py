@@ -7,7 +7,15 @@ import pytest
 import torch
 
 import baselines
-from baselines.prorl import ProRL, RecGRPO, RecReinforce, RunningStats, evaluate, position_advantages
+from baselines.prorl import (
+    ProRL,
+    RecGRPO,
+    RecReinforce,
+    RunningStats,
+    evaluate,
+    evaluate_beam,
+    position_advantages,
+)
 from shopsim.envs.proactive_rec import PathScorer
 from shopsim.errors import ConfigError
 
@@ -78,6 +86,53 @@ def test_centred_rewards_use_min_std_and_weights():
     r = algo.centred_rewards(S, update=False)
     # (2.5−0.5)/2 + (10.5−10)/max(0, 0.1) + (0.3−0.2)/0.1 / L_max
     assert r[0, 0] == pytest.approx(1.0 + 5.0 + 0.1)
+
+
+def test_fused_centering_option():
+    """centering='fused' ([derived]): one running statistic of the env's raw fused step reward."""
+    algo = ProRL(centering="fused", min_std=0.1)
+    algo._n_items = 100
+    algo.stats = algo._new_stats()
+
+    class S:  # two users, two steps; the second user's 2nd step is past its EOS
+        ioi = np.array([[1.0, 0.5], [2.0, 0.0]])
+        ior = np.array([[50.0, -10.0], [20.0, 0.0]])
+        ctr = np.array([[0.2, 0.4], [0.6, 0.0]])
+        valid = np.array([[True, True], [True, False]])
+        duplicate = np.array([[False, False], [False, False]])
+        step_mask = valid
+
+    fused = np.array([1.0 + 0.5 + 0.2, 0.5 - 0.1 + 0.4, 2.0 + 0.2 + 0.6])  # CTR + IoI + IoR/n_items
+    r = algo.centred_rewards(S, update=True)
+    mu, sd = fused.mean(), fused.std()
+    np.testing.assert_allclose(r[S.step_mask], (fused - mu) / sd)
+    assert r[1, 1] == 0.0 and algo.stats.mean.shape == (1,)
+    # differs from the per-component reading on the same batch
+    comp = ProRL(min_std=0.1)
+    comp._n_items, comp.stats = 100, RunningStats(3)
+    assert not np.allclose(comp.centred_rewards(S, update=True), r)
+    with pytest.raises(ConfigError):
+        ProRL(centering="nope")
+
+
+def test_beam_search_sorted_consistent_and_no_worse_than_greedy():
+    from agents.rec_model import EOS, beam_search, generate, token_logprobs
+
+    agent = _tiny_agent(seed=1)
+    world = agent.world
+    hist, tgt = world.tasks(np.arange(500_000, 500_004))
+    prompts = agent.vocab.prompts(world.sids.codes[tgt], world.sids.codes[hist])
+    gen, score = beam_search(agent.model, agent.vocab, prompts, beams=4, length_penalty=0.0)
+    assert gen.shape == (4, 4, 41) and torch.isfinite(score).all()
+    assert (score[:, :-1] >= score[:, 1:]).all()  # best first
+    with torch.no_grad():  # the score is the summed constrained log-prob of the returned sequence
+        lp = token_logprobs(agent.model, agent.vocab, prompts.repeat_interleave(4, 0), gen.reshape(16, 41))
+    np.testing.assert_allclose(lp.sum(1).view(4, 4).numpy(), score.numpy(), atol=1e-4)
+    assert ((gen.reshape(16, 41)[:, 0::4] == EOS).sum(1) == 1).all()  # exactly one EOS, at an item boundary
+    _, glp = generate(agent.model, agent.vocab, prompts, greedy=True)
+    assert (score[:, 0] >= glp.sum(1) - 1e-4).all()  # the greedy path is one of the hypotheses beam search keeps
+    m = evaluate_beam(agent, PathScorer(world), np.arange(500_000, 500_004), beams=4, ks=(1, 4))
+    assert m["IoI@4"] >= m["IoI@1"] and m["CTR@4"] >= m["CTR@1"] and 0 <= m["length@1"] <= 10
 
 
 def test_config_validation_and_registry():
