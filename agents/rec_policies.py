@@ -256,18 +256,44 @@ class RecPolicyAgent(Agent):
         return cls(env_id=env_id, model=model, **{**meta.get("world", {}), **kw})
 
 
+def logged_paths(world: World, task_ids, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """"Logged" paths, the stand-in for ProRL's ground-truth pre-training paths: the user's own next L_max items
+    under the hidden user process (continuing exactly the scenario's history), cut after the item closest to the
+    target. Not optimised against the simulator, unlike `expert_paths`. Returns (items [B, 10] with −1 after the
+    stop, lengths [B])."""
+    from shopsim.envs.proactive_rec.simulator import generate_sequences
+    from shopsim.envs.proactive_rec.world import HISTORY_LEN
+
+    seqs = np.stack([generate_sequences(world.emb, 1, HISTORY_LEN + L_MAX, seed=[world.seed, int(t), 0x7A5C])[0]
+                     for t in task_ids])
+    fut = seqs[:, HISTORY_LEN:]
+    cos = (world.emb[fut] * world.emb[np.asarray(targets)][:, None]).sum(-1)
+    lengths = cos.argmax(1) + 1
+    return np.where(np.arange(L_MAX)[None] < lengths[:, None], fut, -1), lengths
+
+
 def pretrained_policy(*, catalog_size: int = 5000, catalog_seed: int = 0, simulator: str = "sasrec",
-                      n_users: int = 1500, sft_steps: int = 400, seed: int = 0, log=None) -> RecPolicyAgent:
-    """The SFT-pre-trained policy (greedy expert paths on train users 900000.., cached in cache_dir)."""
+                      n_users: int = 1500, sft_steps: int = 400, seed: int = 0, sft_source: str = "expert",
+                      log=None) -> RecPolicyAgent:
+    """The SFT-pre-trained policy on train users 900000.. (cached in cache_dir). `sft_source`: 'expert' (greedy
+    simulator-expert paths, privileged) or 'logged' (`logged_paths`, closer to ProRL's ground-truth paths)."""
+    if sft_source not in ("expert", "logged"):
+        from shopsim.errors import ConfigError
+
+        raise ConfigError(f"sft_source={sft_source!r}; choose 'expert' or 'logged'")
     world_kw = dict(catalog_size=catalog_size, catalog_seed=catalog_seed, simulator=simulator)
-    key = f"n{catalog_size}-s{catalog_seed}-{simulator}-sim{SIM_VERSION}-u{n_users}-t{sft_steps}-seed{seed}-v1"
+    src = "" if sft_source == "expert" else f"-{sft_source}"
+    key = f"n{catalog_size}-s{catalog_seed}-{simulator}-sim{SIM_VERSION}{src}-u{n_users}-t{sft_steps}-seed{seed}-v1"
     path = cache_dir() / "proactive_rec" / f"policy-{key}"
     if (path / "shopsim_agent.json").is_file():
         return RecPolicyAgent.from_checkpoint(path)
     world = get_world(catalog_size, catalog_seed, simulator)
     ids = np.arange(900_000, 900_000 + n_users)
     hist, tgt = world.tasks(ids)
-    items, lengths = expert_paths(world, hist, tgt)
+    if sft_source == "expert":
+        items, lengths = expert_paths(world, hist, tgt)
+    else:
+        items, lengths = logged_paths(world, ids, tgt)
     vocab = SidVocab(world.sids.sizes)
     codes = world.sids.codes[np.clip(items, 0, None)]
     prompts = vocab.prompts(world.sids.codes[tgt], world.sids.codes[hist])
@@ -286,4 +312,4 @@ def pretrained_policy(*, catalog_size: int = 5000, catalog_seed: int = 0, simula
 
 
 __all__ = ["GreedyRecExpert", "RandomRecAgent", "RecPolicyAgent", "expert_paths", "greedy_step", "pretrained_policy",
-           "random_paths", "GEN_LEN", "PAD"]
+           "random_paths", "logged_paths", "GEN_LEN", "PAD"]

@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-tasks", type=int, default=64)
     ap.add_argument("--sft-users", type=int, default=None)
     ap.add_argument("--sft-steps", type=int, default=None)
+    ap.add_argument("--sft-source", default="expert", choices=["expert", "logged"],
+                    help="pre-training paths: greedy simulator expert, or the users' own logged continuations")
     ap.add_argument("--valid-only", action="store_true", help="catalog-constrained decoding (no hallucinated IDs)")
     ap.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS),
                     help="algorithms to train (prorl-fused / prorl-path: ablations)")
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     wk = dict(catalog_size=size, simulator=args.simulator)
     t0 = time.time()
-    init = pretrained_policy(**wk, n_users=sft_users, sft_steps=sft_steps, log=print)
+    init = pretrained_policy(**wk, n_users=sft_users, sft_steps=sft_steps, sft_source=args.sft_source, log=print)
     init.valid_only = args.valid_only
     if args.valid_only:
         init.vocab.restrict_to(init.world.sids.codes)
@@ -106,7 +108,8 @@ def main(argv=None) -> int:
 
 def _table(out, refs, results, gv, args, size, iters):
     lines = [f"# ProRL reproduction (ProactiveRec-v0, catalog {size}, {args.simulator}, {iters} iterations/arm, "
-             f"lr {args.lr}, 16 rollouts x {args.prompts_per_iter} prompts)", "",
+             f"lr {args.lr}, 16 rollouts x {args.prompts_per_iter} prompts, SFT on {args.sft_source} paths, "
+             f"valid_only={args.valid_only})", "",
              "Held-out dev users, greedy decoding. IoI/IoR = sums over the path, CTR = mean per item (invalid = 0), "
              "distinct = share of distinct paths across users; sampled length = mean over the training rollouts "
              "(first iteration -> mean of the last 3).", "",

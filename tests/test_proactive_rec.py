@@ -268,3 +268,23 @@ def test_policy_agent_per_step_matches_batched_decoding(valid_only):
         np.testing.assert_allclose(logps[:n_tok], lp[row, :n_tok].numpy(), atol=1e-5)
         if valid_only:
             assert (items[row, : lengths[row]] >= 0).all()
+
+
+def test_logged_paths_continue_the_history():
+    """`logged_paths` (the 'logged' SFT source) continues exactly the scenario's history under the hidden process."""
+    from agents.rec_policies import logged_paths, pretrained_policy
+    from shopsim.envs.proactive_rec.simulator import generate_sequences
+
+    world = get_world(500, 0, "analytic")
+    ids = np.array([3, 17, 900_001])
+    hist, tgt = world.tasks(ids)
+    items, lengths = logged_paths(world, ids, tgt)
+    for i, t in enumerate(ids):
+        seq = generate_sequences(world.emb, 1, 20, seed=[world.seed, int(t), 0x7A5C])[0]
+        assert (seq[:10] == hist[i]).all()  # the same user: its history is the prefix of the longer sequence
+        n = int(lengths[i])
+        assert 1 <= n <= 10 and (items[i, :n] == seq[10:10 + n]).all() and (items[i, n:] == -1).all()
+        cos = world.emb[seq[10:]] @ world.emb[tgt[i]]
+        assert cos[n - 1] == cos.max()  # cut after the item closest to the target
+    with pytest.raises(ConfigError):
+        pretrained_policy(catalog_size=500, simulator="analytic", sft_source="nope")
