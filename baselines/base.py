@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from shopsim.errors import ConfigError
+from shopsim.paths import atomic_path
 
 
 @dataclass
@@ -62,3 +63,22 @@ class Algorithm:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"
+
+
+def write_metrics_csv(path: str | Path, history: list[dict]) -> Path:
+    """Write one row per iteration to `path` (the union of all keys as columns), atomically.
+
+    Every trainer writes its learning curve this way, so the leaderboard can plot any run's `metrics.csv`.
+    """
+    import csv
+    import os
+
+    path = Path(path)
+    keys = list(dict.fromkeys(k for row in history for k in row))
+    tmp = atomic_path(path)
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(history)
+    os.replace(tmp, path)
+    return path

@@ -25,7 +25,6 @@ A + log1p(−exp(B − A) + 1e-10) in float32 (A = logsumexp of all scores, B = 
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import logging
 import time
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 
 from agents.retrieval_policies import MoERetriever, PLRetriever, gumbel_noise, gumbel_top_k, pl_log_prob
-from baselines.base import Algorithm, TrainResult
+from baselines.base import Algorithm, TrainResult, write_metrics_csv
 from shopsim.envs.two_stage_retrieval import (
     TwoStageRetrievalConfig,
     TwoStageRetrievalSim,
@@ -299,21 +298,13 @@ class CAPGTrainer(Algorithm):
                 break
         if bar is not None:
             bar.close()
-        _write_csv(out_dir / "metrics.csv", history)
+        write_metrics_csv(out_dir / "metrics.csv", history)
         agent.greedy = True  # the card evaluates the deterministic top-K retriever
         ckpt = agent.save(out_dir / "checkpoint", algorithm=self.estimator, seed=seed, steps=step,
                           config=dataclasses.asdict(c), overflow=overflow)
         return TrainResult(out_dir=out_dir, history=history, agent=agent, checkpoint=ckpt)
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(path)
 
 
 def gradient_variance(trainer: CAPGTrainer, agent: PLRetriever, sim: TwoStageRetrievalSim, *, batches: int = 64,

@@ -14,7 +14,6 @@ GAE (per-agent cost rewards, or the team cost with `team_reward`).
 
 from __future__ import annotations
 
-import csv
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,12 +23,23 @@ import numpy as np
 import torch
 
 from agents.inventory_nets import HybridPolicy, SumValue, n_features, sku_features
-from baselines.base import Algorithm, TrainResult
+from baselines.base import Algorithm, TrainResult, write_metrics_csv
 from baselines.core.gae import gae
 from shopsim.envs import check_env_id
-from shopsim.envs.replenishment import (PAST_DEMANDS, ReplenishmentConfig, Scenario, demand_means, draw_task, initial_state,
-                                        make_scenario, sample_demand, stack_scenarios, step_torch)
+from shopsim.envs.replenishment import (
+    PAST_DEMANDS,
+    ReplenishmentConfig,
+    Scenario,
+    demand_means,
+    draw_task,
+    initial_state,
+    make_scenario,
+    sample_demand,
+    stack_scenarios,
+    step_torch,
+)
 from shopsim.errors import ConfigError
+from shopsim.trajectory import to_jsonable
 
 
 @dataclass
@@ -316,13 +326,13 @@ class HybridPPO(Algorithm):
         if c.eval_scenarios:
             ev = evaluate(policy, sim, split="dev", n=c.eval_scenarios, mode=self.mode)
             history[-1].update({"dev_cost": ev})
-        _write_csv(out_dir / "metrics.csv", history)
+        write_metrics_csv(out_dir / "metrics.csv", history)
         from agents.inventory_policies import HybridPolicyAgent
 
         agent = HybridPolicyAgent(env_id=env_id, policy=policy.eval(), deterministic=True,
                                   gaussian=self.mode == "gaussian")
-        ckpt = agent.save(out_dir / "checkpoint", algorithm=self.name, config=_jsonable(asdict(c)),
-                          env_kwargs=_jsonable({**c.env_kwargs, **(env_kwargs or {})}), seed=seed)
+        ckpt = agent.save(out_dir / "checkpoint", algorithm=self.name, config=to_jsonable(asdict(c)),
+                          env_kwargs=to_jsonable({**c.env_kwargs, **(env_kwargs or {})}), seed=seed)
         return TrainResult(out_dir=out_dir, history=history, agent=agent, checkpoint=ckpt)
 
     def update_iteration(self, sim, b, policy, value, opt, gen) -> dict:
@@ -345,20 +355,3 @@ def evaluate(policy: HybridPolicy, sim: InventorySim, *, split: str = "test", n:
     ro = sim.rollout(policy, b, mode=mode, deterministic=True)
     return float(reported_cost(ro["cost"], sim.cfg.warmup).sum(-1).mean())
 
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
-def _write_csv(path: Path, history: list[dict]) -> None:
-    keys: list[str] = []
-    for row in history:
-        keys += [k for k in row if k not in keys]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(history)

@@ -18,7 +18,6 @@ An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import random
@@ -30,12 +29,20 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from baselines.base import Algorithm, TrainResult
+from baselines.base import Algorithm, TrainResult, write_metrics_csv
 from shopsim.errors import ConfigError
 
 from .batch import Batch, build_batch
 from .config import Advantages, Ctx, LMConfig
-from .losses import aggregate, aggregation_weights, clipped_surrogate, entropy_from_logits, kl_term, token_logprobs, value_loss
+from .losses import (
+    aggregate,
+    aggregation_weights,
+    clipped_surrogate,
+    entropy_from_logits,
+    kl_term,
+    token_logprobs,
+    value_loss,
+)
 from .stats import explained_variance, masked_mean, masked_whiten
 from .value_head import ValueModel
 
@@ -455,7 +462,7 @@ class LMAlgorithm(Algorithm):
             if (c.eval_every and (it + 1) % c.eval_every == 0) or last:
                 row.update(self.evaluate(env_id, agent, seed=10_000 + seed, env_kwargs=env_kwargs, env_fns=env_fns))
             history.append(row)
-            _write_csv(out / "metrics.csv", history)
+            write_metrics_csv(out / "metrics.csv", history)
             if writer is not None:
                 for k, v in row.items():
                     if isinstance(v, (int, float)) and math.isfinite(float(v)):
@@ -479,15 +486,3 @@ def _tb_writer(path: Path):
         return None
     return SummaryWriter(str(path))
 
-
-def _write_csv(path: Path, history: list[dict]) -> None:
-    keys: list[str] = []
-    for row in history:
-        keys.extend(k for k in row if k not in keys)
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for row in history:
-            w.writerow(row)
-    tmp.replace(path)
