@@ -8,8 +8,25 @@ What a faithful reproduction should show (card §15):
 * ProRL keeps lengths useful and improves IoI and CTR over the pre-trained (SFT) policy;
 * position-specific advantages have lower gradient variance than the whole-path reward.
 
-All arms start from the same SFT policy (greedy simulator-expert paths) and use the same learning rate, rollouts
-(16 per prompt) and prompts. Writes `table.md`, `results.json`, `curves.png` and per-arm `metrics.csv` under --out.
+All arms start from the same SFT policy (greedy simulator-expert paths, or with --sft-source logged the users' own
+continuations) and use the same learning rate, rollouts (16 per prompt) and prompts. Arms `prorl-fused`
+(centering="fused", card §15 [derived]) and `prorl-path` (whole-path credit) are ablations. Besides greedy decoding,
+every policy is evaluated as in the paper: beam search with 10 beams, Metric@K = max over the top-K beams.
+Writes `table.md`, `results.json`, `curves.png` and per-arm `metrics.csv` under --out.
+
+Findings (2026-12-02, 2k catalog, SASRec, 100 iterations x 8 prompts x 16 rollouts, CPU under contention; see the
+report in git history for the full tables). The implementation matches the card (audit in baselines/prorl.py). The
+first world saturated after 2-3 items (an artefact of frequent interest jumps in the synthetic logs; fixed in
+shopsim/envs/proactive_rec/simulator.py). In the corrected world: REINFORCE and GRPO drift to length 10; ProRL's
+centering stops and reverses the length growth, to ~1 item; ProRL raises IoI over a weak (logged-path) SFT start
+(0.07 -> 0.77; REINFORCE 0.50) but not over the expert SFT start (2.23 -> 1.86), and lowers CTR in every setting;
+position-specific credit lowers the *relative* gradient variance (|cov| / |mean grad|^2: 1.95 vs 3.37 expert start,
+2.97 vs 3.91 logged start) but not the absolute one. Why: centering with a global mean frozen after epoch 1 makes
+the objective Σ_k (r_k − μ), a per-item charge of μ = the SFT policy's average item reward. log P(target) is concave
+in the number of steering items (one item from the target's genre: +2.2 nats; each further one ~+0.3), so every
+item after the first earns less than μ and the optimum is a single "jump" item, whose CTR is low (0.06); CTR's weight
+w_ctr/L_max cannot hold it back. The paper's claim needs a world where per-item gains do not fall below the epoch-1
+average over a path, which neither our SASRec nor the analytic simulator is.
 """
 
 from __future__ import annotations
