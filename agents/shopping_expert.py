@@ -14,7 +14,11 @@ It opens results judged from the result line alone (type and goal attributes in 
 ceiling), as a language agent must, and goes back (``click[< prev]``) when the product page shows a missing option.
 If no matching product shows up in two result pages or after 6 wrong product pages it searches the target
 product's title (a privileged fallback: about 3% of find_and_buy, 1% of clarify_and_buy and 7% of bundle
-episodes on the 10k catalog). Strategy instructions are followed: ``ask_first`` asks before searching,
+episodes on the 10k catalog). Options for SFT data that a small LM copies more easily: ``click_by="index"`` opens
+a result by its position (``click[#3]``, see the env's ``numbered_results``) instead of its SKU; ``query="span"``
+searches ``<attributes> <type>`` only (a contiguous phrase of the instruction) instead of also the option values;
+``query="instruction"`` searches the task line itself up to its price clause (a prefix copy).
+Strategy instructions are followed: ``ask_first`` asks before searching,
 ``confirm_before_buying`` sends an ``answer[...]`` naming the product before buying.
 """
 
@@ -47,8 +51,14 @@ class ShoppingExpert(ScriptedAgent):
     name = "expert"
 
     def __init__(self, env_id: str = "shopsim/Shopping-v0", catalog_size: int | None = None,
-                 catalog_seed: int | None = None):
+                 catalog_seed: int | None = None, click_by: str = "sku", query: str = "full"):
+        if click_by not in ("sku", "index"):
+            raise ValueError(f"click_by={click_by!r}; choose 'sku' or 'index'")
+        if query not in ("full", "span", "instruction"):
+            raise ValueError(f"query={query!r}; choose 'full' (attributes, option values, type), 'span' or "
+                             "'instruction'")
         self.env_id = env_id
+        self.click_by, self.query = click_by, query
         self.catalog_size, self.catalog_seed = catalog_size, catalog_seed
         self.state: dict[int, dict] = {}
 
@@ -71,6 +81,9 @@ class ShoppingExpert(ScriptedAgent):
         oracle = info["oracle"]
         if oracle["family"] == "after_sales":
             return self._after_sales(st, oracle["request"], info)
+        if "instruction" not in st and isinstance(observation, str) and observation.startswith("Task: "):
+            line = observation.split("\n", 1)[0][len("Task: "):]
+            st["instruction"] = line.split(", and price lower than")[0].strip()
         return self._shop(st, oracle, info)
 
     # ---- shopping families -------------------------------------------------------------------------------
@@ -134,7 +147,10 @@ class ShoppingExpert(ScriptedAgent):
             return "finish"  # nothing fits even after searching the target's title (not seen in tests)
         st["phase"] = "searched"
         st["pages"] = 0
-        words = [*goal.attributes, *(v for _, v in goal.options), goal.product_type]
+        if self.query == "instruction" and st.get("instruction"):
+            return f"search[{st['instruction']}]"
+        opts = [v for _, v in goal.options] if self.query == "full" else []
+        words = [*goal.attributes, *opts, goal.product_type]
         return f"search[{' '.join(words)}]"
 
     def _candidate(self, goal: Goal, s: dict, st: dict, cat, goals, gi, bundle) -> str | None:
@@ -151,7 +167,7 @@ class ShoppingExpert(ScriptedAgent):
                 continue
             key = (-sum(a.lower() in title for a in goal.attributes), pos)
             if best_key is None or key < best_key:
-                best, best_key = r["sku"], key
+                best, best_key = (r["sku"] if self.click_by == "sku" else f"#{pos + 1}"), key
         return best
 
     @staticmethod

@@ -108,3 +108,32 @@ def test_rollout_runner_with_expert_and_random(tmp_path):
     trajs = collect(ENV_ID, ShoppingExpert(env_id=ENV_ID), episodes=4, split="test", num_envs=2, vector="sync",
                     env_kwargs={"catalog_size": SIZE}, progress=False)
     assert all(t.turns[-1].info["success"] for t in trajs)
+
+
+@pytest.mark.parametrize("query", ["full", "instruction"])
+def test_expert_sft_options_click_by_index_and_copyable_query(query):
+    """The SFT-data options: results opened by position on a numbered results page, the search either the goal
+    words or the task line up to its price clause; success stays at the expert's level."""
+    env = ShoppingEnv(catalog_size=SIZE, numbered_results=True, results_per_page=5)
+    expert = ShoppingExpert(env_id=ENV_ID, click_by="index", query=query)
+    expert.reset(1, 0)
+    ids = list(split_ids("test"))[:20]
+    actions = []
+    for i, tid in enumerate(ids):
+        obs, info = env.reset(seed=i, options={"family": "find_and_buy", "task_id": tid, "split": "test"})
+        task_line = obs.splitlines()[0][len("Task: "):]
+        expert.begin_episode(0, obs, info)
+        first = expert.act_one(0, obs, info)
+        if query == "instruction":
+            assert first == f"search[{task_line.split(', and price lower than')[0]}]"
+        obs, _, term, trunc, info = env.step(first)
+        while not (term or trunc):
+            a = expert.act_one(0, obs, info)
+            actions.append(a)
+            obs, _, term, trunc, info = env.step(a)
+        actions.append(info["episode_metrics"]["success"])
+    success = np.mean([a for a in actions if isinstance(a, float)])
+    clicks = [a for a in actions if isinstance(a, str) and a.startswith("click[#")]
+    assert success >= 0.9 and clicks and not any(a.startswith("click[B0") for a in actions if isinstance(a, str))
+    with pytest.raises(ValueError, match="click_by"):
+        ShoppingExpert(env_id=ENV_ID, click_by="title")

@@ -458,3 +458,27 @@ def test_checkout_of_extra_lines_in_a_one_item_family_is_divided(env):
     _, r, term, _, info = env.step("checkout")
     assert term and info["reward_parts"]["lines_bought"] == 2.0
     assert r == pytest.approx(0.5) and info["success"] is False  # the perfect line, divided by 2 lines
+
+
+@pytest.mark.parametrize("numbered", [False, True])
+def test_positional_result_clicks(numbered):
+    """click[#k] / click[k] opens the k-th result shown (text and JSON alike); SKU clicks still work; the
+    numbered rendering prefixes each result line with its position."""
+    env = ShoppingEnv(catalog_size=SIZE, results_per_page=5, numbered_results=numbered)
+    opened = []
+    for action in ("click[#3]", "click[3]", '{"name": "click", "arguments": {"target": "#3"}}', None):
+        env.reset(seed=0, options={"family": "find_and_buy", "task_id": 21})
+        obs, _, _, _, info = env.step("search[cotton t-shirt]")
+        res = info["structured"]["results"]
+        assert len(res) == 5
+        lines = [ln for ln in obs.splitlines() if f"[{res[2]['sku']}]" in ln]
+        assert lines and lines[0].startswith("#3 [") == numbered
+        obs, _, _, _, info = env.step(action or f"click[{res[2]['sku']}]")
+        assert info["invalid_action"] is None and info["structured"]["page"] == "item"
+        opened.append(info["structured"]["product"]["sku"])
+    assert opened == [res[2]["sku"]] * 4
+    env.reset(seed=0, options={"family": "find_and_buy", "task_id": 21})
+    env.step("search[cotton t-shirt]")
+    for bad in ("click[#6]", "click[#0]", "click[#x]"):
+        _, _, _, _, info = env.step(bad)
+        assert info["invalid_action"] and info["structured"]["page"] == "results"

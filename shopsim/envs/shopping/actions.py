@@ -8,7 +8,7 @@ function calling sends it); anything else is read as text. Both forms parse into
 | text form | JSON tool call | what it does |
 |---|---|---|
 | ``search[q]`` | ``{"name": "search", "arguments": {"query": q}}`` | full-text search; shows results page 1 |
-| ``click[x]`` | ``{"name": "click", "arguments": {"target": x}}`` | click a SKU on a results page, an option value or a button (``buy now``, ``add to cart``, ``description``, ``next >``, ``< prev``, ``back to search``, ``checkout``) |
+| ``click[x]`` | ``{"name": "click", "arguments": {"target": x}}`` | click a SKU on a results page (or its position on the page: ``click[#3]`` / ``click[3]`` = the 3rd result shown), an option value or a button (``buy now``, ``add to cart``, ``description``, ``next >``, ``< prev``, ``back to search``, ``checkout``) |
 | ``back`` | ``{"name": "back", "arguments": {}}`` | return to the previous page |
 | ``next_page`` / ``prev_page`` | ``{"name": "next_page"}`` / ``{"name": "prev_page"}`` | same as ``click[next >]`` / ``click[< prev]`` on a results page |
 | ``ask[question]`` | ``{"name": "ask", "arguments": {"question": ...}}`` | ask the customer (costs patience) |
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 #: name -> (argument names, one-line description). The order of argument names is the text form's order.
 TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
     "search": (("query",), "Search the catalog with keywords; shows the first page of results."),
-    "click": (("target",), ("Click a product SKU, an option value or a button shown on the current page "
+    "click": (("target",), ("Click a product SKU (or '#3' for the 3rd result shown), an option value or a button "
+                            "shown on the current page "
                             "('buy now', 'add to cart', 'description', 'next >', '< prev', 'back to search', "
                             "'checkout').")),
     "back": ((), "Go back to the previous page."),

@@ -81,7 +81,9 @@ class ShoppingEnv(gym.Env):
     ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop), ``max_input_chars=1000``,
     ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None`` (a class or callable ``(task, rng)`` returning a
     simulated user with the `customer.Customer` interface: the plug-in point for other user simulators, e.g. an
-    LLM-backed one; default: the seeded programmatic `Customer`).
+    LLM-backed one; default: the seeded programmatic `Customer`), ``numbered_results=False`` (prefix each result
+    line with its position on the page, ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]`` instead
+    of copying a 10-character SKU; positional clicks are accepted either way).
 
     ## Vector envs
     Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
@@ -97,7 +99,8 @@ class ShoppingEnv(gym.Env):
     def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
-                 max_turns: int = 60, render_mode: str | None = None, customer=None):
+                 max_turns: int = 60, render_mode: str | None = None, customer=None,
+                 numbered_results: bool = False):
         if obs_mode not in ("compact", "full"):
             raise ConfigError(f"obs_mode={obs_mode!r}; choose 'compact' or 'full'")
         if family is not None and family not in FAMILIES:
@@ -120,6 +123,7 @@ class ShoppingEnv(gym.Env):
             raise ConfigError("customer must be a class or callable (task, rng) -> customer; see "
                               "shopsim.envs.shopping.customer for the protocol")
         self.customer_factory = customer or Customer
+        self.numbered_results = bool(numbered_results)
         self._attach_catalog()
         self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
@@ -369,10 +373,15 @@ class ShoppingEnv(gym.Env):
             if t == "< prev" and self.page_num > 0:
                 self.page_num -= 1
                 return
-            for pid, sku, _, _ in self.page_rows():
+            rows = self.page_rows()
+            for pid, sku, _, _ in rows:
                 if sku.lower() == t:
                     self._open(pid)
                     return
+            pos = t[1:] if t.startswith("#") else t  # positional reference: click[#3] / click[3] = 3rd result shown
+            if pos.isdigit() and 1 <= int(pos) <= len(rows):
+                self._open(rows[int(pos) - 1][0])
+                return
         elif page == "item":
             if t == "< prev":
                 while self.history and self.history[-1][0] == "item":

@@ -71,8 +71,10 @@ def page_lines(env, full: bool) -> list[str]:
         n_pages = max(1, -(-len(env.hits) // env.results_per_page))
         lines = [(f'Page: results for "{clean(_short(env.query, 80))}" (page {env.page_num + 1} of {n_pages}, '
                   f"{len(env.hits)} results)")]
-        for pid, sku, title, price in env.page_rows():
+        for pos, (pid, sku, title, price) in enumerate(env.page_rows(), 1):
             line = f"[{sku}] {_short(title, TITLE_CHARS if not full else 200)} ${price:.2f}"
+            if getattr(env, "numbered_results", False):
+                line = f"#{pos} {line}"
             if full:
                 line += f" ({env._rating(pid)})"
             lines.append(line)
