@@ -14,19 +14,30 @@ continuations) and use the same learning rate, rollouts (16 per prompt) and prom
 every policy is evaluated as in the paper: beam search with 10 beams, Metric@K = max over the top-K beams.
 Writes `table.md`, `results.json`, `curves.png` and per-arm `metrics.csv` under --out.
 
-Findings (2026-12-02, 2k catalog, SASRec, 100 iterations x 8 prompts x 16 rollouts, CPU under contention; see the
-report in git history for the full tables). The implementation matches the card (audit in baselines/prorl.py). The
-first world saturated after 2-3 items (an artefact of frequent interest jumps in the synthetic logs; fixed in
-shopsim/envs/proactive_rec/simulator.py). In the corrected world: REINFORCE and GRPO drift to length 10; ProRL's
-centering stops and reverses the length growth, to ~1 item; ProRL raises IoI over a weak (logged-path) SFT start
-(0.07 -> 0.77; REINFORCE 0.50) but not over the expert SFT start (2.23 -> 1.86), and lowers CTR in every setting;
-position-specific credit lowers the *relative* gradient variance (|cov| / |mean grad|^2: 1.95 vs 3.37 expert start,
+Findings (2026-12-02, 2k catalog, SASRec, --valid-only, 8 prompts x 16 rollouts, CPU under contention; full
+tables in the commit message). The implementation matches the card (audit in baselines/prorl.py). The first world
+saturated after 2-3 items (an artefact of frequent interest jumps in the synthetic logs; fixed in
+shopsim/envs/proactive_rec/simulator.py). In the corrected world, from the logged-path SFT start at the card's lr
+1e-4 (the defaults here), 100 iterations: REINFORCE drifts to length 9.9 with CTR and IoI flat; ProRL shortens paths
+8.8 -> 4.4 and raises CTR 0.23 -> 0.41 (beam CTR@10 0.31 -> 0.54) with IoI about flat (0.07 -> 0.09; IoI@10
+0.36 -> 0.42, IoI@1 0.15 -> 0.08) - the closest we get to the card. With lr 1e-3 ProRL keeps shrinking to one
+item: IoI 0.07 -> 0.77 (REINFORCE 0.50) but CTR 0.23 -> 0.15 and paths collapse across users (distinct 0.05);
+from the expert SFT start (already near-optimal for the path sum) ProRL lowers both IoI and CTR.
+Position-specific credit lowers the *relative* gradient variance (|cov| / |mean grad|^2: 1.95 vs 3.37 expert start,
 2.97 vs 3.91 logged start) but not the absolute one. Why: centering with a global mean frozen after epoch 1 makes
 the objective Σ_k (r_k − μ), a per-item charge of μ = the SFT policy's average item reward. log P(target) is concave
 in the number of steering items (one item from the target's genre: +2.2 nats; each further one ~+0.3), so every
 item after the first earns less than μ and the optimum is a single "jump" item, whose CTR is low (0.06); CTR's weight
 w_ctr/L_max cannot hold it back. The paper's claim needs a world where per-item gains do not fall below the epoch-1
-average over a path, which neither our SASRec nor the analytic simulator is.
+average over a path; neither our SASRec nor the analytic simulator (first-draft run: ProRL length 8 -> 2.9, CTR
+0.15 -> 0.07) is such a world.
+
+Commands behind these numbers (SHOPSIM_CACHE_DIR of your choice):
+    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --arms prorl reinforce
+    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --lr 1e-3 \
+        --arms prorl reinforce prorl-fused grpo
+    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --lr 1e-3 --sft-source expert \
+        --arms prorl prorl-fused reinforce grpo prorl-path
 """
 
 from __future__ import annotations
@@ -58,13 +69,14 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--catalog-size", type=int, default=None)
     ap.add_argument("--simulator", default="sasrec", choices=["sasrec", "analytic"])
-    ap.add_argument("--lr", type=float, default=5e-4, help="same for every arm")
+    ap.add_argument("--lr", type=float, default=1e-4, help="same for every arm (card §15: 1e-4 on ML-1M)")
     ap.add_argument("--prompts-per-iter", type=int, default=8)
     ap.add_argument("--eval-tasks", type=int, default=64)
     ap.add_argument("--sft-users", type=int, default=None)
     ap.add_argument("--sft-steps", type=int, default=None)
-    ap.add_argument("--sft-source", default="expert", choices=["expert", "logged"],
-                    help="pre-training paths: greedy simulator expert, or the users' own logged continuations")
+    ap.add_argument("--sft-source", default="logged", choices=["expert", "logged"],
+                    help="pre-training paths: the users' own logged continuations (ProRL pre-trains on ground-truth "
+                         "paths; default) or the privileged greedy simulator expert")
     ap.add_argument("--valid-only", action="store_true", help="catalog-constrained decoding (no hallucinated IDs)")
     ap.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS),
                     help="algorithms to train (prorl-fused / prorl-path: ablations)")
