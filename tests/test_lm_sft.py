@@ -64,11 +64,37 @@ def test_sft_loss_falls_on_train_and_held_out(expert_trajs, tmp_path):
 
 @pytest.mark.skipif(not (default_checkpoint_dir() / "config.json").is_file(), reason="no shipped SFT checkpoint")
 def test_shipped_checkpoint_beats_random_on_held_out_tasks():
-    """The shipped SFT checkpoint (data/lm/sft) on test-split find_and_buy tasks versus the random agent."""
-    lm = LMAgent(env_id=ENV, greedy=True)
-    sft = evaluate(lm, ENV, episodes=16, split="test", reset_options=FIND, num_envs=16)
-    rand = evaluate(agents.make("random", ENV), ENV, episodes=16, split="test", reset_options=FIND, num_envs=16)
+    """The shipped SFT checkpoint (data/lm/sft) on test-split find_and_buy tasks versus the random agent, on the
+    env options its manifest records (as `shopsim eval --checkpoint` uses them)."""
+    from agents.registry import CHECKPOINT_MANIFEST
+    from shopsim.commands.eval import manifest_env_kwargs
+
+    ckpt = default_checkpoint_dir()
+    lm = agents.load_checkpoint(ckpt, env_id=ENV, greedy=True)
+    assert isinstance(lm, LMAgent)
+    kw = manifest_env_kwargs(ckpt / CHECKPOINT_MANIFEST)
+    sft = evaluate(lm, ENV, episodes=16, split="test", reset_options=FIND, num_envs=16, env_kwargs=kw)
+    rand = evaluate(agents.make("random", ENV), ENV, episodes=16, split="test", reset_options=FIND, num_envs=16,
+                    env_kwargs=kw)
     assert sft["success"] > rand["success"] and sft["score"] > rand["score"]
+
+
+def test_sft_data_options_reach_the_expert_env_and_manifest(tmp_path):
+    """Positional clicks in the SFT data (expert click_by="index" on a numbered env) and the env options recorded
+    in the checkpoint so that evaluation uses the same rendering."""
+    kw = {"numbered_results": True, "results_per_page": 5}
+    trajs = expert_trajectories(ENV, 6, reset_options=FIND, progress=False, num_envs=2, env_kwargs=kw,
+                                expert_kwargs={"click_by": "index", "query": "instruction"})
+    acts = [str(t.action) for tr in trajs for t in tr.turns]
+    assert any(a.startswith("click[#") for a in acts) and not any(a.startswith("click[B0") for a in acts)
+    assert "\n#1 [" in trajs[0].turns[1].observation
+    cfg = SFTConfig(steps=2, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
+                    reset_options=FIND, max_new_tokens=8, env_kwargs=kw)
+    agent, _ = train_sft(ENV, trajs, cfg, out_dir=tmp_path, progress=False)
+    from agents.registry import CHECKPOINT_MANIFEST
+    from shopsim.commands.eval import manifest_env_kwargs
+
+    assert manifest_env_kwargs(tmp_path / "checkpoint" / CHECKPOINT_MANIFEST) == kw
 
 
 def test_sft_is_deterministic(expert_trajs, tmp_path):

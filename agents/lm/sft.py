@@ -14,6 +14,12 @@ page only slowly when ~3% of the tokens carry a target; it is off unless asked f
 (``loss`` is always the agent-token loss, ``total_loss`` includes the auxiliary term). Held-out evaluation runs the agent greedily on the dev split with the
 rollout runner. Checkpoints are ``save_pretrained`` folders (safetensors) with the shopsim manifest
 (`agents.load_checkpoint` reads them). `train_sft` also writes ``metrics.csv`` and ``sft_curve.png``.
+
+Copy-light data (`expert_trajectories(..., env_kwargs={"numbered_results": True, "results_per_page": 5},
+expert_kwargs={"click_by": "index", "query": "instruction"})`, `shopsim sft --numbered-results --expert-query
+instruction`): the expert opens results by position (``click[#1]``) instead of a 10-character SKU and searches the
+task line itself (a prefix copy); `SFTConfig.env_kwargs` records the env options in the checkpoint manifest so that
+`shopsim eval --checkpoint` evaluates on the same rendering.
 """
 
 from __future__ import annotations
@@ -65,6 +71,9 @@ class SFTConfig:
     num_envs: int = 16
     reset_options: dict = field(default_factory=dict)
     """Options for the evaluation resets (e.g. {"family": "find_and_buy"})."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Env constructor options for the evaluations (e.g. {"numbered_results": True, "results_per_page": 5});
+    recorded in the checkpoint manifest so that `shopsim eval --checkpoint` evaluates on the same env."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1:
@@ -76,14 +85,15 @@ class SFTConfig:
 
 
 def expert_trajectories(env_id: str, episodes: int, *, seed: int = 0, split: str = "train", reset_options=None,
-                        num_envs: int = 16, progress: bool = True):
-    """Scripted-expert episodes on `split` (seeds `seed .. seed+episodes-1`)."""
+                        num_envs: int = 16, progress: bool = True, env_kwargs=None, expert_kwargs=None):
+    """Scripted-expert episodes on `split` (seeds `seed .. seed+episodes-1`); `expert_kwargs` go to the expert
+    (e.g. ``{"click_by": "index", "query": "span"}``), `env_kwargs` to the env."""
     import agents
     from shopsim.rollout import collect
 
-    expert = agents.make("expert", env_id)
+    expert = agents.make("expert", env_id, **(expert_kwargs or {}))
     return collect(env_id, expert, episodes=episodes, seed=seed, split=split, reset_options=reset_options,
-                   num_envs=num_envs, progress=progress)
+                   num_envs=num_envs, progress=progress, env_kwargs=env_kwargs or None)
 
 
 def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", history: int = 2,
@@ -172,12 +182,12 @@ def heldout_loss(model, rows, pad_id: int, batch_size: int = 16) -> float:
 
 
 def evaluate(agent, env_id: str, *, episodes: int, split: str = "dev", seed: int = 10_000, num_envs: int = 16,
-             reset_options=None, progress: bool = False) -> dict:
+             reset_options=None, progress: bool = False, env_kwargs=None) -> dict:
     """Greedy rollouts on `split`: success, score, turns, invalid-action rate and success per task family."""
     from shopsim.rollout import collect, summarize
 
     trajs = collect(env_id, agent, episodes=episodes, seed=seed, split=split, num_envs=num_envs,
-                    reset_options=reset_options, progress=progress)
+                    reset_options=reset_options, progress=progress, env_kwargs=env_kwargs or None)
     out = summarize(trajs)
     fams: dict[str, list[bool]] = {}
     for t in trajs:
@@ -269,11 +279,13 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         if last or (config.eval_every and (step + 1) % config.eval_every == 0):
             model.eval()
             ev = evaluate(agent, env_id, episodes=config.eval_episodes, split=config.eval_split,
-                          num_envs=config.num_envs, reset_options=config.reset_options or None)
+                          num_envs=config.num_envs, reset_options=config.reset_options or None,
+                          env_kwargs=config.env_kwargs)
             rec.update({f"eval_{k}": v for k, v in ev.items()})
             rec["time_s"] = time.perf_counter() - t0
             if not last:  # latest checkpoint, so that an interrupted run still leaves a usable one
                 agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), step=step + 1,
+                           env_kwargs=dict(config.env_kwargs),
                            final_eval={k: v for k, v in rec.items() if k.startswith("eval_")})
                 _write_csv(history + [rec], out_dir / "metrics.csv")
         history.append(rec)
@@ -286,7 +298,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     if bar is not None:
         bar.close()
     model.eval()
-    ckpt = agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows),
+    ckpt = agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), env_kwargs=dict(config.env_kwargs),
                       final_eval={k: v for k, v in history[-1].items() if k.startswith("eval_")})
     _write_csv(history, out_dir / "metrics.csv")
     plot_curve(history, out_dir / "sft_curve.png")

@@ -36,6 +36,12 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-every", type=int, default=500, help="dev evaluation interval in steps (0: end only)")
     p.add_argument("--eval-episodes", type=positive_int, default=50)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--numbered-results", action="store_true",
+                   help="env numbered_results=True and the expert clicks results by position (click[#3])")
+    p.add_argument("--expert-query", choices=["full", "span", "instruction"], default="full",
+                   help="the expert's search: full = attributes, option values, type; span = '<attributes> <type>'; "
+                        "instruction = the task line up to its price clause (default: %(default)s)")
+    p.add_argument("--results-per-page", type=positive_int, default=None, help="env results_per_page")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -52,17 +58,22 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     opts = {"family": args.family} if args.family else {}
+    env_kwargs = {**({"numbered_results": True} if args.numbered_results else {}),
+                  **({"results_per_page": args.results_per_page} if args.results_per_page else {})}
+    expert_kwargs = {**({"click_by": "index"} if args.numbered_results else {}),
+                     "query": args.expert_query}
     cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     context_mode=args.context_mode, history=args.history,
                     history_obs_chars=args.history_obs_chars, obs_loss_weight=args.obs_loss_weight, arch=args.arch, size=args.size, eval_every=args.eval_every,
-                    eval_episodes=args.eval_episodes, reset_options=opts)
+                    eval_episodes=args.eval_episodes, reset_options=opts, env_kwargs=env_kwargs)
     if args.data:
         from shopsim.datasets import read_trajectories
 
         trajs = read_trajectories(args.data)
     else:
         trajs = expert_trajectories(args.env, args.expert_episodes, seed=args.seed, reset_options=opts or None,
-                                    progress=not args.no_progress)
+                                    progress=not args.no_progress, env_kwargs=env_kwargs,
+                                    expert_kwargs=expert_kwargs)
     agent, history = train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress)
     last = history[-1]
     print(f"sft: {len(trajs)} expert episodes, {cfg.steps} steps, final loss {last['loss']:.4f}, "
