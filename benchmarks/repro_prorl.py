@@ -20,9 +20,12 @@ saturated after 2-3 items (an artefact of frequent interest jumps in the synthet
 shopsim/envs/proactive_rec/simulator.py). In the corrected world, from the logged-path SFT start at the card's lr
 1e-4 (the defaults here), 100 iterations: REINFORCE drifts to length 9.9 with CTR and IoI flat; ProRL shortens paths
 8.8 -> 4.4 and raises CTR 0.23 -> 0.41 (beam CTR@10 0.31 -> 0.54) with IoI about flat (0.07 -> 0.09; IoI@10
-0.36 -> 0.42, IoI@1 0.15 -> 0.08) - the closest we get to the card. With lr 1e-3 ProRL keeps shrinking to one
-item: IoI 0.07 -> 0.77 (REINFORCE 0.50) but CTR 0.23 -> 0.15 and paths collapse across users (distinct 0.05);
-from the expert SFT start (already near-optimal for the path sum) ProRL lowers both IoI and CTR.
+0.36 -> 0.42, IoI@1 0.15 -> 0.08). After 200 iterations ProRL raises both over the SFT start: IoI 0.07 -> 0.32,
+CTR 0.23 -> 0.42 (IoI@1 0.15 -> 0.36, IoI@10 0.36 -> 0.91, CTR@1 0.23 -> 0.38, CTR@10 0.31 -> 0.62) - the card's
+claim - but at length 1.55 and still shrinking, with distinct paths down to 0.70 and CTR past its peak (0.51 at
+iterations 99-132). With lr 1e-3 ProRL ends at one item: IoI 0.07 -> 0.77 (REINFORCE 0.50) but CTR 0.23 -> 0.15 and
+paths collapse across users (distinct 0.05). From the expert SFT start (already near-optimal for the path sum)
+ProRL lowers both IoI and CTR (lr 1e-4: IoI 2.23 -> 1.85, CTR 0.20 -> 0.12, length 5.7 -> 1.4).
 Position-specific credit lowers the *relative* gradient variance (|cov| / |mean grad|^2: 1.95 vs 3.37 expert start,
 2.97 vs 3.91 logged start) but not the absolute one. Why: centering with a global mean frozen after epoch 1 makes
 the objective Σ_k (r_k − μ), a per-item charge of μ = the SFT policy's average item reward. log P(target) is concave
@@ -34,6 +37,8 @@ average over a path; neither our SASRec nor the analytic simulator (first-draft 
 
 Commands behind these numbers (SHOPSIM_CACHE_DIR of your choice):
     python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --arms prorl reinforce
+    python -m benchmarks.repro_prorl --quick --iterations 200 --valid-only --arms prorl
+    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --sft-source expert --arms prorl reinforce
     python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --lr 1e-3 \
         --arms prorl reinforce prorl-fused grpo
     python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --lr 1e-3 --sft-source expert \
