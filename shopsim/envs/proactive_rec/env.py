@@ -73,7 +73,9 @@ class ProactiveRecEnv(gym.Env):
     (−n/10), `render_mode=None|"ansi"`.
 
     ## Version History
-    * v0: initial version
+    * v0: initial version (before release, the synthetic user process behind the SASRec simulator was changed to
+      a slow interest drift with exploratory consumption, so that IoI stays informative over ~10 steps; see
+      `simulator` — cached SASRec weights are keyed by `SIM_VERSION`)
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
