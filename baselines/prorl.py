@@ -33,7 +33,6 @@ the first reproduction came from the world and the SFT start (see benchmarks/rep
 from __future__ import annotations
 
 import copy
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ import torch
 
 from agents.rec_model import beam_search, item_logprobs, token_logprobs
 from agents.rec_policies import RecPolicyAgent, policy_paths, pretrained_policy
-from baselines.base import Algorithm, TrainResult
+from baselines.base import Algorithm, TrainResult, write_metrics_csv
 from baselines.core.losses import aggregate, clipped_surrogate, kl_term
 from baselines.core.stats import group_normalize
 from shopsim.envs.proactive_rec import L_MAX, PathScorer, RewardWeights
@@ -269,7 +268,7 @@ class _RecPG(Algorithm):
                 row["early_stop"] = 1.0
                 break
         ckpt = agent.save(out_dir / "checkpoint")
-        _write_csv(out_dir / "metrics.csv", history)
+        write_metrics_csv(out_dir / "metrics.csv", history)
         return TrainResult(out_dir=out_dir, history=history, agent=agent, checkpoint=ckpt)
 
 
@@ -306,13 +305,6 @@ def evaluate_beam(agent: RecPolicyAgent, scorer: PathScorer, task_ids, *, beams:
         out[f"length@{k}"] = float(n.reshape(b, beams)[np.arange(b), best].mean())
     return out
 
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    keys = sorted({k for r in rows for k in r})
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
 
 
 # ====================================================================== the three algorithms
