@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from shopsim.datasets import write_metrics_csv  # noqa: F401  (re-exported: trainers import it from here)
 from shopsim.errors import ConfigError
-from shopsim.paths import atomic_path
 
 
 @dataclass
@@ -64,21 +64,3 @@ class Algorithm:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"
 
-
-def write_metrics_csv(path: str | Path, history: list[dict]) -> Path:
-    """Write one row per iteration to `path` (the union of all keys as columns), atomically.
-
-    Every trainer writes its learning curve this way, so the leaderboard can plot any run's `metrics.csv`.
-    """
-    import csv
-    import os
-
-    path = Path(path)
-    keys = list(dict.fromkeys(k for row in history for k in row))
-    tmp = atomic_path(path)
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(history)
-    os.replace(tmp, path)
-    return path

@@ -315,3 +315,22 @@ def read_episodes(path: str | os.PathLike):
     table = pq.read_table(path, columns=[n for n, _ in _EPISODE_FIELDS] + ["turn"])
     df = table.to_pandas()
     return df[df["turn"] == 0].drop(columns=["turn"]).reset_index(drop=True)
+
+
+def write_metrics_csv(path: str | Path, history: list[dict]) -> Path:
+    """Write one row per iteration to `path` (the union of all keys as columns), atomically.
+
+    Every trainer writes its learning curve this way, so the leaderboard can plot any run's `metrics.csv`.
+    """
+    import csv
+    import os
+
+    path = Path(path)
+    keys = list(dict.fromkeys(k for row in history for k in row))
+    tmp = atomic_path(path)
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(history)
+    os.replace(tmp, path)
+    return path

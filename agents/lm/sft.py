@@ -24,7 +24,6 @@ task line itself (a prefix copy); `SFTConfig.env_kwargs` records the env options
 
 from __future__ import annotations
 
-import csv
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from agents.lm.prompts import MODES, ChatFormat, EpisodeContext, concat_layout
+from shopsim.datasets import write_metrics_csv
 from shopsim.errors import ConfigError
 
 
@@ -287,7 +287,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
                 agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), step=step + 1,
                            env_kwargs=dict(config.env_kwargs),
                            final_eval={k: v for k, v in rec.items() if k.startswith("eval_")})
-                _write_csv(history + [rec], out_dir / "metrics.csv")
+                write_metrics_csv(out_dir / "metrics.csv", history + [rec])
         history.append(rec)
         if callback is not None:
             callback(rec)
@@ -300,17 +300,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     model.eval()
     ckpt = agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), env_kwargs=dict(config.env_kwargs),
                       final_eval={k: v for k, v in history[-1].items() if k.startswith("eval_")})
-    _write_csv(history, out_dir / "metrics.csv")
+    write_metrics_csv(out_dir / "metrics.csv", history)
     plot_curve(history, out_dir / "sft_curve.png")
     agent.checkpoint = str(ckpt)
     return agent, history
-
-
-def _write_csv(history: Sequence[dict], path: Path) -> None:
-    keys: list[str] = []
-    for h in history:
-        keys += [k for k in h if k not in keys]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(history)
