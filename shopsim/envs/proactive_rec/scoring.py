@@ -18,7 +18,10 @@ Special items (card §15):
 * duplicate (already in the history or earlier in the path): appended as usual, IoI and IoR kept, CTR := 0.
 
 Because the simulator is causal, one forward pass over hist ⊕ path gives the state after every prefix, so a whole
-batch of paths is scored with one transformer call plus one [B·(L+1), n] score matrix (chunked).
+batch of paths is scored with one transformer call per `chunk` sequences plus one catalog pass per reached state.
+That catalog pass (log-sum-exp and target rank over all n items) is ~80 % of the cost with SASRec; it streams
+cache-sized row blocks through one reused buffer (`PathScorer._target_stats`). `PathScorer.score_reference` keeps
+the first implementation (same results) for tests and `benchmarks.bench_proactive_rec`.
 """
 
 from __future__ import annotations
@@ -69,16 +72,116 @@ class PathScorer:
     """Scores batches of paths (item ids, `STOP`, `INVALID`) for (history, target) pairs under `world.sim`."""
 
     def __init__(self, world: World, *, ctr_offset: float = 2.0, invalid_ioi: float = -2.0,
-                 invalid_ior: float | None = None, chunk: int = 256):
+                 invalid_ior: float | None = None, chunk: int = 256, rows: int | None = None):
         self.world = world
         self.sim = world.sim
         self.n = world.n_items
         self.ctr_offset = ctr_offset
         self.invalid_ioi = invalid_ioi
         self.invalid_ior = -0.1 * self.n if invalid_ior is None else invalid_ior
-        self.chunk = chunk
+        self.chunk = chunk  # sequences per transformer call
+        self.rows = rows  # states per catalog-score block; None: ~640k scores (2.5 MB, cache-sized)
 
     def score(self, histories, targets, paths, *, invalid: str = "fixed") -> PathScores:
+        hist = np.asarray(histories, dtype=np.int64)
+        tgt = np.asarray(targets, dtype=np.int64)
+        path = np.asarray(paths, dtype=np.int64)
+        if path.ndim != 2 or hist.ndim != 2 or len(hist) != len(path) or len(tgt) != len(path):
+            raise ValueError("score(histories [B,H], targets [B], paths [B,L]) with matching B")
+        b, h_len = hist.shape
+        length = path.shape[1]
+        # a step exists until the first STOP
+        step_mask = np.cumprod(path != STOP, axis=1).astype(bool)
+        valid = step_mask & (path >= 0)
+        if (path >= self.n).any() or (path < INVALID).any():
+            raise ValueError(f"path entries must be item ids in [0, {self.n}), {STOP} (stop) or {INVALID} (invalid)")
+        # compacted sequences hist ⊕ valid items, padded with the simulator's padding id n
+        seq = np.full((b, h_len + length), self.n, dtype=np.int64)
+        seq[:, :h_len] = hist
+        n_valid = np.cumsum(valid, axis=1)  # valid items among the first k+1 steps
+        rows, cols = np.nonzero(valid)
+        seq[rows, h_len - 1 + n_valid[rows, cols]] = path[rows, cols]
+        # duplicates: an item seen before in the history or earlier (as a valid item) in the path; [B, L, L] compare
+        earlier = np.tri(length, length, -1, dtype=bool)[None] & valid[:, None, :]  # [b, k, j]: j < k, j valid
+        seen = (path[:, :, None] == hist[:, None, :]).any(2) | ((path[:, :, None] == path[:, None, :]) & earlier).any(2)
+        dup = valid & seen
+        before = np.concatenate([np.zeros((b, 1), np.int64), n_valid[:, :-1]], axis=1)  # state index before step k
+        after = np.concatenate([np.zeros((b, 1), np.int64), n_valid], axis=1)  # state index after k steps
+        # only the states a path reaches are scored against the catalog (short paths cost less)
+        need = np.arange(length + 1)[None] <= after[:, -1:]
+        flat = np.full((b, length + 1), -1, dtype=np.int64)
+        flat[need] = np.arange(int(need.sum()))
+        state_row = np.nonzero(need)[0]
+        with torch.inference_mode():
+            h = torch.cat([self.sim.states(torch.as_tensor(seq[s0:s0 + self.chunk]))[:, h_len - 1:]
+                           for s0 in range(0, b, self.chunk)])  # [B, L+1, d]: after 0..L valid items
+            lp_flat, rk_flat = self._target_stats(h[torch.as_tensor(need)], tgt[state_row])
+            logp = lp_flat[flat[np.arange(b)[:, None], after]]
+            rank = rk_flat[flat[np.arange(b)[:, None], after]]
+            # CTR of each real item from the state before it: one dot product per step
+            hb = h[torch.arange(b)[:, None], torch.as_tensor(before)]  # [B, L, d]
+            cols = self.sim._score_mat[:, torch.as_tensor(np.where(valid, path, 0))]  # [d, B, L]
+            si = torch.einsum("bld,dbl->bl", hb, cols)
+            mu, sd = self.sim.score_moments(hb)
+            ctr = torch.sigmoid((si - mu) / sd - self.ctr_offset).double().numpy()
+        return self._assemble(logp, rank, ctr, step_mask, valid, dup, invalid)
+
+    def _target_stats(self, hs: torch.Tensor, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """log P(target | state) (float64 of the float32 value) and rank of the target for states hs [M, d].
+
+        The [M, n] score matrix is never materialised: rows go through one cache-sized buffer (`rows` x n floats,
+        ~2.5 MB) that the matmul writes into, so each pass below reads cache rather than freshly faulted memory.
+        log-sum-exp uses the same torch ops as `torch.logsumexp` (max shift, exp, sum, log), in place, so log P is
+        bit-identical to the reference; the rank (1 + #items scored strictly above the target) uses numpy's
+        vectorised compare and a uint16 row count because torch's bool-output compare is ~6x slower on CPU.
+        """
+        m_all = len(hs)
+        lp = np.empty(m_all, dtype=np.float32)
+        rk = np.empty(m_all, dtype=np.int64)
+        mat = self.sim._score_mat
+        n = mat.shape[1]
+        rows = self.rows or max(16, min(1024, 640_000 // n))
+        buf = torch.empty(min(rows, max(m_all, 1)), n)
+        above = np.empty(tuple(buf.shape), dtype=bool)
+        count_dtype = np.uint16 if n < 2 ** 16 else np.int64
+        t_all = torch.as_tensor(targets)
+        for m0 in range(0, m_all, rows):
+            sc = buf[: min(rows, m_all - m0)]
+            m = len(sc)
+            torch.mm(hs[m0:m0 + m], mat, out=sc)
+            st = sc.gather(1, t_all[m0:m0 + m, None])  # [m, 1] the target's own score (same bits as in sc)
+            gt = np.greater(sc.numpy(), st.numpy(), out=above[:m])
+            rk[m0:m0 + m] = 1 + gt.view(np.uint8).sum(1, dtype=count_dtype)
+            mx = sc.amax(1, keepdim=True)
+            mx.masked_fill_(mx.abs() == float("inf"), 0.0)  # as torch.logsumexp does
+            lse = sc.sub_(mx).exp_().sum(1).log_().add_(mx.squeeze(1))
+            lp[m0:m0 + m] = (st.squeeze(1) - lse).numpy()
+        return lp.astype(np.float64), rk
+
+    def _assemble(self, logp, rank, ctr, step_mask, valid, dup, invalid: str) -> PathScores:
+        """Step components from per-state log P / ranks and per-step CTR, with the special-item rules."""
+        ioi = logp[:, 1:] - logp[:, :-1]
+        ior = (rank[:, :-1] - rank[:, 1:]).astype(np.float64)
+        ctr = np.where(dup, 0.0, ctr)
+        inv = step_mask & ~valid
+        if invalid == "fixed":
+            ioi_fill, ior_fill = self.invalid_ioi, self.invalid_ior
+        elif invalid == "batch_min":
+            ioi_fill = (ioi[valid].min() if valid.any() else 0.0) - 1.0
+            ior_fill = (ior[valid].min() if valid.any() else 0.0) - 1.0
+        else:
+            raise ValueError(f"invalid={invalid!r}; choose 'fixed' or 'batch_min'")
+        ioi = np.where(inv, ioi_fill, ioi)
+        ior = np.where(inv, ior_fill, ior)
+        ctr = np.where(inv, -1.0, ctr)
+        z = ~step_mask
+        return PathScores(np.where(z, 0.0, ioi), np.where(z, 0.0, ior), np.where(z, 0.0, ctr), valid, dup,
+                          step_mask, logp, rank)
+
+    def score_reference(self, histories, targets, paths, *, invalid: str = "fixed") -> PathScores:
+        """The first implementation of `score` (one [2048, n] score block at a time, torch bool compare, python
+        loop for duplicates), kept as the reference that tests and `benchmarks.bench_proactive_rec` compare the
+        fast path against. Same results (log P bit-identical, ranks exact)."""
         hist = np.asarray(histories, dtype=np.int64)
         tgt = np.asarray(targets, dtype=np.int64)
         path = np.asarray(paths, dtype=np.int64)
@@ -131,23 +234,7 @@ class PathScorer:
             si = torch.einsum("bld,dbl->bl", hb, cols)
             mu, sd = self.sim.score_moments(hb)
             ctr = torch.sigmoid((si - mu) / sd - self.ctr_offset).double().numpy()
-        ioi = logp[:, 1:] - logp[:, :-1]
-        ior = (rank[:, :-1] - rank[:, 1:]).astype(np.float64)
-        ctr = np.where(dup, 0.0, ctr)
-        inv = step_mask & ~valid
-        if invalid == "fixed":
-            ioi_fill, ior_fill = self.invalid_ioi, self.invalid_ior
-        elif invalid == "batch_min":
-            ioi_fill = (ioi[valid].min() if valid.any() else 0.0) - 1.0
-            ior_fill = (ior[valid].min() if valid.any() else 0.0) - 1.0
-        else:
-            raise ValueError(f"invalid={invalid!r}; choose 'fixed' or 'batch_min'")
-        ioi = np.where(inv, ioi_fill, ioi)
-        ior = np.where(inv, ior_fill, ior)
-        ctr = np.where(inv, -1.0, ctr)
-        z = ~step_mask
-        return PathScores(np.where(z, 0.0, ioi), np.where(z, 0.0, ior), np.where(z, 0.0, ctr), valid, dup,
-                          step_mask, logp, rank)
+        return self._assemble(logp, rank, ctr, step_mask, valid, dup, invalid)
 
     def score_codes(self, histories, targets, codes, lengths, *, invalid: str = "fixed") -> PathScores:
         """Score paths given as semantic-ID codes [B, L, 4] with per-row lengths (items before EOS)."""
