@@ -68,6 +68,23 @@ class RewardWeights:
         return self.w_ctr * ctr + self.w_ioi * ioi + self.w_ior * ior / self.ior_scale
 
 
+@dataclass
+class _Layout:
+    """Index bookkeeping of one `PathScorer.score` call (B paths of L steps, histories of H items)."""
+
+    hist: np.ndarray  # [B, H]
+    tgt: np.ndarray  # [B]
+    path: np.ndarray  # [B, L]
+    seq: np.ndarray  # [B, H+L] history ⊕ valid items, padded with n
+    step_mask: np.ndarray  # [B, L] a step exists (before the first STOP)
+    valid: np.ndarray  # [B, L] the step is a real item
+    before: np.ndarray  # [B, L] state index (valid items so far) before step k
+    after: np.ndarray  # [B, L+1] state index after k steps
+    need: np.ndarray  # [B, L+1] states the path reaches (scored against the catalog)
+    flat: np.ndarray  # [B, L+1] row of each needed state in the flat [M] arrays (-1: not needed)
+    state_row: np.ndarray  # [M] the path each needed state belongs to
+
+
 class PathScorer:
     """Scores batches of paths (item ids, `STOP`, `INVALID`) for (history, target) pairs under `world.sim`."""
 
@@ -83,48 +100,19 @@ class PathScorer:
         self.rows = rows  # states per catalog-score block; None: `default_rows`
 
     def score(self, histories, targets, paths, *, invalid: str = "fixed") -> PathScores:
-        hist = np.asarray(histories, dtype=np.int64)
-        tgt = np.asarray(targets, dtype=np.int64)
-        path = np.asarray(paths, dtype=np.int64)
-        if path.ndim != 2 or hist.ndim != 2 or len(hist) != len(path) or len(tgt) != len(path):
-            raise ValueError("score(histories [B,H], targets [B], paths [B,L]) with matching B")
-        b, h_len = hist.shape
-        length = path.shape[1]
-        # a step exists until the first STOP
-        step_mask = np.cumprod(path != STOP, axis=1).astype(bool)
-        valid = step_mask & (path >= 0)
-        if (path >= self.n).any() or (path < INVALID).any():
-            raise ValueError(f"path entries must be item ids in [0, {self.n}), {STOP} (stop) or {INVALID} (invalid)")
-        # compacted sequences hist ⊕ valid items, padded with the simulator's padding id n
-        seq = np.full((b, h_len + length), self.n, dtype=np.int64)
-        seq[:, :h_len] = hist
-        n_valid = np.cumsum(valid, axis=1)  # valid items among the first k+1 steps
-        rows, cols = np.nonzero(valid)
-        seq[rows, h_len - 1 + n_valid[rows, cols]] = path[rows, cols]
+        """Step components of paths [B, L] (item ids, `STOP`, `INVALID`) for histories [B, H] and targets [B];
+        `invalid` = "fixed" (the env's constants) or "batch_min" (ProRL's rule), see the module docstring."""
+        lay = self._layout(histories, targets, paths)
+        path, hist, valid = lay.path, lay.hist, lay.valid
         # duplicates: an item seen before in the history or earlier (as a valid item) in the path; [B, L, L] compare
-        earlier = np.tri(length, length, -1, dtype=bool)[None] & valid[:, None, :]  # [b, k, j]: j < k, j valid
+        earlier = np.tri(path.shape[1], path.shape[1], -1, dtype=bool)[None] & valid[:, None, :]  # j < k, j valid
         seen = (path[:, :, None] == hist[:, None, :]).any(2) | ((path[:, :, None] == path[:, None, :]) & earlier).any(2)
         dup = valid & seen
-        before = np.concatenate([np.zeros((b, 1), np.int64), n_valid[:, :-1]], axis=1)  # state index before step k
-        after = np.concatenate([np.zeros((b, 1), np.int64), n_valid], axis=1)  # state index after k steps
-        # only the states a path reaches are scored against the catalog (short paths cost less)
-        need = np.arange(length + 1)[None] <= after[:, -1:]
-        flat = np.full((b, length + 1), -1, dtype=np.int64)
-        flat[need] = np.arange(int(need.sum()))
-        state_row = np.nonzero(need)[0]
         with torch.inference_mode():
-            h = torch.cat([self.sim.states(torch.as_tensor(seq[s0:s0 + self.chunk]))[:, h_len - 1:]
-                           for s0 in range(0, b, self.chunk)])  # [B, L+1, d]: after 0..L valid items
-            lp_flat, rk_flat = self._target_stats(h[torch.as_tensor(need)], tgt[state_row])
-            logp = lp_flat[flat[np.arange(b)[:, None], after]]
-            rank = rk_flat[flat[np.arange(b)[:, None], after]]
-            # CTR of each real item from the state before it: one dot product per step
-            hb = h[torch.arange(b)[:, None], torch.as_tensor(before)]  # [B, L, d]
-            cols = self.sim._score_mat[:, torch.as_tensor(np.where(valid, path, 0))]  # [d, B, L]
-            si = torch.einsum("bld,dbl->bl", hb, cols)
-            mu, sd = self.sim.score_moments(hb)
-            ctr = torch.sigmoid((si - mu) / sd - self.ctr_offset).double().numpy()
-        return self._assemble(logp, rank, ctr, step_mask, valid, dup, invalid)
+            h = self._states(lay)
+            lp_flat, rk_flat = self._target_stats(h[torch.as_tensor(lay.need)], lay.tgt[lay.state_row])
+            ctr = self._ctr(h, lay)
+        return self._assemble(lay, lp_flat, rk_flat, ctr, dup, invalid)
 
     @staticmethod
     def default_rows(n: int) -> int:
@@ -151,7 +139,7 @@ class PathScorer:
         rows = self.rows or self.default_rows(n)
         buf = torch.empty(min(rows, max(m_all, 1)), n)
         above = np.empty(tuple(buf.shape), dtype=bool)
-        count_dtype = np.uint16 if n < 2 ** 16 else np.int64
+        count_dtype = np.uint16 if n <= 2 ** 16 else np.int64  # a count is at most n - 1
         t_all = torch.as_tensor(targets)
         for m0 in range(0, m_all, rows):
             sc = buf[: min(rows, m_all - m0)]
@@ -166,30 +154,34 @@ class PathScorer:
             lp[m0:m0 + m] = (st.squeeze(1) - lse).numpy()
         return lp.astype(np.float64), rk
 
-    def _assemble(self, logp, rank, ctr, step_mask, valid, dup, invalid: str) -> PathScores:
-        """Step components from per-state log P / ranks and per-step CTR, with the special-item rules."""
-        ioi = logp[:, 1:] - logp[:, :-1]
-        ior = (rank[:, :-1] - rank[:, 1:]).astype(np.float64)
-        ctr = np.where(dup, 0.0, ctr)
-        inv = step_mask & ~valid
-        if invalid == "fixed":
-            ioi_fill, ior_fill = self.invalid_ioi, self.invalid_ior
-        elif invalid == "batch_min":
-            ioi_fill = (ioi[valid].min() if valid.any() else 0.0) - 1.0
-            ior_fill = (ior[valid].min() if valid.any() else 0.0) - 1.0
-        else:
-            raise ValueError(f"invalid={invalid!r}; choose 'fixed' or 'batch_min'")
-        ioi = np.where(inv, ioi_fill, ioi)
-        ior = np.where(inv, ior_fill, ior)
-        ctr = np.where(inv, -1.0, ctr)
-        z = ~step_mask
-        return PathScores(np.where(z, 0.0, ioi), np.where(z, 0.0, ior), np.where(z, 0.0, ctr), valid, dup,
-                          step_mask, logp, rank)
-
     def score_reference(self, histories, targets, paths, *, invalid: str = "fixed") -> PathScores:
-        """The first implementation of `score` (one [2048, n] score block at a time, torch bool compare, python
+        """The first implementation of `score` (torch `logsumexp` and bool compare on [2048, n] score blocks, python
         loop for duplicates), kept as the reference that tests and `benchmarks.bench_proactive_rec` compare the
         fast path against. Same results (log P bit-identical, ranks exact)."""
+        lay = self._layout(histories, targets, paths)
+        path, hist, valid = lay.path, lay.hist, lay.valid
+        dup = np.zeros_like(valid)
+        for k in range(path.shape[1]):
+            cur = path[:, k:k + 1]
+            seen = (hist == cur).any(1) | ((path[:, :k] == cur) & valid[:, :k]).any(1)
+            dup[:, k] = valid[:, k] & seen
+        with torch.no_grad():
+            h = self._states(lay)
+            hs = h[torch.as_tensor(lay.need)]  # [M, d]
+            t_all = torch.as_tensor(lay.tgt[lay.state_row])
+            lp_flat = torch.empty(len(hs), dtype=torch.float64)
+            rk_flat = torch.empty(len(hs), dtype=torch.int64)
+            step = 8 * self.chunk
+            for m0 in range(0, len(hs), step):
+                sc = self.sim.scores(hs[m0:m0 + step])  # [m, n]
+                st = sc.gather(1, t_all[m0:m0 + step, None])
+                lp_flat[m0:m0 + step] = (st.squeeze(1) - torch.logsumexp(sc, 1)).double()
+                rk_flat[m0:m0 + step] = 1 + (sc > st).sum(1, dtype=torch.int32)
+            ctr = self._ctr(h, lay)
+        return self._assemble(lay, lp_flat.numpy(), rk_flat.numpy(), ctr, dup, invalid)
+
+    # ------------------------------------------------------------------ shared by both implementations
+    def _layout(self, histories, targets, paths) -> _Layout:
         hist = np.asarray(histories, dtype=np.int64)
         tgt = np.asarray(targets, dtype=np.int64)
         path = np.asarray(paths, dtype=np.int64)
@@ -208,41 +200,51 @@ class PathScorer:
         n_valid = np.cumsum(valid, axis=1)  # valid items among the first k+1 steps
         rows, cols = np.nonzero(valid)
         seq[rows, h_len - 1 + n_valid[rows, cols]] = path[rows, cols]
-        # duplicates: an item seen before in the history or earlier in the path
-        dup = np.zeros_like(valid)
-        for k in range(length):
-            cur = path[:, k:k + 1]
-            seen = (hist == cur).any(1) | ((path[:, :k] == cur) & valid[:, :k]).any(1)
-            dup[:, k] = valid[:, k] & seen
         before = np.concatenate([np.zeros((b, 1), np.int64), n_valid[:, :-1]], axis=1)  # state index before step k
         after = np.concatenate([np.zeros((b, 1), np.int64), n_valid], axis=1)  # state index after k steps
         # only the states a path reaches are scored against the catalog (short paths cost less)
         need = np.arange(length + 1)[None] <= after[:, -1:]
         flat = np.full((b, length + 1), -1, dtype=np.int64)
         flat[need] = np.arange(int(need.sum()))
-        state_row = np.nonzero(need)[0]
-        with torch.no_grad():
-            h = torch.cat([self.sim.states(torch.as_tensor(seq[s0:s0 + self.chunk]))[:, h_len - 1:]
-                           for s0 in range(0, b, self.chunk)])  # [B, L+1, d]: after 0..L valid items
-            hs = h[torch.as_tensor(need)]  # [M, d]
-            t_all = torch.as_tensor(tgt[state_row])
-            lp_flat = torch.empty(len(hs), dtype=torch.float64)
-            rk_flat = torch.empty(len(hs), dtype=torch.int64)
-            step = 8 * self.chunk
-            for m0 in range(0, len(hs), step):
-                sc = self.sim.scores(hs[m0:m0 + step])  # [m, n]
-                st = sc.gather(1, t_all[m0:m0 + step, None])
-                lp_flat[m0:m0 + step] = (st.squeeze(1) - torch.logsumexp(sc, 1)).double()
-                rk_flat[m0:m0 + step] = 1 + (sc > st).sum(1, dtype=torch.int32)
-            logp = lp_flat.numpy()[flat[np.arange(b)[:, None], after]]
-            rank = rk_flat.numpy()[flat[np.arange(b)[:, None], after]]
-            # CTR of each real item from the state before it: one dot product per step
-            hb = h[torch.arange(b)[:, None], torch.as_tensor(before)]  # [B, L, d]
-            cols = self.sim._score_mat[:, torch.as_tensor(np.where(valid, path, 0))]  # [d, B, L]
-            si = torch.einsum("bld,dbl->bl", hb, cols)
-            mu, sd = self.sim.score_moments(hb)
-            ctr = torch.sigmoid((si - mu) / sd - self.ctr_offset).double().numpy()
-        return self._assemble(logp, rank, ctr, step_mask, valid, dup, invalid)
+        return _Layout(hist, tgt, path, seq, step_mask, valid, before, after, need, flat, np.nonzero(need)[0])
+
+    def _states(self, lay: _Layout) -> torch.Tensor:
+        """[B, L+1, d]: the simulator's state after 0..L valid items (one causal pass per `chunk` sequences)."""
+        h_len = lay.hist.shape[1]
+        return torch.cat([self.sim.states(torch.as_tensor(lay.seq[s0:s0 + self.chunk]))[:, h_len - 1:]
+                          for s0 in range(0, len(lay.seq), self.chunk)])
+
+    def _ctr(self, h: torch.Tensor, lay: _Layout) -> np.ndarray:
+        """CTR of each real item from the state before it: one dot product per step, closed-form moments."""
+        hb = h[torch.arange(len(h))[:, None], torch.as_tensor(lay.before)]  # [B, L, d]
+        cols = self.sim._score_mat[:, torch.as_tensor(np.where(lay.valid, lay.path, 0))]  # [d, B, L]
+        si = torch.einsum("bld,dbl->bl", hb, cols)
+        mu, sd = self.sim.score_moments(hb)
+        return torch.sigmoid((si - mu) / sd - self.ctr_offset).double().numpy()
+
+    def _assemble(self, lay: _Layout, lp_flat, rk_flat, ctr, dup, invalid: str) -> PathScores:
+        """Step components from per-state log P / ranks and per-step CTR, with the special-item rules."""
+        b = len(lay.path)
+        logp = lp_flat[lay.flat[np.arange(b)[:, None], lay.after]]
+        rank = rk_flat[lay.flat[np.arange(b)[:, None], lay.after]]
+        step_mask, valid = lay.step_mask, lay.valid
+        ioi = logp[:, 1:] - logp[:, :-1]
+        ior = (rank[:, :-1] - rank[:, 1:]).astype(np.float64)
+        ctr = np.where(dup, 0.0, ctr)
+        inv = step_mask & ~valid
+        if invalid == "fixed":
+            ioi_fill, ior_fill = self.invalid_ioi, self.invalid_ior
+        elif invalid == "batch_min":
+            ioi_fill = (ioi[valid].min() if valid.any() else 0.0) - 1.0
+            ior_fill = (ior[valid].min() if valid.any() else 0.0) - 1.0
+        else:
+            raise ValueError(f"invalid={invalid!r}; choose 'fixed' or 'batch_min'")
+        ioi = np.where(inv, ioi_fill, ioi)
+        ior = np.where(inv, ior_fill, ior)
+        ctr = np.where(inv, -1.0, ctr)
+        z = ~step_mask
+        return PathScores(np.where(z, 0.0, ioi), np.where(z, 0.0, ior), np.where(z, 0.0, ctr), valid, dup,
+                          step_mask, logp, rank)
 
     def score_codes(self, histories, targets, codes, lengths, *, invalid: str = "fixed") -> PathScores:
         """Score paths given as semantic-ID codes [B, L, 4] with per-row lengths (items before EOS)."""
