@@ -117,10 +117,12 @@ class PathScorer:
     @staticmethod
     def default_rows(n: int) -> int:
         """States per catalog block: ~640k scores (2.5 MB, cache-resident) on one thread; with t intra-op threads
-        2t times that, because every op on a block is a parallel region whose barrier is costly on a busy machine
-        (2 threads, 2 busy cores: 128-row blocks ran at 3.6k steps/s, 512-row blocks at 31k)."""
+        4t times that (1024 rows at 5k items, 2 threads: 20 MB, within a shared L3), because every op on a block is a
+        parallel region whose barrier is costly on a busy machine (2 threads on 2 cores with load ~5, SASRec, 5k items:
+        128-row blocks ran at 1k-23k steps/s from run to run, 1024-row blocks at 29k, 4096 at 33k; 1 thread: 68k, 57k,
+        49k)."""
         t = torch.get_num_threads()
-        return max(16, min(4096, (640_000 // n) * (1 if t == 1 else 2 * t)))
+        return max(16, min(4096, (640_000 // n) * (1 if t == 1 else 4 * t)))
 
     def _target_stats(self, hs: torch.Tensor, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """log P(target | state) (float64 of the float32 value) and rank of the target for states hs [M, d].
