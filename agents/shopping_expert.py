@@ -17,12 +17,17 @@ product's title (a privileged fallback: about 3% of find_and_buy, 1% of clarify_
 episodes on the 10k catalog). Options for SFT data that a small LM copies more easily: ``click_by="index"`` opens
 a result by its position (``click[#3]``, see the env's ``numbered_results``) instead of its SKU; ``query="span"``
 searches ``<attributes> <type>`` only (a contiguous phrase of the instruction) instead of also the option values;
-``query="instruction"`` searches the task line itself up to its price clause (a prefix copy).
+``query="instruction"`` searches the task line itself up to its price clause (a prefix copy); ``arg_space=True``
+writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env strips argument
+blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word the same
+token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``, ``edium``).
 Strategy instructions are followed: ``ask_first`` asks before searching,
 ``confirm_before_buying`` sends an ``answer[...]`` naming the product before buying.
 """
 
 from __future__ import annotations
+
+import re
 
 from agents.base import ScriptedAgent
 from shopsim.envs.shopping.grading import Goal, best_options, satisfies, score_purchase
@@ -51,14 +56,15 @@ class ShoppingExpert(ScriptedAgent):
     name = "expert"
 
     def __init__(self, env_id: str = "shopsim/Shopping-v0", catalog_size: int | None = None,
-                 catalog_seed: int | None = None, click_by: str = "sku", query: str = "full"):
+                 catalog_seed: int | None = None, click_by: str = "sku", query: str = "full",
+                 arg_space: bool = False):
         if click_by not in ("sku", "index"):
             raise ValueError(f"click_by={click_by!r}; choose 'sku' or 'index'")
         if query not in ("full", "span", "instruction"):
             raise ValueError(f"query={query!r}; choose 'full' (attributes, option values, type), 'span' or "
                              "'instruction'")
         self.env_id = env_id
-        self.click_by, self.query = click_by, query
+        self.click_by, self.query, self.arg_space = click_by, query, bool(arg_space)
         self.catalog_size, self.catalog_seed = catalog_size, catalog_seed
         self.state: dict[int, dict] = {}
 
@@ -74,6 +80,12 @@ class ShoppingExpert(ScriptedAgent):
         return load_catalog(self.catalog_size or cat.get("size", 10_000), self.catalog_seed or cat.get("seed", 0))
 
     def act_one(self, slot, observation, info):
+        action = self._act(slot, observation, info)
+        if self.arg_space and isinstance(action, str):
+            action = re.sub(r"^(\w+)\[(?=\S)", r"\1[ ", action)
+        return action
+
+    def _act(self, slot, observation, info):
         st = self.state.get(slot)
         if st is None or st["task"] != (info.get("task_id"), info.get("family")):
             self.begin_episode(slot, observation, info)

@@ -137,3 +137,28 @@ def test_expert_sft_options_click_by_index_and_copyable_query(query):
     assert success >= 0.9 and clicks and not any(a.startswith("click[B0") for a in actions if isinstance(a, str))
     with pytest.raises(ValueError, match="click_by"):
         ShoppingExpert(env_id=ENV_ID, click_by="title")
+
+
+def test_expert_arg_space_writes_the_same_actions_with_a_blank():
+    """``arg_space=True`` only inserts a blank after the bracket; the env strips it, so the episodes are the same
+    (same pages, same success) and every bracketed argument starts with one blank."""
+    outs = {}
+    for flag in (False, True):
+        env = ShoppingEnv(catalog_size=SIZE, numbered_results=True, results_per_page=5)
+        expert = ShoppingExpert(env_id=ENV_ID, click_by="index", query="instruction", arg_space=flag)
+        expert.reset(1, 0)
+        acts, pages = [], []
+        for i, tid in enumerate(list(split_ids("test"))[:8]):
+            obs, info = env.reset(seed=i, options={"family": "find_and_buy", "task_id": tid, "split": "test"})
+            expert.begin_episode(0, obs, info)
+            term = trunc = False
+            while not (term or trunc):
+                a = expert.act_one(0, obs, info)
+                acts.append(a)
+                obs, _, term, trunc, info = env.step(a)
+                pages.append(obs)
+        outs[flag] = acts, pages
+    (plain, pages0), (spaced, pages1) = outs[False], outs[True]
+    assert pages0 == pages1
+    assert [a.replace("[ ", "[") for a in spaced] == plain
+    assert all("[ " in a and "[  " not in a for a in spaced if "[" in a)

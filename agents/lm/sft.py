@@ -60,6 +60,9 @@ class SFTConfig:
     """Weight of the auxiliary language-modelling loss on prompt/observation tokens (0 = agent tokens only)."""
     only_success: bool = True
     """Train on successful expert episodes only."""
+    augment_copies: int = 0
+    """Prior-breaking copy augmentation (`agents.lm.augment.copy_augment`): this many rewritten copies of every
+    expert episode are added to the training rows (0: off)."""
     eval_every: int = 500
     """Evaluate on the dev split every this many steps (0: only at the end)."""
     eval_episodes: int = 50
@@ -80,6 +83,8 @@ class SFTConfig:
             raise ConfigError(f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
         if self.context_mode not in MODES:
             raise ConfigError(f"context_mode={self.context_mode!r}; choose one of {MODES}")
+        if self.augment_copies < 0:
+            raise ConfigError(f"augment_copies must be >= 0, got {self.augment_copies}")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
 
@@ -240,6 +245,11 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     agent = LMAgent(env_id=env_id, model=model, tokenizer=tokenizer, context_mode=config.context_mode,
                     history=config.history, history_obs_chars=config.history_obs_chars, greedy=True,
                     max_new_tokens=config.max_new_tokens)
+    if config.augment_copies:
+        from agents.lm.augment import copy_augment
+
+        trajectories = list(trajectories) + copy_augment(trajectories, config.augment_copies, seed=config.seed,
+                                                         only_success=config.only_success)
     rows = build_examples(trajectories, agent.fmt, mode=config.context_mode, history=config.history,
                           history_obs_chars=config.history_obs_chars, only_success=config.only_success)
     if not rows:

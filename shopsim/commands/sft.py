@@ -42,6 +42,11 @@ def add_parser(sub) -> None:
                    help="the expert's search: full = attributes, option values, type; span = '<attributes> <type>'; "
                         "instruction = the task line up to its price clause (default: %(default)s)")
     p.add_argument("--results-per-page", type=positive_int, default=None, help="env results_per_page")
+    p.add_argument("--arg-space", action="store_true",
+                   help="the expert writes click[ x] / search[ q] (same action; the first argument word tokenizes "
+                        "as in the task line)")
+    p.add_argument("--augment-copies", type=int, default=0,
+                   help="prior-breaking copy augmentation: rewritten copies per expert episode (agents.lm.augment)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -61,10 +66,11 @@ def run(args) -> int:
     env_kwargs = {**({"numbered_results": True} if args.numbered_results else {}),
                   **({"results_per_page": args.results_per_page} if args.results_per_page else {})}
     expert_kwargs = {**({"click_by": "index"} if args.numbered_results else {}),
-                     "query": args.expert_query}
+                     "query": args.expert_query, **({"arg_space": True} if args.arg_space else {})}
     cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     context_mode=args.context_mode, history=args.history,
                     history_obs_chars=args.history_obs_chars, obs_loss_weight=args.obs_loss_weight, arch=args.arch, size=args.size, eval_every=args.eval_every,
+                    augment_copies=args.augment_copies,
                     eval_episodes=args.eval_episodes, reset_options=opts, env_kwargs=env_kwargs)
     if args.data:
         from shopsim.datasets import read_trajectories
