@@ -17,7 +17,7 @@ product's title (a privileged fallback: about 3% of find_and_buy, 1% of clarify_
 episodes on the 10k catalog). Options for SFT data that a small LM copies more easily: ``click_by="index"`` opens
 a result by its position (``click[#3]``, see the env's ``numbered_results``) instead of its SKU; ``query="span"``
 searches ``<attributes> <type>`` only (a contiguous phrase of the instruction) instead of also the option values;
-``query="instruction"`` searches the task line itself up to its price clause (a prefix copy); ``arg_space=True``
+``query="instruction"`` searches the task line itself up to its price clause or clarify hint (a prefix copy); ``arg_space=True``
 writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env strips argument
 blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word the same
 token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``, ``edium``).
@@ -95,7 +95,8 @@ class ShoppingExpert(ScriptedAgent):
             return self._after_sales(st, oracle["request"], info)
         if "instruction" not in st and isinstance(observation, str) and observation.startswith("Task: "):
             line = observation.split("\n", 1)[0][len("Task: "):]
-            st["instruction"] = line.split(", and price lower than")[0].strip()
+            # the request up to its price clause or the clarify hint ("I have more preferences ...")
+            st["instruction"] = re.split(r", and price lower than|\.? I have more preferences", line)[0].strip()
         return self._shop(st, oracle, info)
 
     # ---- shopping families -------------------------------------------------------------------------------

@@ -102,3 +102,45 @@ def test_full_sft_beats_random_on_success(tmp_path):
     _, hist = train_sft(ENV, trajs, cfg, out_dir=tmp_path, progress=False)
     rand = evaluate(agents.make("random", ENV), ENV, episodes=40, reset_options=FIND)
     assert hist[-1]["eval_success"] >= rand["success"] + 0.2
+
+
+def test_curriculum_draws_the_shortest_rows_first_with_the_same_token_budget(expert_trajs, tmp_path):
+    tok = load_tokenizer()
+    rows = build_examples(expert_trajs, ChatFormat(tok), history=1, history_obs_chars=100)
+    lengths = sorted(len(r[0]) for r in rows)
+    cutoff = lengths[int(np.ceil(0.25 * len(lengths))) - 1]
+    seen = []
+    cfg = SFTConfig(steps=8, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
+                    reset_options=FIND, max_new_tokens=8, curriculum_steps=5, curriculum_share=0.25)
+    train_sft(ENV, expert_trajs, cfg, out_dir=tmp_path, progress=False, tokenizer=tok, callback=seen.append)
+    tokens = np.diff([0] + [h["tokens_seen"] for h in seen])
+    per_row = tokens / np.array([h["rows"] for h in seen])
+    # shorter rows, so more of them per batch (a chunk's last batch may be partial); then the normal batch size
+    assert max(h["rows"] for h in seen[:5]) > 4 and all(h["rows"] <= 4 for h in seen[5:])
+    assert per_row[:5].max() <= cutoff < per_row[5:].max()
+    with pytest.raises(ConfigError, match="curriculum_share"):
+        SFTConfig(curriculum_share=0.0)
+
+
+def test_sft_on_several_families_collects_and_evaluates_each(tmp_path):
+    fams = ("find_and_buy", "clarify_and_buy")
+    trajs = expert_trajectories(ENV, 5, progress=False, num_envs=2, families=fams)
+    assert [t.meta["family"] for t in trajs] == ["find_and_buy"] * 3 + ["clarify_and_buy"] * 2
+    cfg = SFTConfig(steps=2, batch_size=4, size="tiny", eval_every=0, eval_episodes=4, num_envs=2,
+                    max_new_tokens=8, families=fams, augment_copies=1)
+    _, hist = train_sft(ENV, trajs, cfg, out_dir=tmp_path, progress=False)
+    assert hist[-1]["eval_episodes"] == 4
+    assert {"eval_success/find_and_buy", "eval_success/clarify_and_buy"} <= set(hist[-1])
+
+
+def test_sft_command_runs_and_rejects_a_bad_family(tmp_path, capsys):
+    from shopsim.cli import main
+
+    assert main(["sft", "--expert-episodes", "4", "--steps", "3", "--curriculum-steps", "2", "--size", "tiny",
+                 "--eval-episodes", "2", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()
+    manifest = (tmp_path / "run" / "checkpoint" / "shopsim_agent.json").read_text()
+    assert '"numbered_results": true' in manifest and '"curriculum_steps": 2' in manifest
+    assert main(["sft", "--expert-episodes", "4", "--family", "find_and_buy,nope", "--out",
+                 str(tmp_path / "bad")]) == 2
+    assert "nope" in capsys.readouterr().err

@@ -60,6 +60,13 @@ class SFTConfig:
     """Weight of the auxiliary language-modelling loss on prompt/observation tokens (0 = agent tokens only)."""
     only_success: bool = True
     """Train on successful expert episodes only."""
+    curriculum_steps: int = 0
+    """Short-to-long curriculum: the first this many steps (part of `steps`) draw only from the shortest
+    `curriculum_share` of the rows, in batches of the same token budget as the others. In Shopping-v0 those are
+    the first turns, whose action is a copy of the task line: a from-scratch model forms its copying circuit there
+    within a few hundred steps (short rows, a target on a quarter of the tokens), which it then reuses for option
+    values; see the module docstring."""
+    curriculum_share: float = 0.25
     augment_copies: int = 0
     """Prior-breaking copy augmentation (`agents.lm.augment.copy_augment`): this many rewritten copies of every
     expert episode are added to the training rows (0: off)."""
@@ -73,6 +80,9 @@ class SFTConfig:
     max_new_tokens: int = 48
     num_envs: int = 16
     reset_options: dict = field(default_factory=dict)
+    families: tuple = ()
+    """Evaluate on the first dev tasks of these task families (`baselines.core.tasks.eval_tasks`, the same task
+    lists the RL trainers use); empty: `reset_options` decide (e.g. one family)."""
     """Options for the evaluation resets (e.g. {"family": "find_and_buy"})."""
     env_kwargs: dict = field(default_factory=dict)
     """Env constructor options for the evaluations (e.g. {"numbered_results": True, "results_per_page": 5});
@@ -83,6 +93,9 @@ class SFTConfig:
             raise ConfigError(f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
         if self.context_mode not in MODES:
             raise ConfigError(f"context_mode={self.context_mode!r}; choose one of {MODES}")
+        if not 0 < self.curriculum_share <= 1 or self.curriculum_steps < 0:
+            raise ConfigError(f"curriculum_share must be in (0, 1] and curriculum_steps >= 0, got "
+                              f"{self.curriculum_share}, {self.curriculum_steps}")
         if self.augment_copies < 0:
             raise ConfigError(f"augment_copies must be >= 0, got {self.augment_copies}")
         if not self.lr > 0:
@@ -90,12 +103,22 @@ class SFTConfig:
 
 
 def expert_trajectories(env_id: str, episodes: int, *, seed: int = 0, split: str = "train", reset_options=None,
-                        num_envs: int = 16, progress: bool = True, env_kwargs=None, expert_kwargs=None):
+                        num_envs: int = 16, progress: bool = True, env_kwargs=None, expert_kwargs=None,
+                        families=()):
     """Scripted-expert episodes on `split` (seeds `seed .. seed+episodes-1`); `expert_kwargs` go to the expert
-    (e.g. ``{"click_by": "index", "query": "span"}``), `env_kwargs` to the env."""
+    (e.g. ``{"click_by": "index", "query": "span"}``), `env_kwargs` to the env. With `families`, the episodes are
+    shared evenly between those task families (``reset_options["family"]``), each on its own seeds."""
     import agents
     from shopsim.rollout import collect
 
+    if families:
+        out = []
+        for k, fam in enumerate(families):
+            n = episodes // len(families) + (k < episodes % len(families))
+            out += expert_trajectories(env_id, n, seed=seed + k * episodes, split=split,
+                                       reset_options={**(reset_options or {}), "family": fam}, num_envs=num_envs,
+                                       progress=progress, env_kwargs=env_kwargs, expert_kwargs=expert_kwargs)
+        return out
     expert = agents.make("expert", env_id, **(expert_kwargs or {}))
     return collect(env_id, expert, episodes=episodes, seed=seed, split=split, reset_options=reset_options,
                    num_envs=num_envs, progress=progress, env_kwargs=env_kwargs or None)
@@ -187,12 +210,21 @@ def heldout_loss(model, rows, pad_id: int, batch_size: int = 16) -> float:
 
 
 def evaluate(agent, env_id: str, *, episodes: int, split: str = "dev", seed: int = 10_000, num_envs: int = 16,
-             reset_options=None, progress: bool = False, env_kwargs=None) -> dict:
-    """Greedy rollouts on `split`: success, score, turns, invalid-action rate and success per task family."""
+             reset_options=None, progress: bool = False, env_kwargs=None, families=()) -> dict:
+    """Greedy rollouts on `split`: success, score, turns, invalid-action rate and success per task family.
+    With `families`: the first `episodes` tasks of `split` in those families (`baselines.core.tasks.eval_tasks`)."""
     from shopsim.rollout import collect, summarize
 
-    trajs = collect(env_id, agent, episodes=episodes, seed=seed, split=split, num_envs=num_envs,
-                    reset_options=reset_options, progress=progress, env_kwargs=env_kwargs or None)
+    if families:
+        from baselines.core.tasks import eval_tasks
+
+        tasks = eval_tasks(env_id, split, episodes, families=tuple(families))
+        trajs = collect(env_id, agent, tasks=tasks, seeds=[seed + i for i in range(len(tasks))], split=split,
+                        num_envs=num_envs, reset_options=reset_options, progress=progress,
+                        env_kwargs=env_kwargs or None)
+    else:
+        trajs = collect(env_id, agent, episodes=episodes, seed=seed, split=split, num_envs=num_envs,
+                        reset_options=reset_options, progress=progress, env_kwargs=env_kwargs or None)
     out = summarize(trajs)
     fams: dict[str, list[bool]] = {}
     for t in trajs:
@@ -256,6 +288,13 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         raise ConfigError("no training examples: the expert trajectories are empty or none succeeded")
     rng = np.random.default_rng(config.seed)
     batches = _batches(rows, config.batch_size, rng)
+    short_batches = None
+    if config.curriculum_steps:
+        lengths = np.array([len(r[0]) for r in rows])
+        n_short = max(1, math.ceil(config.curriculum_share * len(rows)))
+        short = [rows[i] for i in np.argsort(lengths, kind="stable")[:n_short]]
+        ratio = lengths.mean() / np.mean([len(r[0]) for r in short])
+        short_batches = _batches(short, max(1, round(config.batch_size * ratio)), rng)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
 
     def lr_at(step: int) -> float:
@@ -276,20 +315,22 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         model.train()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        batch = next(batches)
+        batch = next(short_batches if step < config.curriculum_steps and short_batches else batches)
         loss, n_tok, agent_loss = sft_loss(model, batch, agent.policy.pad_id, config.obs_loss_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         opt.step()
         tokens_seen += sum(len(r[0]) for r in batch)
-        rec = {"step": step + 1, "loss": agent_loss, "total_loss": loss.item(), "lr": lr_at(step), "agent_tokens": n_tok,
+        rec = {"step": step + 1, "loss": agent_loss, "total_loss": loss.item(), "lr": lr_at(step), "rows": len(batch),
+               "agent_tokens": n_tok,
                "tokens_seen": tokens_seen, "time_s": time.perf_counter() - t0}
         last = step + 1 == config.steps
         if last or (config.eval_every and (step + 1) % config.eval_every == 0):
             model.eval()
             ev = evaluate(agent, env_id, episodes=config.eval_episodes, split=config.eval_split,
                           num_envs=config.num_envs, reset_options=config.reset_options or None,
+                          families=config.families,
                           env_kwargs=config.env_kwargs)
             rec.update({f"eval_{k}": v for k, v in ev.items()})
             rec["time_s"] = time.perf_counter() - t0

@@ -1,7 +1,13 @@
 """`shopsim sft`: supervised warm start of the LM agent on scripted-expert trajectories (agents.lm.sft).
 
-    shopsim sft --env shopsim/Shopping-v0 --expert-episodes 600 --out runs/sft [--steps 1500] [--seed 0]
+    shopsim sft --env shopsim/Shopping-v0 --expert-episodes 1000 --out runs/sft [--family find_and_buy] [--seed 0]
     shopsim sft --env shopsim/Shopping-v0 --data expert.parquet --out runs/sft
+
+The defaults are the recipe that lets the default 1.4M-parameter model reach the find_and_buy target on two CPU
+cores (README, "Language-model agent"): copy-friendly expert data (results opened by position, the task line as
+the query, a blank after the bracket), a short-to-long curriculum and prior-breaking copy augmentation
+(`agents.lm.augment`). ``--no-numbered-results --expert-query full --no-arg-space --curriculum-steps 0
+--augment-copies 0`` is plain behaviour cloning on the expert's default actions.
 
 Writes OUT/checkpoint (a save_pretrained folder + shopsim manifest: `shopsim eval --checkpoint OUT/checkpoint`),
 OUT/metrics.csv and OUT/sft_curve.png.
@@ -11,6 +17,8 @@ from __future__ import annotations
 
 
 def add_parser(sub) -> None:
+    import argparse
+
     from shopsim.commands import positive_int
 
     p = sub.add_parser("sft", help="supervised warm start of the LM agent on expert trajectories",
@@ -20,7 +28,13 @@ def add_parser(sub) -> None:
     src.add_argument("--data", help="a Parquet dataset of expert trajectories (from `shopsim rollout`)")
     src.add_argument("--expert-episodes", type=positive_int, help="collect this many expert episodes first")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--steps", type=positive_int, default=1500, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=2400,
+                   help="optimizer steps, curriculum included (default: %(default)s)")
+    p.add_argument("--curriculum-steps", type=int, default=1500,
+                   help="the first steps train on the shortest quarter of the rows (copy turns; default: %(default)s)")
+    p.add_argument("--augment-copies", type=int, default=1,
+                   help="prior-breaking copy augmentation: rewritten copies per expert episode (agents.lm.augment; "
+                        "default: %(default)s)")
     p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -30,23 +44,24 @@ def add_parser(sub) -> None:
                    help="window mode: characters kept of each past observation")
     p.add_argument("--obs-loss-weight", type=float, default=0.0,
                    help="auxiliary LM loss weight on observation tokens (0: loss on agent tokens only)")
-    p.add_argument("--family", default=None, help="restrict expert episodes and evaluation to one task family")
+    p.add_argument("--family", default="find_and_buy",
+                   help="task families of the expert episodes and of the dev evaluation, comma-separated, or 'all' "
+                        "(default: %(default)s)")
     p.add_argument("--arch", choices=["llama", "gpt2"], default="llama")
     p.add_argument("--size", choices=["tiny", "mini", "small", "medium"], default="mini")
-    p.add_argument("--eval-every", type=int, default=500, help="dev evaluation interval in steps (0: end only)")
+    p.add_argument("--eval-every", type=int, default=800, help="dev evaluation interval in steps (0: end only)")
     p.add_argument("--eval-episodes", type=positive_int, default=50)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-    p.add_argument("--numbered-results", action="store_true",
-                   help="env numbered_results=True and the expert clicks results by position (click[#3])")
-    p.add_argument("--expert-query", choices=["full", "span", "instruction"], default="full",
+    p.add_argument("--numbered-results", action=argparse.BooleanOptionalAction, default=True,
+                   help="env numbered_results=True and the expert opens results by position (click[#3]) "
+                        "(default: on)")
+    p.add_argument("--expert-query", choices=["full", "span", "instruction"], default="instruction",
                    help="the expert's search: full = attributes, option values, type; span = '<attributes> <type>'; "
                         "instruction = the task line up to its price clause (default: %(default)s)")
-    p.add_argument("--results-per-page", type=positive_int, default=None, help="env results_per_page")
-    p.add_argument("--arg-space", action="store_true",
-                   help="the expert writes click[ x] / search[ q] (same action; the first argument word tokenizes "
-                        "as in the task line)")
-    p.add_argument("--augment-copies", type=int, default=0,
-                   help="prior-breaking copy augmentation: rewritten copies per expert episode (agents.lm.augment)")
+    p.add_argument("--results-per-page", type=positive_int, default=5, help="env results_per_page (default: 5)")
+    p.add_argument("--arg-space", action=argparse.BooleanOptionalAction, default=True,
+                   help="the expert writes click[ x] / search[ q]: the same action, but the first argument word "
+                        "tokenizes as in the task line (default: on)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -57,27 +72,35 @@ def run(args) -> int:
     from agents.lm.sft import SFTConfig, expert_trajectories, train_sft
     from shopsim.commands import writable_output
     from shopsim.envs import check_env_id
+    from shopsim.errors import ConfigError
 
     check_env_id(args.env)
     out = writable_output(args.out, is_dir=True)
     if args.threads:
         torch.set_num_threads(args.threads)
-    opts = {"family": args.family} if args.family else {}
+    families = () if args.family in ("all", "") else tuple(f.strip() for f in args.family.split(",") if f.strip())
+    if args.env == "shopsim/Shopping-v0":
+        from shopsim.envs.shopping.tasks import FAMILIES
+
+        bad = [f for f in families if f not in FAMILIES]
+        if bad:
+            raise ConfigError(f"--family {','.join(bad)}: choose from {', '.join(FAMILIES)} (comma-separated) or all")
     env_kwargs = {**({"numbered_results": True} if args.numbered_results else {}),
                   **({"results_per_page": args.results_per_page} if args.results_per_page else {})}
     expert_kwargs = {**({"click_by": "index"} if args.numbered_results else {}),
                      "query": args.expert_query, **({"arg_space": True} if args.arg_space else {})}
     cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     context_mode=args.context_mode, history=args.history,
-                    history_obs_chars=args.history_obs_chars, obs_loss_weight=args.obs_loss_weight, arch=args.arch, size=args.size, eval_every=args.eval_every,
-                    augment_copies=args.augment_copies,
-                    eval_episodes=args.eval_episodes, reset_options=opts, env_kwargs=env_kwargs)
+                    history_obs_chars=args.history_obs_chars, obs_loss_weight=args.obs_loss_weight, arch=args.arch,
+                    size=args.size, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
+                    curriculum_steps=min(args.curriculum_steps, args.steps), augment_copies=args.augment_copies,
+                    families=families, env_kwargs=env_kwargs)
     if args.data:
         from shopsim.datasets import read_trajectories
 
         trajs = read_trajectories(args.data)
     else:
-        trajs = expert_trajectories(args.env, args.expert_episodes, seed=args.seed, reset_options=opts or None,
+        trajs = expert_trajectories(args.env, args.expert_episodes, seed=args.seed, families=families,
                                     progress=not args.no_progress, env_kwargs=env_kwargs,
                                     expert_kwargs=expert_kwargs)
     agent, history = train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress)
