@@ -47,6 +47,10 @@ class Agent:
     name: str = "agent"
     #: True for agents that learn from trajectories (their Decisions carry log-probs).
     learns: bool = False
+    #: Env options the agent was trained with (a checkpoint's manifest ``env_kwargs``, set by
+    #: `agents.load_checkpoint`); trainers start from them and the leaderboard applies the env's presentation
+    #: options among them (`shopsim.envs.presentation_kwargs`).
+    env_kwargs: dict = {}
 
     def reset(self, num_slots: int, seed: int | None = None) -> None:
         self.num_slots = num_slots

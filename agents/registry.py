@@ -103,6 +103,24 @@ def save_manifest(directory, cls: type, env_id: str, **info: Any) -> None:
     os.replace(tmp, directory / CHECKPOINT_MANIFEST)
 
 
+def manifest_env_kwargs(path) -> dict:
+    """Env options a checkpoint records (a checkpoint folder or its manifest file): manifest ``env_kwargs``, else
+    ``config.env_kwargs``, else none."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_MANIFEST
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    kw = data.get("env_kwargs")
+    if kw is None and isinstance(data.get("config"), dict):
+        kw = data["config"].get("env_kwargs")
+    return dict(kw or {})
+
+
 def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
     """Rebuild the agent saved in a checkpoint folder (see `save_manifest`)."""
     import json
@@ -117,4 +135,5 @@ def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
     cls = _load(payload["class"])
     agent = cls.from_checkpoint(directory, env_id=env_id or payload["env_id"], **kwargs)
     agent.name = getattr(agent, "name", None) or cls.__name__
+    agent.env_kwargs = manifest_env_kwargs(manifest)
     return agent

@@ -79,7 +79,7 @@ def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict,
                 best = (mid, s)
             lo, hi = (mid, hi) if s > target else (lo, mid)
     at(best[0])
-    agent.save(out)
+    agent.save(out, env_kwargs={k: v for k, v in env_kwargs.items() if k != "max_turns"})
     info = {"alpha": best[0], "calib_success": best[1], "sft_success": s0, "trace": trace, "calib_tasks": n_calib}
     (out / "weaken.json").write_text(json.dumps(info, indent=2))
     return info
@@ -92,10 +92,13 @@ def run(args) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env_kwargs = {"max_turns": args.max_turns}
     init = Path(args.init) if args.init else default_checkpoint_dir()
     if not (init / "config.json").is_file():
         raise SystemExit(f"no SFT checkpoint at {init}; train one with `shopsim sft` and pass --init DIR")
+    from agents.registry import manifest_env_kwargs
+
+    # the rendering the checkpoint was fine-tuned on (e.g. numbered results), the benchmark's turn limit
+    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
     t0 = time.perf_counter()
     info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps)
     print(f"start checkpoint: alpha={info['alpha']:.3f}, dev success {info['calib_success']:.2f} "

@@ -32,3 +32,35 @@ def test_bad_env_kwargs_is_one_line(tmp_path, capsys, bad):
     assert main(["eval", "--env", ENV, "--agent", "random", "--env-kwargs", bad, "--out",
                  str(tmp_path / "r.json")]) == 2
     assert "--env-kwargs" in capsys.readouterr().err
+
+
+def test_lm_checkpoint_carries_its_env_options_to_trainers_and_the_leaderboard(tmp_path):
+    """An SFT checkpoint's env options travel with the agent: `load_checkpoint` sets ``agent.env_kwargs``, a
+    re-save keeps them, an RL trainer started from it collects on them, and a fixed evaluation applies only the
+    presentation ones (task options stay the protocol's)."""
+    import agents
+    from agents.lm.agent import LMAgent
+    from agents.lm.model import build_model
+    from agents.lm.tokenizer import load_tokenizer
+    from shopsim.envs import presentation_kwargs
+    from shopsim.leaderboard.evaluate import agent_env_kwargs
+    from shopsim.leaderboard.protocols import load_protocol
+
+    shop = "shopsim/Shopping-v0"
+    tok = load_tokenizer()
+    lm = LMAgent(env_id=shop, model=build_model(tok, size="tiny"), tokenizer=tok, max_new_tokens=4)
+    kw = {"numbered_results": True, "results_per_page": 5, "max_invalid": 2}
+    lm.save(tmp_path / "sft", env_kwargs=kw)
+    back = agents.load_checkpoint(tmp_path / "sft")
+    assert back.env_kwargs == kw
+    back.save(tmp_path / "again")
+    assert manifest_env_kwargs(tmp_path / "again") == kw
+    algo = baselines.make("grpo", env_id=shop, group_size=2, tasks_per_iter=1, max_new_tokens=4, eval_every=0,
+                          eval_episodes=1, num_envs=2)
+    res = algo.train(shop, iterations=1, seed=0, out_dir=tmp_path / "rl", init=tmp_path / "sft", progress=False)
+    assert algo._env_kwargs == kw and manifest_env_kwargs(res.checkpoint) == kw
+    assert presentation_kwargs(shop) == {"numbered_results", "results_per_page"}
+    proto = load_protocol(shop)
+    used = agent_env_kwargs(back, proto)
+    assert used == {**proto.env_kwargs, "numbered_results": True, "results_per_page": 5}
+    assert agent_env_kwargs(agents.make("random", shop), proto) == dict(proto.env_kwargs)

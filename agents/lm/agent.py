@@ -191,6 +191,8 @@ class LMAgent(Agent):
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(directory), safe_serialization=True)
         self.tokenizer.save_pretrained(str(directory))
+        if self.env_kwargs and "env_kwargs" not in info:  # keep the env options the policy was trained on
+            info["env_kwargs"] = dict(self.env_kwargs)
         save_manifest(directory, type(self), self.env_id, options=self.options, **info)
         return directory
 

@@ -277,6 +277,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     agent = LMAgent(env_id=env_id, model=model, tokenizer=tokenizer, context_mode=config.context_mode,
                     history=config.history, history_obs_chars=config.history_obs_chars, greedy=True,
                     max_new_tokens=config.max_new_tokens)
+    agent.env_kwargs = dict(config.env_kwargs)
     if config.augment_copies:
         from agents.lm.augment import copy_augment
 

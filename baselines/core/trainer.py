@@ -420,7 +420,8 @@ class LMAlgorithm(Algorithm):
         else:
             self._configure_agent(agent)
         self.setup(agent)
-        env_kwargs = {**c.env_kwargs, **(env_kwargs or {})} or None
+        # the checkpoint's own env options (e.g. the rendering it was fine-tuned on) unless the config overrides them
+        env_kwargs = {**(getattr(agent, "env_kwargs", None) or {}), **c.env_kwargs, **(env_kwargs or {})} or None
         self._env_kwargs, self._env_fns = env_kwargs, env_fns
         start, history = 0, []
         state_path = out / "state.pt"

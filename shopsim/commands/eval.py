@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from agents.registry import manifest_env_kwargs  # noqa: F401 (also the public name here)
 from shopsim.commands import positive_int, writable_output
 
 
@@ -100,16 +101,3 @@ def _parse_env_kwargs(text: str | None) -> dict | None:
     if not isinstance(value, dict):
         raise ShopsimError("--env-kwargs must be a JSON object of constructor options, e.g. '{\"k\": 20}'")
     return value
-
-
-def manifest_env_kwargs(manifest) -> dict:
-    """Env options a checkpoint records: manifest ``env_kwargs``, else ``config.env_kwargs``, else none."""
-    import json
-
-    if not manifest.is_file():
-        return {}
-    data = json.loads(manifest.read_text())
-    kw = data.get("env_kwargs")
-    if kw is None and isinstance(data.get("config"), dict):
-        kw = data["config"].get("env_kwargs")
-    return dict(kw or {})

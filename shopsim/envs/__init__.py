@@ -61,6 +61,17 @@ def check_env_id(env_id: str) -> str:
     return env_id
 
 
+def presentation_kwargs(env_id: str) -> frozenset:
+    """Constructor options of `env_id` that change only how observations are rendered, not the task (the env class's
+    ``PRESENTATION_KWARGS``): an agent may pick them (e.g. the rendering it was trained on) in a fixed evaluation."""
+    import importlib
+
+    entry = ENV_SPECS[env_id][0] if env_id in ENV_SPECS else PZ_ENVS[check_env_id(env_id)][0]
+    module, _, attr = entry.partition(":")
+    cls = getattr(importlib.import_module(module), attr, None) if attr else None
+    return frozenset(getattr(cls, "PRESENTATION_KWARGS", ()))
+
+
 def is_pettingzoo(env_id: str) -> bool:
     return env_id in PZ_ENVS
 

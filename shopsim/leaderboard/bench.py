@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from shopsim.errors import ConfigError, ShopsimError
-from shopsim.leaderboard.evaluate import evaluate
+from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
 from shopsim.leaderboard.metrics import aggregate
 from shopsim.leaderboard.protocols import Protocol, load_protocol, protocol_envs
 from shopsim.leaderboard.results import find_results, make_results, write_results
@@ -270,6 +270,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             for note in notes:
                 log(f"  note: {note}")
             extra = {"ci_over": "train_seeds" if n_train > 1 else "eval_seeds"}
+            if agent_env_kwargs(agent, protocol) != dict(protocol.env_kwargs):
+                extra["env_kwargs"] = agent_env_kwargs(agent, protocol)
             if notes:
                 extra["notes"] = notes
             rec = make_results(**info, metrics=metrics, wall_s=time.perf_counter() - t0, extra=extra)
@@ -278,6 +280,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             for note in ev.notes:
                 log(f"  note: {note}")
             extra = {"ci_over": "eval_seeds"}
+            if agent_env_kwargs(agent, protocol) != dict(protocol.env_kwargs):
+                extra["env_kwargs"] = agent_env_kwargs(agent, protocol)  # the agent's presentation options
             if ev.notes:
                 extra["notes"] = ev.notes
             rec = make_results(**info, metrics=ev.metrics, wall_s=time.perf_counter() - t0, extra=extra)

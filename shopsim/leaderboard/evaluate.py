@@ -41,16 +41,28 @@ def _apply_aliases(summary: dict) -> None:
                     break
 
 
+def agent_env_kwargs(agent, protocol: Protocol) -> dict:
+    """The protocol's env options plus the presentation options (`shopsim.envs.presentation_kwargs`) the agent was
+    trained with (``agent.env_kwargs``, e.g. numbered results for an LM fine-tuned on them); task options stay the
+    protocol's."""
+    from shopsim.envs import presentation_kwargs
+
+    mine = getattr(agent, "env_kwargs", None) or {}
+    allowed = presentation_kwargs(protocol.env_id) if mine else frozenset()
+    return {**protocol.env_kwargs, **{k: v for k, v in mine.items() if k in allowed}}
+
+
 def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: int = 8,
               collect: Callable | None = None, keep: bool = False) -> tuple[list[dict], list]:
     """Per-seed summaries of `agent` on every episode of `protocol` (and the trajectories if `keep`)."""
     if collect is None:
         from shopsim.rollout import collect
     summaries, kept = [], []
+    env_kwargs = agent_env_kwargs(agent, protocol)
     for seed in protocol.seeds:
         tasks, seeds = protocol.episodes(seed)
         trajs = collect(protocol.env_id, agent, tasks=tasks, seeds=seeds, split=protocol.split, group_size=1,
-                        num_envs=num_envs, env_kwargs=dict(protocol.env_kwargs), progress=progress,
+                        num_envs=num_envs, env_kwargs=env_kwargs, progress=progress,
                         agent_seed=int(seed))
         records = [episode_record(t) for t in trajs]
         for rec, task in zip(records, tasks):

@@ -95,6 +95,9 @@ class ShoppingEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    #: options that change only the rendering (`shopsim.envs.presentation_kwargs`): an agent evaluated on the
+    #: leaderboard may use the ones it was trained with
+    PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page"})
 
     def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
