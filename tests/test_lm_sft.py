@@ -111,13 +111,16 @@ def test_curriculum_draws_the_shortest_rows_first_with_the_same_token_budget(exp
     cutoff = lengths[int(np.ceil(0.25 * len(lengths))) - 1]
     seen = []
     cfg = SFTConfig(steps=8, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
-                    reset_options=FIND, max_new_tokens=8, curriculum_steps=5, curriculum_share=0.25)
+                    reset_options=FIND, max_new_tokens=8, curriculum_steps=5, curriculum_share=0.25, warmup=2,
+                    lr=1e-3)
     train_sft(ENV, expert_trajs, cfg, out_dir=tmp_path, progress=False, tokenizer=tok, callback=seen.append)
     tokens = np.diff([0] + [h["tokens_seen"] for h in seen])
     per_row = tokens / np.array([h["rows"] for h in seen])
     # shorter rows, so more of them per batch (a chunk's last batch may be partial); then the normal batch size
     assert max(h["rows"] for h in seen[:5]) > 4 and all(h["rows"] <= 4 for h in seen[5:])
     assert per_row[:5].max() <= cutoff < per_row[5:].max()
+    # warm-up then constant during the curriculum; the main phase restarts its warm-up
+    assert [h["lr"] for h in seen[:6]] == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 5e-4])
     with pytest.raises(ConfigError, match="curriculum_share"):
         SFTConfig(curriculum_share=0.0)
 
