@@ -122,3 +122,25 @@ def test_learning_sanity_on_toy_task(name, tmp_path):
     s = [r["train_success"] for r in res.history]
     assert np.mean(s[:3]) < 0.5 and np.mean(s[-3:]) > 0.8
     assert res.history[-1]["dev_success"] > 0.8
+
+
+def test_forward_policy_on_positions_matches_the_full_forward():
+    """The output layer on the generated tokens only gives the same log-probs and entropies there, zeros elsewhere."""
+    from baselines.core.batch import build_batch
+    from baselines.core.trainer import forward_policy
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent()
+    trajs = collect("toy", agent, seeds=[1, 2], group_size=2, env_fns=env_fns(2), progress=False, num_envs=2)
+    b = build_batch(trajs)
+    with torch.no_grad():
+        full, ent_full, hid_full = forward_policy(agent.model, b.input_ids, b.attention_mask, temperature=0.7,
+                                                  need_entropy=True, need_hidden=True)
+        part, ent, hid = forward_policy(agent.model, b.input_ids, b.attention_mask, temperature=0.7,
+                                        need_entropy=True, need_hidden=True, positions=b.gen_mask)
+    g = b.gen_mask.bool()
+    assert g.any() and (~g).any()
+    torch.testing.assert_close(part[g], full[g], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent[g], ent_full[g], atol=1e-5, rtol=1e-5)
+    assert (part[~g] == 0).all() and (ent[~g] == 0).all()
+    torch.testing.assert_close(hid, hid_full)

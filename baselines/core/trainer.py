@@ -50,12 +50,30 @@ __all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "forward_policy"]
 
 
 def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0, need_hidden: bool = False,
-                   need_entropy: bool = False):
+                   need_entropy: bool = False, positions=None):
     """One forward over right-padded rows: (logp [B,S] aligned with tokens, entropy [B,S] or None, hidden or None).
 
     Position ids are ``cumsum(mask) − 1`` (the LM agent's convention), log-probs use the sampling temperature.
+    `positions` (bool [B,S], e.g. the batch's ``gen_mask``): compute log-probs and entropy only there (zeros
+    elsewhere); the vocabulary-sized output layer then runs on those tokens only, which in window-mode shopping
+    batches are ~7% of the tokens (the full [B,S,V] logits dominated update time and memory).
     """
     pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    if positions is not None:
+        body = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                                use_cache=False)
+        hidden = body.last_hidden_state
+        sel = positions[:, 1:].bool()
+        h = hidden[:, :-1][sel]
+        logits = model.get_output_embeddings()(h)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+        lp = torch.zeros(input_ids.shape, dtype=logits.dtype, device=logits.device)
+        lp[:, 1:][sel] = token_logprobs(logits, input_ids[:, 1:][sel])
+        ent = None
+        if need_entropy:
+            ent = torch.zeros_like(lp)
+            ent[:, 1:][sel] = entropy_from_logits(logits)
+        return lp, ent, (hidden if need_hidden else None)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
                 output_hidden_states=need_hidden)
     logits = out.logits[:, :-1, :].to(torch.promote_types(out.logits.dtype, torch.float32)) / temperature
@@ -157,9 +175,9 @@ class LMAlgorithm(Algorithm):
                 p.requires_grad_(False)
 
     # ------------------------------------------------------------------ one update
-    def _rows_forward(self, model, ids, attn, *, need_entropy=False, need_hidden=False):
+    def _rows_forward(self, model, ids, attn, *, need_entropy=False, need_hidden=False, positions=None):
         return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
-                              need_hidden=need_hidden)
+                              need_hidden=need_hidden, positions=positions)
 
     @torch.no_grad()
     def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
@@ -171,10 +189,11 @@ class LMAlgorithm(Algorithm):
         olds, refs, vals = [], [], []
         for lo in range(0, R, step):
             ids, attn = batch.input_ids[lo:lo + step], batch.attention_mask[lo:lo + step]
-            old, _, hid = self._rows_forward(self.model, ids, attn, need_hidden=shared)
+            gen = batch.gen_mask[lo:lo + step]
+            old, _, hid = self._rows_forward(self.model, ids, attn, need_hidden=shared, positions=gen)
             olds.append(old)
             if self.ref_model is not None:
-                refs.append(self._rows_forward(self.ref_model, ids, attn)[0])
+                refs.append(self._rows_forward(self.ref_model, ids, attn, positions=gen)[0])
             if self.critic is not None:
                 vals.append(self.critic(ids, attn, hidden=hid))
         old = torch.cat(olds)
@@ -238,7 +257,8 @@ class LMAlgorithm(Algorithm):
             r = rows[ch]
             ids, attn = batch.input_ids[r], batch.attention_mask[r]
             mask = tok_mask[r]
-            logp, ent, hid = self._rows_forward(self.model, ids, attn, need_entropy=need_ent, need_hidden=shared)
+            logp, ent, hid = self._rows_forward(self.model, ids, attn, need_entropy=need_ent, need_hidden=shared,
+                                                positions=batch.gen_mask[r])
             mb = {
                 "rows": r, "gen_mask": batch.gen_mask[r], "turn_index": batch.turn_index[r],
                 "row_traj": batch.row_traj[r], "old_logp_pi": ctx.old_logp[r], "behav_logp": ctx.behav_logp[r],
@@ -349,7 +369,8 @@ class LMAlgorithm(Algorithm):
             hid = None
             if self.critic.shared:
                 with torch.no_grad():
-                    _, _, hid = self._rows_forward(self.model, b.input_ids, b.attention_mask, need_hidden=True)
+                    _, _, hid = self._rows_forward(self.model, b.input_ids, b.attention_mask, need_hidden=True,
+                                                   positions=torch.zeros_like(b.gen_mask))
             data.append((b, ret, hid))
         params = [p for p in (self.critic.head.parameters() if self.critic.shared else self.critic.parameters())]
         opt = torch.optim.AdamW(params, lr=c.critic_lr)

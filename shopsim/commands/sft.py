@@ -28,15 +28,15 @@ def add_parser(sub) -> None:
     src.add_argument("--data", help="a Parquet dataset of expert trajectories (from `shopsim rollout`)")
     src.add_argument("--expert-episodes", type=positive_int, help="collect this many expert episodes first")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--steps", type=positive_int, default=2400,
+    p.add_argument("--steps", type=positive_int, default=2900,
                    help="optimizer steps, curriculum included (default: %(default)s)")
-    p.add_argument("--curriculum-steps", type=int, default=1500,
+    p.add_argument("--curriculum-steps", type=int, default=2000,
                    help="the first steps train on the shortest quarter of the rows (copy turns; default: %(default)s)")
     p.add_argument("--augment-copies", type=int, default=1,
                    help="prior-breaking copy augmentation: rewritten copies per expert episode (agents.lm.augment; "
                         "default: %(default)s)")
     p.add_argument("--batch-size", type=positive_int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--context-mode", choices=["window", "concat"], default="window")
     p.add_argument("--history", type=int, default=1, help="window mode: past turns in the prompt")
@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
                         "(default: %(default)s)")
     p.add_argument("--arch", choices=["llama", "gpt2"], default="llama")
     p.add_argument("--size", choices=["tiny", "mini", "small", "medium"], default="mini")
-    p.add_argument("--eval-every", type=int, default=800, help="dev evaluation interval in steps (0: end only)")
+    p.add_argument("--eval-every", type=int, default=1000, help="dev evaluation interval in steps (0: end only)")
     p.add_argument("--eval-episodes", type=positive_int, default=50)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--numbered-results", action=argparse.BooleanOptionalAction, default=True,
