@@ -75,7 +75,7 @@ class SFTConfig:
     """Short-to-long curriculum: the first this many steps (part of `steps`) draw only from the shortest
     `curriculum_share` of the rows, in batches of the same token budget as the others. In Shopping-v0 those are
     the first turns, whose action is a copy of the task line: a from-scratch model forms its copying circuit there
-    within a few hundred steps (short rows, a target on a quarter of the tokens), which it then reuses for option
+    within about 1,000 steps (short rows, a target on a quarter of the tokens), which it then reuses for option
     values; see the module docstring."""
     curriculum_share: float = 0.25
     augment_copies: int = 0
@@ -91,10 +91,10 @@ class SFTConfig:
     max_new_tokens: int = 48
     num_envs: int = 16
     reset_options: dict = field(default_factory=dict)
+    """Options for the evaluation resets (e.g. {"family": "find_and_buy"})."""
     families: tuple = ()
     """Evaluate on the first dev tasks of these task families (`baselines.core.tasks.eval_tasks`, the same task
     lists the RL trainers use); empty: `reset_options` decide (e.g. one family)."""
-    """Options for the evaluation resets (e.g. {"family": "find_and_buy"})."""
     env_kwargs: dict = field(default_factory=dict)
     """Env constructor options for the evaluations (e.g. {"numbered_results": True, "results_per_page": 5});
     recorded in the checkpoint manifest so that `shopsim eval --checkpoint` evaluates on the same env."""
