@@ -7,7 +7,9 @@ Protocol:
    bisection. The weakened checkpoint is saved once in ``OUT/start`` and shared by every run.
 2. Every algorithm gets the same budget: ``--iterations`` × ``--rollouts`` rollouts per iteration (group methods:
    G rollouts × rollouts/G tasks; ppo, mpo and reinforce(batch_mean): one rollout per task), the same learning rate,
-   per-turn token limit and env settings; ``--seeds`` seeds each.
+   per-turn token limit, env settings and update schedule (``--minibatches`` clipped-surrogate steps per
+   iteration; REINFORCE, strictly on-policy, takes one); ``--seeds`` seeds each; ``--jobs`` runs them in parallel
+   processes. Every evaluation (the start, every algorithm and seed) runs the same episodes (``EVAL_SEED``).
 3. Dev and test success (greedy decoding, fixed task lists of the two families) every ``--eval-every`` iterations
    and at the end; the start checkpoint is evaluated once with the same protocol (iteration 0).
 
@@ -31,24 +33,35 @@ ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
 ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo")
 SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce"}
+EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
 
-def evaluate(agent, split: str, n: int, env_kwargs: dict, seed: int = 10_000) -> float:
-    from baselines.core.tasks import eval_tasks
-    from shopsim.rollout import collect
+def _algo(name: str, args, env_kwargs: dict, **over):
+    """The algorithm `name` with the benchmark's common settings (same budget, lr, limits, eval protocol)."""
+    import baselines
 
-    tasks = eval_tasks(ENV, split, n, families=FAMILIES)
-    old = agent.sampling.greedy
-    agent.sampling.greedy = True
-    try:
-        trajs = collect(ENV, agent, tasks=tasks, seeds=[seed + i for i in range(len(tasks))], split=split,
-                        num_envs=8, env_kwargs=env_kwargs, progress=False, agent_seed=seed)
-    finally:
-        agent.sampling.greedy = old
-    return float(np.mean([t.success for t in trajs]))
+    G = 1 if name in SINGLE_ROLLOUT else args.group_size
+    per = dict(group_size=G, tasks_per_iter=max(1, args.rollouts // G))
+    if name != "reinforce":  # REINFORCE is strictly on-policy: one step per batch (card §1)
+        per["minibatches"] = args.minibatches
+    if name == "vapo":
+        per["value_pretrain_steps"] = args.value_pretrain_steps
+    if name == "dapo":
+        per["max_gen_batches"] = args.max_gen_batches
+    common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
+                  task_families=FAMILIES, eval_split="dev,test", eval_episodes=args.eval_episodes,
+                  eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=8, checkpoint_every=0)
+    return baselines.make(name, env_id=ENV, **{**common, **per, **over})
 
 
-def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict, steps: int, seed: int = 0) -> dict:
+def evaluate(agent, split: str, n: int, env_kwargs: dict, args) -> float:
+    """Greedy success on the first `n` tasks of `split` (the trainers' own evaluation, same seeds)."""
+    algo = _algo("grpo", args, env_kwargs, eval_split=split, eval_episodes=n)
+    return algo.evaluate(ENV, agent, seed=EVAL_SEED, env_kwargs=env_kwargs)[f"{split}_success"]
+
+
+def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict, steps: int, args,
+           seed: int = 0) -> dict:
     """Interpolate toward a random init until dev success ≈ target (bisection on α); save to `out`."""
     from transformers import AutoModelForCausalLM
 
@@ -64,7 +77,7 @@ def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict,
     def at(alpha: float) -> float:
         agent.model.load_state_dict({k: (1 - alpha) * sft[k] + alpha * rand[k] if sft[k].is_floating_point() else sft[k]
                                      for k in sft})
-        return evaluate(agent, "dev", n_calib, env_kwargs)
+        return evaluate(agent, "dev", n_calib, env_kwargs, args)
 
     s0 = at(0.0)
     trace = [(0.0, s0)]
@@ -85,9 +98,20 @@ def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict,
     return info
 
 
+def _train_one(job: tuple) -> tuple[str, int, list[dict], float]:
+    """One (algorithm, seed) run from the shared start (a process-pool worker: one torch thread each)."""
+    name, seed, args, env_kwargs, out = job
+    torch.set_num_threads(args.threads)
+    t1 = time.perf_counter()
+    res = _algo(name, args, env_kwargs).train(ENV, iterations=args.iterations, seed=seed,
+                                              out_dir=out / name / f"seed{seed}", init=out / "start",
+                                              progress=not args.no_progress)
+    return name, seed, res.history, time.perf_counter() - t1
+
+
 def run(args) -> None:
-    import baselines
     from agents.lm.agent import LMAgent, default_checkpoint_dir
+    from agents.registry import manifest_env_kwargs
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -95,48 +119,55 @@ def run(args) -> None:
     init = Path(args.init) if args.init else default_checkpoint_dir()
     if not (init / "config.json").is_file():
         raise SystemExit(f"no SFT checkpoint at {init}; train one with `shopsim sft` and pass --init DIR")
-    from agents.registry import manifest_env_kwargs
-
     # the rendering the checkpoint was fine-tuned on (e.g. numbered results), the benchmark's turn limit
     env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
     t0 = time.perf_counter()
-    info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps)
+    info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     print(f"start checkpoint: alpha={info['alpha']:.3f}, dev success {info['calib_success']:.2f} "
           f"(SFT {info['sft_success']:.2f}) [{time.perf_counter() - t0:.0f}s]")
     if info["sft_success"] < args.target:
         print(f"WARNING: the SFT checkpoint's dev success {info['sft_success']:.2f} is below the target "
               f"{args.target:.2f}; it is used unweakened and the comparison starts from there")
-    start_agent = LMAgent(env_id=ENV, checkpoint=out / "start")
-    start = {s: evaluate(start_agent, s, args.eval_episodes, env_kwargs) for s in ("dev", "test")}
+    start_file = out / "start" / f"eval-{args.eval_episodes}.json"
+    if start_file.is_file():
+        start = json.loads(start_file.read_text())
+    else:
+        start_agent = LMAgent(env_id=ENV, checkpoint=out / "start")
+        start = {s: evaluate(start_agent, s, args.eval_episodes, env_kwargs, args) for s in ("dev", "test")}
+        start_file.write_text(json.dumps(start))
+    print(f"start: dev {start['dev']:.2f}, test {start['test']:.2f} ({args.eval_episodes} episodes each)")
+    jobs = [(name, seed, args, env_kwargs, out) for name in args.algos for seed in args.seeds]
+    if args.jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            done = list(pool.map(_train_one, jobs))
+    else:
+        done = [_train_one(j) for j in jobs]
+    for name, seed, history, secs in done:
+        print(f"{name} seed {seed}: test {start['test']:.2f} -> {history[-1].get('test_success', float('nan')):.2f}"
+              f", dev {start['dev']:.2f} -> {history[-1].get('dev_success', float('nan')):.2f}"
+              f" ({sum(int(r.get('rollouts', 0)) for r in history)} rollouts, {secs:.0f}s)")
+    _write(out, _curves(out, start), start, args)
+
+
+def _curves(out: Path, start: dict) -> list[dict]:
+    """Every finished evaluation of every run under `out` (runs of earlier invocations included)."""
     curves = [{"algo": "start", "seed": -1, "iteration": 0, "dev_success": start["dev"], "test_success": start["test"],
                "rollouts": 0}]
-    common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
-                  task_families=FAMILIES, eval_split="dev,test", eval_episodes=args.eval_episodes,
-                  eval_every=args.eval_every, num_envs=8, checkpoint_every=0)
-    for algo in args.algos:
-        G = 1 if algo in SINGLE_ROLLOUT else args.group_size
-        per = dict(group_size=G, tasks_per_iter=max(1, args.rollouts // G))
-        if algo == "vapo":
-            per["value_pretrain_steps"] = args.value_pretrain_steps
-        if algo == "dapo":
-            per["max_gen_batches"] = args.max_gen_batches
-        for seed in args.seeds:
-            run_dir = out / algo / f"seed{seed}"
-            t1 = time.perf_counter()
-            res = baselines.make(algo, env_id=ENV, **common, **per).train(
-                ENV, iterations=args.iterations, seed=seed, out_dir=run_dir, init=out / "start",
-                progress=not args.no_progress)
+    for name in ALGOS:
+        for path in sorted((out / name).glob("seed*/metrics.csv")):
             used = 0
-            for row in res.history:
-                used += int(row.get("rollouts", 0))
-                if "dev_success" in row:
-                    curves.append({"algo": algo, "seed": seed, "iteration": row["iteration"],
-                                   "dev_success": row["dev_success"], "test_success": row.get("test_success"),
-                                   "rollouts": used})
-            print(f"{algo} seed {seed}: test {start['test']:.2f} -> {res.history[-1].get('test_success', float('nan')):.2f}"
-                  f", dev {start['dev']:.2f} -> {res.history[-1].get('dev_success', float('nan')):.2f}"
-                  f" ({used} rollouts, {time.perf_counter() - t1:.0f}s)")
-    _write(out, curves, start, args)
+            with path.open() as f:
+                for row in csv.DictReader(f):
+                    used += int(float(row.get("rollouts") or 0))
+                    if row.get("dev_success") not in (None, ""):
+                        curves.append({"algo": name, "seed": int(path.parent.name[4:]),
+                                       "iteration": int(row["iteration"]),
+                                       "dev_success": float(row["dev_success"]),
+                                       "test_success": float(row["test_success"]), "rollouts": used})
+    return curves
 
 
 def _write(out: Path, curves: list[dict], start: dict, args) -> None:
@@ -145,7 +176,7 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> None:
         w.writeheader()
         w.writerows(curves)
     rows = []
-    for algo in args.algos:
+    for algo in ALGOS:
         finals = [c for c in curves if c["algo"] == algo and c["iteration"] == args.iterations]
         if not finals:
             continue
@@ -154,18 +185,19 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> None:
         rows.append({"algo": algo, "seeds": len(finals), "start_test": start["test"], "final_test_mean": te.mean(),
                      "final_test_std": te.std(), "start_dev": start["dev"], "final_dev_mean": dv.mean(),
                      "final_dev_std": dv.std(), "rollouts": finals[0]["rollouts"],
+                     "test_per_seed": " ".join(f"{x:.2f}" for x in te),
                      "raised_test": bool(te.mean() > start["test"])})
     if rows:
         with (out / "summary.csv").open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-        lines = ["| algo | seeds | test start | test final (mean ± std) | dev start | dev final | rollouts |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = ["| algo | seeds | test start | test final (mean ± std) | per seed | dev start | dev final | rollouts |",
+                 "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['algo']} | {r['seeds']} | {r['start_test']:.2f} | {r['final_test_mean']:.2f} ± "
-                         f"{r['final_test_std']:.2f} | {r['start_dev']:.2f} | {r['final_dev_mean']:.2f} ± "
-                         f"{r['final_dev_std']:.2f} | {r['rollouts']} |")
+                         f"{r['final_test_std']:.2f} | {r['test_per_seed']} | {r['start_dev']:.2f} | "
+                         f"{r['final_dev_mean']:.2f} ± {r['final_dev_std']:.2f} | {r['rollouts']} |")
         (out / "summary.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
     try:
@@ -176,7 +208,7 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> None:
 
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
         for ax, split in zip(axes, ("dev", "test")):
-            for algo in args.algos:
+            for algo in ALGOS:
                 its = sorted({c["iteration"] for c in curves if c["algo"] == algo})
                 if not its:
                     continue
@@ -202,6 +234,8 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--rollouts", type=int, default=32, help="rollouts per iteration (the budget unit)")
     p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--minibatches", type=int, default=4,
+                   help="optimizer steps per iteration for the clipped-surrogate methods (ppo card: 4)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -213,7 +247,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--value-pretrain-steps", type=int, default=20)
     p.add_argument("--max-gen-batches", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    p.add_argument("--jobs", type=int, default=1, help="(algorithm, seed) runs in parallel processes")
     p.add_argument("--quick", action="store_true", help="grpo + mpo, 1 seed, 3 iterations, 8 rollouts, 12 eval tasks")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)

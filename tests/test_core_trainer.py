@@ -144,3 +144,20 @@ def test_forward_policy_on_positions_matches_the_full_forward():
     torch.testing.assert_close(ent[g], ent_full[g], atol=1e-5, rtol=1e-5)
     assert (part[~g] == 0).all() and (ent[~g] == 0).all()
     torch.testing.assert_close(hid, hid_full)
+
+
+@pytest.mark.parametrize("eval_seed,expected", [(None, 10_003), (77, 77)])
+def test_eval_seed_sets_the_evaluation_episodes(eval_seed, expected, tmp_path, monkeypatch):
+    """eval_seed=None: 10_000 + the training seed; a fixed value gives every run the same evaluation episodes."""
+    from baselines.core.trainer import LMAlgorithm
+
+    seen = []
+    real = LMAlgorithm.evaluate
+
+    def spy(self, env_id, agent, *, seed, **kw):
+        seen.append(seed)
+        return real(self, env_id, agent, seed=seed, **kw)
+
+    monkeypatch.setattr(LMAlgorithm, "evaluate", spy)
+    res = _train("grpo", tmp_path, iterations=1, seed=3, eval_seed=eval_seed)
+    assert seen == [expected] and "dev_success" in res.history[-1]

@@ -73,6 +73,9 @@ class LMConfig:
     eval_split: str = "dev"
     """Split(s) to evaluate on, comma-separated (e.g. "dev,test")."""
     eval_greedy: bool = True
+    eval_seed: int | None = None
+    """Seed of the evaluation episodes (episode i gets eval_seed + i); None: 10_000 + the training seed. A fixed
+    value evaluates every run on the same episodes (paired comparisons across seeds and algorithms)."""
     checkpoint_every: int = 1
     device: str = "cpu"
 

@@ -482,7 +482,8 @@ class LMAlgorithm(Algorithm):
                    **m}
             last = it + 1 == iterations
             if (c.eval_every and (it + 1) % c.eval_every == 0) or last:
-                row.update(self.evaluate(env_id, agent, seed=10_000 + seed, env_kwargs=env_kwargs, env_fns=env_fns))
+                ev_seed = 10_000 + seed if c.eval_seed is None else c.eval_seed
+                row.update(self.evaluate(env_id, agent, seed=ev_seed, env_kwargs=env_kwargs, env_fns=env_fns))
             history.append(row)
             write_metrics_csv(out / "metrics.csv", history)
             if writer is not None:
