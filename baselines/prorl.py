@@ -378,8 +378,14 @@ class ProRLConfig(RecPGConfig):
     reward": the env's raw fused step reward w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items is centred and scaled
     by one running mean/std, same Welford/freeze/min_std rules)."""
 
+    item_logprob: str = "mean"
+    """'mean' (card §15: ℓ_k = mean of the item's 4 token log-probs) or 'sum' (ablation: the item's full log-prob,
+    so item tokens get 4x the gradient relative to the EOS token)."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.item_logprob not in ("mean", "sum"):
+            raise ConfigError(f"item_logprob={self.item_logprob!r}; choose 'mean' or 'sum'")
         if self.credit not in ("position", "path"):
             raise ConfigError(f"credit={self.credit!r}; choose 'position' or 'path'")
         if self.centering not in ("component", "fused"):
@@ -392,7 +398,10 @@ class ProRL(_RecPG):
     name = "prorl"
     Config = ProRLConfig
     invalid_rule = "batch_min"
-    item_reduce = "mean"
+
+    @property
+    def item_reduce(self) -> str:
+        return self.config.item_logprob
 
     def centred_rewards(self, scores: PathScores, update: bool) -> np.ndarray:
         """r_k = w_ctr·r̃_CTR/L_max + w_ioi·r̃_IoI + w_ior·r̃_IoR with r̃ = (r − μ)/max(σ, min_std)."""
@@ -439,6 +448,23 @@ class ProRL(_RecPG):
         return item_adv, eos_adv, st
 
 
+def position_profile(algo: ProRL, scores: PathScores) -> list[dict[str, float]]:
+    """Mean raw components and centred step reward r_k (under `algo`'s current, e.g. frozen, statistics) at each
+    path position over the real items of `scores`: shows whether items at position k earn more than the per-item
+    charge μ that ProRL's centring subtracts (r_k > 0) or less."""
+    r = algo.centred_rewards(scores, update=False)
+    real = scores.valid & ~scores.duplicate & scores.step_mask
+    out = []
+    for k in range(r.shape[1]):
+        sel = real[:, k]
+        if sel.sum() == 0:
+            break
+        out.append({"position": k + 1, "n": int(sel.sum()), "IoI": float(scores.ioi[sel, k].mean()),
+                    "IoR": float(scores.ior[sel, k].mean()), "CTR": float(scores.ctr[sel, k].mean()),
+                    "r_centred": float(r[sel, k].mean())})
+    return out
+
+
 def gradient_variance(algo: ProRL, agent: RecPolicyAgent, task_ids, *, n_batches: int = 8, prompts: int = 4,
                       seed: int = 0) -> dict[str, float]:
     """Variance of the policy-gradient estimate at fixed parameters: position-specific advantages vs whole-path
@@ -483,4 +509,4 @@ def gradient_variance(algo: ProRL, agent: RecPolicyAgent, task_ids, *, n_batches
 
 
 __all__ = ["ProRL", "RecGRPO", "RecReinforce", "RunningStats", "evaluate", "evaluate_beam", "gradient_variance",
-           "position_advantages"]
+           "position_advantages", "position_profile"]

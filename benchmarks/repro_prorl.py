@@ -10,7 +10,8 @@ What a faithful reproduction should show (card §15):
 
 All arms start from the same SFT policy (greedy simulator-expert paths, or with --sft-source logged the users' own
 continuations) and use the same learning rate, rollouts (16 per prompt) and prompts. Arms `prorl-fused`
-(centering="fused", card §15 [derived]) and `prorl-path` (whole-path credit) are ablations. Besides greedy decoding,
+(centering="fused", card §15 [derived]), `prorl-path` (whole-path credit) and `prorl-sum` (item log-prob = sum of
+its tokens) are ablations. Besides greedy decoding,
 every policy is evaluated as in the paper: beam search with 10 beams, Metric@K = max over the top-K beams.
 Writes `table.md`, `results.json`, `curves.png` and per-arm `metrics.csv` under --out.
 
@@ -27,13 +28,21 @@ iterations 99-132). With lr 1e-3 ProRL ends at one item: IoI 0.07 -> 0.77 (REINF
 paths collapse across users (distinct 0.05). From the expert SFT start (already near-optimal for the path sum)
 ProRL lowers both IoI and CTR (lr 1e-4: IoI 2.23 -> 1.85, CTR 0.20 -> 0.12, length 5.7 -> 1.4).
 Position-specific credit lowers the *relative* gradient variance (|cov| / |mean grad|^2: 1.95 vs 3.37 expert start,
-2.97 vs 3.91 logged start) but not the absolute one. Why: centering with a global mean frozen after epoch 1 makes
-the objective Σ_k (r_k − μ), a per-item charge of μ = the SFT policy's average item reward. log P(target) is concave
-in the number of steering items (one item from the target's genre: +2.2 nats; each further one ~+0.3), so every
-item after the first earns less than μ and the optimum is a single "jump" item, whose CTR is low (0.06); CTR's weight
-w_ctr/L_max cannot hold it back. The paper's claim needs a world where per-item gains do not fall below the epoch-1
-average over a path; neither our SASRec nor the analytic simulator (first-draft run: ProRL length 8 -> 2.9, CTR
-0.15 -> 0.07) is such a world.
+2.97 vs 3.91 logged start) but not the absolute one.
+
+Why the paths shrink - corrected 2026-12-02 (second audit). An earlier note here blamed the world: "log P(target)
+is concave, every item after the first earns less than the frozen mean μ, so the optimum is one jump item". The
+per-position table this script now prints (r_k of greedy paths under ProRL's frozen epoch-1 statistics) refutes
+that for the logged start: the expert's items earn far more than the charge at *every* position (2k catalog,
+256 dev users, statistics of a 60-iteration run, μ = (IoI 0.044, IoR 6.0, CTR 0.51), σ = (0.60, 210, 0.26):
+r_k = +3.83, +2.12, +1.37, +1.59, +1.13, +1.02, +0.76, +0.91, +0.47 for k = 1..9), so the objective's optimum is a
+long expert-like path. The policy shortens because of the road it takes from the logged-path start, whose sampled
+items earn about μ on average (the batch mean of r_k stays within -0.3..+0.2 throughout) with a per-item spread
+several times larger: cutting a path is one EOS token, while improving the items is four codes each. Reducing an
+item's log-prob by the sum of its tokens instead of the card's mean (4x the item gradient) does not change the
+picture (100 iterations: sampled length 6.65 -> 2.82, greedy 5.03; CTR 0.23 -> 0.38, IoI 0.07 -> 0.10). The cause
+is not established further; what would show the card's claim is a start whose sampled items already beat μ at
+most positions, or a longer run in which the item quality catches up (200 iterations did not: length 1.55).
 
 Commands behind these numbers (SHOPSIM_CACHE_DIR of your choice):
     python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --arms prorl reinforce
@@ -43,6 +52,8 @@ Commands behind these numbers (SHOPSIM_CACHE_DIR of your choice):
         --arms prorl reinforce prorl-fused grpo
     python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --lr 1e-3 --sft-source expert \
         --arms prorl prorl-fused reinforce grpo prorl-path
+    python -m benchmarks.repro_prorl --quick --iterations 60 --valid-only --arms prorl      # position table
+    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --arms prorl-sum
 """
 
 from __future__ import annotations
@@ -55,8 +66,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agents.rec_policies import expert_paths, pretrained_policy, random_paths
-from baselines.prorl import ProRL, RecGRPO, RecReinforce, evaluate, evaluate_beam, gradient_variance
+from agents.rec_policies import expert_paths, policy_paths, pretrained_policy, random_paths
+from baselines.prorl import (
+    ProRL,
+    RecGRPO,
+    RecReinforce,
+    evaluate,
+    evaluate_beam,
+    gradient_variance,
+    position_profile,
+)
 from shopsim.envs.proactive_rec import PathScorer
 from shopsim.envs.proactive_rec.env import load_split
 from shopsim.envs.proactive_rec.scoring import path_metrics
@@ -64,7 +83,9 @@ from shopsim.envs.proactive_rec.scoring import path_metrics
 ENV_ID = "shopsim/ProactiveRec-v0"
 ARMS = {"reinforce": (RecReinforce, {}), "grpo": (RecGRPO, {}), "prorl": (ProRL, {}),
         # ablations (card §15): the [derived] fused-reward centering, and whole-path credit instead of per position
-        "prorl-fused": (ProRL, {"centering": "fused"}), "prorl-path": (ProRL, {"credit": "path"})}
+        "prorl-fused": (ProRL, {"centering": "fused"}), "prorl-path": (ProRL, {"credit": "path"}),
+        # item log-prob = sum of its 4 token log-probs instead of the card's mean
+        "prorl-sum": (ProRL, {"item_logprob": "sum"})}
 DEFAULT_ARMS = ["reinforce", "grpo", "prorl"]
 
 
@@ -119,12 +140,19 @@ def main(argv=None) -> int:
     gv_algo = ProRL(**common)
     gv = gradient_variance(gv_algo, init, np.arange(500_000, 500_064), n_batches=8, prompts=4, seed=args.seed)
     print("gradient variance:", gv)
-    results, hist_all = {}, {}
+    results, hist_all, profiles = {}, {}, {}
     for name in args.arms:
         cls, extra = ARMS[name]
         t1 = time.time()
-        res = cls(**common, **extra).train(ENV_ID, iterations=iters, seed=args.seed, out_dir=out / name, agent=init,
-                                  progress=False)
+        algo = cls(**common, **extra)
+        res = algo.train(ENV_ID, iterations=iters, seed=args.seed, out_dir=out / name, agent=init, progress=False)
+        if name == "prorl":  # what each position earns under the statistics ProRL froze after epoch 1
+            init_items = policy_paths(init, hist, tgt, greedy=True, generator=torch.Generator().manual_seed(0))[3]
+            profiles = {src: position_profile(algo, scorer.score(hist, tgt, items, invalid="batch_min"))
+                        for src, items in (("expert", expert_paths(world, hist, tgt)[0]),
+                                           ("pretrained (SFT)", init_items),
+                                           ("prorl", policy_paths(res.agent, hist, tgt, greedy=True,
+                                                                  generator=torch.Generator().manual_seed(0))[3]))}
         hist_all[name] = res.history
         results[name] = {**evaluate(res.agent, scorer, dev), **evaluate_beam(res.agent, scorer, dev),
                          "seconds": time.time() - t1,
@@ -132,15 +160,15 @@ def main(argv=None) -> int:
                          "sample_length_last": float(np.mean([h["sample_length"] for h in res.history[-3:]])),
                          "sample_distinct_last": float(np.mean([h["sample_distinct"] for h in res.history[-3:]]))}
         print(name, results[name])
-    _table(out, refs, results, gv, args, size, iters)
+    _table(out, refs, results, gv, args, size, iters, profiles)
     _plot(out, hist_all, refs)
-    (out / "results.json").write_text(json.dumps({"refs": refs, "arms": results, "gradvar": gv,
+    (out / "results.json").write_text(json.dumps({"refs": refs, "arms": results, "gradvar": gv, "profiles": profiles,
                                                   "config": {**common, "iterations": iters}}, indent=2))
     print(f"wrote {out}/table.md, curves.png, results.json ({time.time() - t0:.0f}s total)")
     return 0
 
 
-def _table(out, refs, results, gv, args, size, iters):
+def _table(out, refs, results, gv, args, size, iters, profiles):
     lines = [f"# ProRL reproduction (ProactiveRec-v0, catalog {size}, {args.simulator}, {iters} iterations/arm, "
              f"lr {args.lr}, 16 rollouts x {args.prompts_per_iter} prompts, SFT on {args.sft_source} paths, "
              f"valid_only={args.valid_only})", "",
@@ -168,6 +196,13 @@ def _table(out, refs, results, gv, args, size, iters):
               "| credit | variance | relative |", "|---|---|---|",
               f"| position-specific (ProRL) | {gv['gradvar_position']:.4g} | {gv['gradvar_rel_position']:.3g} |",
               f"| whole path | {gv['gradvar_path']:.4g} | {gv['gradvar_rel_path']:.3g} |"]
+    if profiles:
+        lines += ["", "Centred step reward r_k by path position under ProRL's frozen epoch-1 statistics (greedy paths, "
+                  "dev users; r_k > 0: the item earns more than the per-item charge μ):", "",
+                  "| paths | " + " | ".join(f"k={k}" for k in range(1, 11)) + " |", "|---|" + "---|" * 10]
+        for src, prof in profiles.items():
+            cells = [f"{p['r_centred']:+.2f} (n={p['n']})" for p in prof] + [""] * (10 - len(prof))
+            lines.append(f"| {src} | " + " | ".join(cells) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

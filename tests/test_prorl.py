@@ -15,6 +15,7 @@ from baselines.prorl import (
     evaluate,
     evaluate_beam,
     position_advantages,
+    position_profile,
 )
 from shopsim.envs.proactive_rec import PathScorer
 from shopsim.errors import ConfigError
@@ -113,6 +114,40 @@ def test_fused_centering_option():
     assert not np.allclose(comp.centred_rewards(S, update=True), r)
     with pytest.raises(ConfigError):
         ProRL(centering="nope")
+
+
+def test_position_profile_means_per_position_over_real_items():
+    algo = ProRL(min_std=0.1)
+    algo.stats = RunningStats(3)
+    algo.stats.mean, algo.stats.m2, algo.stats.count = np.zeros(3), np.full(3, 4.0), np.full(3, 4.0)  # std 1
+    algo.stats.frozen = True
+
+    class S:  # user 0: two real items; user 1: a duplicate at k=1, then past EOS
+        ioi = np.array([[1.0, 3.0, 0.0], [2.0, 9.0, 0.0]])
+        ior = np.zeros((2, 3))
+        ctr = np.zeros((2, 3))
+        valid = np.array([[True, True, False], [True, True, False]])
+        duplicate = np.array([[False, False, False], [False, True, False]])
+        step_mask = valid
+
+    prof = position_profile(algo, S)
+    assert [p["position"] for p in prof] == [1, 2] and [p["n"] for p in prof] == [2, 1]
+    assert prof[0]["IoI"] == pytest.approx(1.5) and prof[1]["IoI"] == pytest.approx(3.0)  # duplicate left out
+    assert prof[0]["r_centred"] == pytest.approx(1.5) and prof[1]["r_centred"] == pytest.approx(3.0)
+
+
+def test_item_logprob_option_sum_vs_mean():
+    """item_logprob='sum' (ablation) weights an item by its full log-prob; the card's 'mean' by a quarter of it."""
+    tok = torch.zeros(1, 41)  # [B, 10 items x 4 codes + EOS]: one item, then EOS
+    tok[0, :5] = torch.log(torch.tensor([0.5, 0.5, 0.25, 0.25, 0.9]))
+    lengths = torch.tensor([1])
+    adv, eos = torch.ones(1, 10), torch.zeros(1)
+    mean_loss, _ = ProRL(beta=0.0).objective(tok, None, lengths, adv, eos)
+    sum_loss, _ = ProRL(beta=0.0, item_logprob="sum").objective(tok, None, lengths, adv, eos)
+    assert sum_loss.item() == pytest.approx(4 * mean_loss.item())
+    assert sum_loss.item() == pytest.approx(-float(tok[0, :4].sum()))
+    with pytest.raises(ConfigError):
+        ProRL(item_logprob="max")
 
 
 def test_beam_search_sorted_consistent_and_no_worse_than_greedy():
