@@ -83,3 +83,20 @@ def test_policy_logprobs_are_differentiable(tok):
     assert lp.shape == mask.shape == (2, 3) and mask.sum() == 5
     lp[mask].sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_checkpoint_restores_its_prompt_options_on_every_load_path(tok, tmp_path):
+    """The manifest's options (history, ...) come back with `LMAgent(checkpoint=...)`, `from_checkpoint` and
+    `agents.load_checkpoint`; an explicit argument wins. (A model fine-tuned on history=1 acts far worse with the
+    default history=2, so losing them silently changes the agent.)"""
+    model = build_model(tok, size="tiny", seed=0)
+    LMAgent(model=model, tokenizer=tok, history=1, history_obs_chars=100, max_new_tokens=12).save(tmp_path / "c")
+    for agent in (LMAgent(checkpoint=tmp_path / "c"), LMAgent.from_checkpoint(tmp_path / "c"),
+                  agents.load_checkpoint(tmp_path / "c")):
+        assert agent._ctx_kw["history"] == 1 and agent._ctx_kw["history_obs_chars"] == 100
+        assert agent.sampling.max_new_tokens == 12 and agent.options["history"] == 1
+    over = LMAgent(checkpoint=tmp_path / "c", history=3, history_obs_chars=None)
+    assert over._ctx_kw["history"] == 3 and over._ctx_kw["history_obs_chars"] is None
+    model.save_pretrained(tmp_path / "plain")  # a plain Hugging Face folder has no manifest: the defaults
+    tok.save_pretrained(tmp_path / "plain")
+    assert LMAgent(checkpoint=tmp_path / "plain")._ctx_kw["history"] == 2

@@ -4,7 +4,8 @@ Interface for trainers (kept stable; the RL baselines build on it):
 
 * ``agent = LMAgent(env_id=..., checkpoint=DIR | None, context_mode="window" | "concat", ...)``; ``checkpoint=None``
   loads the shipped SFT checkpoint (``data/lm/sft``) when present, else (with a warning) a random-init default model
-  with the shipped tokenizer. ``model=`` / ``tokenizer=`` objects can be passed instead.
+  with the shipped tokenizer. A checkpoint's manifest options (`SAVED_OPTIONS`: context mode, history, ...) are
+  restored; arguments given explicitly override them. ``model=`` / ``tokenizer=`` objects can be passed instead.
 * ``agent.model`` (a `PreTrainedModel`, train it in place), ``agent.tokenizer``, ``agent.policy`` (`LMPolicy`).
 * Every `Decision` carries ``prompt_ids`` (the exact context), ``action_ids`` (exactly the sampled ids, including
   the stop token when one was produced), ``action_logprobs`` (``log_softmax(logits / T)`` of each sampled token,
@@ -35,8 +36,23 @@ from agents.lm.parsing import decode_action
 from agents.lm.prompts import DEFAULT_SYSTEM, ChatFormat, EpisodeContext
 from shopsim.errors import ConfigError
 
-#: options saved in the manifest and restored by `from_checkpoint` (constructor kwargs override them)
+#: options saved in the manifest and restored whenever a checkpoint with a manifest is loaded (the constructor's
+#: `checkpoint=`, the shipped default, `from_checkpoint`); explicit constructor arguments override them
 SAVED_OPTIONS = ("context_mode", "history", "history_obs_chars", "max_new_tokens", "system_prompt")
+#: what the options are without a manifest
+DEFAULT_OPTIONS = {"context_mode": "window", "history": 2, "history_obs_chars": 160, "max_new_tokens": 48,
+                   "system_prompt": DEFAULT_SYSTEM}
+_UNSET: Any = object()
+
+
+def saved_options(checkpoint: str | Path | None) -> dict:
+    """The agent options recorded in a checkpoint's manifest (empty for a plain model folder or none)."""
+    path = default_checkpoint_dir() if checkpoint is None else Path(checkpoint)
+    manifest = path / "shopsim_agent.json"
+    if not manifest.is_file():
+        return {}
+    opts = json.loads(manifest.read_text()).get("options", {})
+    return {k: v for k, v in opts.items() if k in SAVED_OPTIONS}
 
 
 def default_checkpoint_dir() -> Path:
@@ -79,10 +95,18 @@ class LMAgent(Agent):
     learns = True
 
     def __init__(self, env_id: str = "shopsim/Shopping-v0", checkpoint: str | Path | None = None,
-                 context_mode: str = "window", temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 48, greedy: bool = False, record_hidden: bool = False, device: str = "cpu",
-                 history: int = 2, history_obs_chars: int | None = 160, max_prompt_tokens: int | None = None,
-                 system_prompt: str = DEFAULT_SYSTEM, model=None, tokenizer=None):
+                 context_mode: str = _UNSET, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = _UNSET, greedy: bool = False, record_hidden: bool = False, device: str = "cpu",
+                 history: int = _UNSET, history_obs_chars: int | None = _UNSET, max_prompt_tokens: int | None = None,
+                 system_prompt: str = _UNSET, model=None, tokenizer=None):
+        # the prompt layout a checkpoint was trained with travels with it: a model fine-tuned on history=1 acts
+        # far worse under the default history=2 (shipped SFT: 67% -> 32% find_and_buy dev success)
+        given = {"context_mode": context_mode, "history": history, "history_obs_chars": history_obs_chars,
+                 "max_new_tokens": max_new_tokens, "system_prompt": system_prompt}
+        base = {**DEFAULT_OPTIONS, **(saved_options(checkpoint) if model is None else {})}
+        opt = {k: base[k] if v is _UNSET else v for k, v in given.items()}
+        context_mode, history, history_obs_chars = opt["context_mode"], opt["history"], opt["history_obs_chars"]
+        max_new_tokens, system_prompt = opt["max_new_tokens"], opt["system_prompt"]
         self.env_id = env_id
         self.device = torch.device(device)
         self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
@@ -198,9 +222,4 @@ class LMAgent(Agent):
 
     @classmethod
     def from_checkpoint(cls, directory, env_id: str | None = None, **kwargs: Any) -> "LMAgent":
-        directory = Path(directory)
-        manifest = directory / "shopsim_agent.json"
-        opts = json.loads(manifest.read_text()).get("options", {}) if manifest.is_file() else {}
-        opts = {k: v for k, v in opts.items() if k in SAVED_OPTIONS}
-        opts.update(kwargs)
-        return cls(env_id=env_id or "shopsim/Shopping-v0", checkpoint=directory, **opts)
+        return cls(env_id=env_id or "shopsim/Shopping-v0", checkpoint=Path(directory), **kwargs)
