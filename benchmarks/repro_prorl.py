@@ -38,7 +38,9 @@ that for the logged start: the expert's items earn far more than the charge at *
 r_k = +3.83, +2.12, +1.37, +1.59, +1.13, +1.02, +0.76, +0.91, +0.47 for k = 1..9), so the objective's optimum is a
 long expert-like path. The policy shortens because of the road it takes from the logged-path start, whose sampled
 items earn about μ on average (the batch mean of r_k stays within -0.3..+0.2 throughout) with a per-item spread
-several times larger: cutting a path is one EOS token, while improving the items is four codes each. Reducing an
+several times larger: cutting a path is one EOS token, while improving the items is four codes each. The SFT's
+greedy paths also repeat items (of 64 dev users, 57 have a real item at k=1, 36 at k=2, 5-20 at k=3..10: the rest
+are duplicates, charged by CTR := 0), so the tails that ProRL cuts are largely duplicates. Reducing an
 item's log-prob by the sum of its tokens instead of the card's mean (4x the item gradient) does not change the
 picture (100 iterations: sampled length 6.65 -> 2.82, greedy 5.03; CTR 0.23 -> 0.38, IoI 0.07 -> 0.10). The cause
 is not established further; what would show the card's claim is a start whose sampled items already beat μ at
