@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import time
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def _algo(name: str, args, env_kwargs: dict, **over):
     if name == "dapo":
         per["max_gen_batches"] = args.max_gen_batches
     common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
+                  temperature=args.temperature,
                   task_families=FAMILIES, eval_split="dev,test", eval_episodes=args.eval_episodes,
                   eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=8, checkpoint_every=0)
     return baselines.make(name, env_id=ENV, **{**common, **per, **over})
@@ -98,9 +100,25 @@ def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict,
     return info
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A pool worker keeps running its job when the parent is killed; stop it instead (checked every 5 s)."""
+    import os
+    import threading
+
+    def watch():
+        while True:
+            time.sleep(5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _train_one(job: tuple) -> tuple[str, int, list[dict], float]:
     """One (algorithm, seed) run from the shared start (a process-pool worker: one torch thread each)."""
-    name, seed, args, env_kwargs, out = job
+    name, seed, args, env_kwargs, out, parent = job
+    if parent is not None:
+        _exit_with_parent(parent)
     torch.set_num_threads(args.threads)
     t1 = time.perf_counter()
     res = _algo(name, args, env_kwargs).train(ENV, iterations=args.iterations, seed=seed,
@@ -136,7 +154,8 @@ def run(args) -> None:
         start = {s: evaluate(start_agent, s, args.eval_episodes, env_kwargs, args) for s in ("dev", "test")}
         start_file.write_text(json.dumps(start))
     print(f"start: dev {start['dev']:.2f}, test {start['test']:.2f} ({args.eval_episodes} episodes each)")
-    jobs = [(name, seed, args, env_kwargs, out) for name in args.algos for seed in args.seeds]
+    parent = os.getpid() if args.jobs > 1 else None
+    jobs = [(name, seed, args, env_kwargs, out, parent) for seed in args.seeds for name in args.algos]
     if args.jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -236,7 +255,10 @@ def main(argv=None) -> int:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--minibatches", type=int, default=4,
                    help="optimizer steps per iteration for the clipped-surrogate methods (ppo card: 4)")
-    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="rollout sampling temperature (the weakened start succeeds on ~5%% of dev tasks at 1.0, "
+                        "21%% at 0.7, 27%% at 0.5; greedy 32%%)")
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)

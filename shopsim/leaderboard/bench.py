@@ -69,6 +69,12 @@ _INV_REFS = ("s_S", "base_stock", "random")
 _REC_SMALL = {"sft_steps": 50, "eval_tasks": 8, "group_size": 8, "prompts_per_iter": 4}
 _RET_SMALL = {"eval_contexts": 1000}
 _INV_SMALL = {"batch_scenarios": 32, "eval_scenarios": 0}
+# Shopping LM trainers: a few rollouts per iteration, no in-training evaluation (the leaderboard evaluates), the
+# learning rate and rollout temperature of benchmarks/learning_lm.py (the cards' 1e-6 is for billion-parameter models)
+_SHOP_SMALL = {"lr": 1e-4, "temperature": 0.7, "eval_episodes": 0, "checkpoint_every": 0}
+_SHOP_QUICK = {"grpo": {**_SHOP_SMALL, "group_size": 4, "tasks_per_iter": 4},
+               "mpo": {**_SHOP_SMALL, "group_size": 1, "tasks_per_iter": 16}}
+_SHOP_TINY = {"grpo": {**_SHOP_SMALL, "group_size": 2, "tasks_per_iter": 2, "max_new_tokens": 32}}
 _QUICK_OVERRIDES = {
     "shopsim/ProactiveRec-v0": {"prorl": _REC_SMALL, "reinforce": _REC_SMALL, "grpo": _REC_SMALL},
     "shopsim/TwoStageRetrieval-v0": {a: _RET_SMALL for a in ("capg", "capg_swr", "vpg", "vpg_swr", "top1")},
@@ -80,7 +86,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
     "quick": {
         # LM rollouts dominate here (~1-2 s per episode on one core): 4 tasks x 4 tries x 2 seeds per entry
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 3, "mpo": 3}, tasks=4, seeds=2, tries=4,
-                                      needs_init=True, user_iterations=3),
+                                      overrides=_SHOP_QUICK, needs_init=True, user_iterations=3),
         "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 20, "reinforce": 20}, tasks=8, seeds=3, tries=4,
                                           overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
         "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 100, "top1": 100, "vpg": 100}, tasks=256, seeds=3,
@@ -91,7 +97,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
     },
     "tiny": {  # CI smoke run: every entry type once, seconds not minutes
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 1}, tasks=2, seeds=2, tries=4, needs_init=True,
-                                      user_iterations=1),
+                                      overrides=_SHOP_TINY, user_iterations=1),
         "shopsim/ProactiveRec-v0": Budget(algos={"reinforce": 1}, tasks=2, seeds=2, tries=4, user_iterations=1,
                                           overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
         "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 1}, tasks=4, seeds=2, tries=4, user_iterations=1,
