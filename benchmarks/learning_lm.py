@@ -16,6 +16,28 @@ Protocol:
 Outputs in OUT: ``<algo>/seed<S>/metrics.csv`` (from the trainer), ``curves.csv`` (algo, seed, iteration,
 dev/test success), ``summary.csv`` + ``summary.md`` (start, final mean ± std over seeds, rollouts used),
 ``curves.png``. Run ``python -m benchmarks.learning_lm --quick`` for a small smoke version.
+
+Findings (2026-12-02, 2 CPU cores, the shipped find_and_buy SFT checkpoint: 0.375 greedy dev success on the
+find_and_buy + clarify_and_buy mix, 0.75 / 0.0 per family over 40 tasks; weakened with α = 0.3125 to 0.32 dev /
+0.20 test over 50 episodes each). Rollout temperature matters for a model this small: the weakened start succeeds on
+~5 % of dev tasks when sampled at T = 1.0, 21 % at 0.7, 27 % at 0.5 (greedy 32 %); at T = 1 nearly every rollout
+fails on a mis-sampled query token, and in a first attempt (lr 2e-4) MPO lowered test success (0.20 -> 0.16, 0.08).
+With the defaults here (T 0.7, lr 1e-4, 4 minibatches, 12 iterations x 32 rollouts = 384 rollouts, 3 seeds):
+
+    python -m benchmarks.learning_lm --init runs/sft/checkpoint --algos mpo grpo --jobs 2 --iterations 12 \
+        --eval-every 6
+
+| algo | test start | test final, per seed (mean ± std) | dev start | dev final (mean ± std) | wall per run |
+|---|---|---|---|---|---|
+| grpo | 0.20 | 0.24, 0.18, 0.22 (0.21 ± 0.02) | 0.32 | 0.32 ± 0.02 | 4.5 min |
+| mpo | 0.20 | 0.20, 0.14, 0.22 (0.19 ± 0.03) | 0.32 | 0.30 ± 0.04 | 9-11 min |
+
+Neither raises test success beyond the noise of 50 episodes (± 0.06) at this budget: the sampled policy improves
+(GRPO's training success at T 0.7 rises from ~0.1 to 0.3-0.5 within 5 iterations) but greedy decoding does not,
+i.e. the first updates mostly lower the entropy toward what greedy already does. lr 3e-4 for 20 iterations
+(seed 0): GRPO dev 0.32 -> 0.38 but test 0.20 -> 0.18; MPO's training success falls (0.16 -> 0.06 by iteration 6, 0.00-0.06 through iteration 8, when it was stopped).
+The issue's criterion (MPO and GRPO above the start on test) is therefore not shown; a bigger budget (more
+iterations, more eval episodes) is the next thing to try, not affordable on 2 cores inside one session.
 """
 
 from __future__ import annotations
