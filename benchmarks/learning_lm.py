@@ -35,7 +35,8 @@ With the defaults here (T 0.7, lr 1e-4, 4 minibatches, 12 iterations x 32 rollou
 Neither raises test success beyond the noise of 50 episodes (± 0.06) at this budget: the sampled policy improves
 (GRPO's training success at T 0.7 rises from ~0.1 to 0.3-0.5 within 5 iterations) but greedy decoding does not,
 i.e. the first updates mostly lower the entropy toward what greedy already does. lr 3e-4 for 20 iterations
-(seed 0): GRPO dev 0.32 -> 0.38 but test 0.20 -> 0.18; MPO's training success falls (0.16 -> 0.06 by iteration 6, 0.00-0.06 through iteration 8, when it was stopped).
+(seed 0): GRPO dev 0.32 -> 0.38 but test 0.20 -> 0.18; MPO's training success falls (0.16 -> 0.06 by iteration 6,
+0.00-0.06 through iteration 8, when it was stopped).
 The issue's criterion (MPO and GRPO above the start on test) is therefore not shown; a bigger budget (more
 iterations, more eval episodes) is the next thing to try, not affordable on 2 cores inside one session.
 """
