@@ -456,9 +456,11 @@ def position_profile(algo: ProRL, scores: PathScores) -> list[dict[str, float]]:
     real = scores.valid & ~scores.duplicate & scores.step_mask
     out = []
     for k in range(r.shape[1]):
-        sel = real[:, k]
-        if sel.sum() == 0:
+        if not scores.step_mask[:, k].any():  # no path is this long
             break
+        sel = real[:, k]
+        if sel.sum() == 0:  # only duplicates / invalid items here: nothing to average
+            continue
         out.append({"position": k + 1, "n": int(sel.sum()), "IoI": float(scores.ioi[sel, k].mean()),
                     "IoR": float(scores.ior[sel, k].mean()), "CTR": float(scores.ctr[sel, k].mean()),
                     "r_centred": float(r[sel, k].mean())})

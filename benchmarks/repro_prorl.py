@@ -203,7 +203,8 @@ def _table(out, refs, results, gv, args, size, iters, profiles):
                   "dev users; r_k > 0: the item earns more than the per-item charge μ):", "",
                   "| paths | " + " | ".join(f"k={k}" for k in range(1, 11)) + " |", "|---|" + "---|" * 10]
         for src, prof in profiles.items():
-            cells = [f"{p['r_centred']:+.2f} (n={p['n']})" for p in prof] + [""] * (10 - len(prof))
+            at = {p["position"]: p for p in prof}
+            cells = [f"{at[k]['r_centred']:+.2f} (n={at[k]['n']})" if k in at else "" for k in range(1, 11)]
             lines.append(f"| {src} | " + " | ".join(cells) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -248,3 +248,20 @@ def test_prorl_beats_random_on_held_out_users_slow(tmp_path):
     # IoI / IoR only: with w_ctr/L_max the CTR term is nearly ignored and ProRL's CTR ends *below* random here
     # (0.098 vs 0.148 when last run); see benchmarks/repro_prorl.py for the same effect from an SFT start.
     assert trained["ioi"] > 1.3 * rnd["ioi"] and trained["ior"] > rnd["ior"]
+
+
+def test_position_profile_skips_positions_with_only_duplicates():
+    algo = ProRL(min_std=0.1)
+    algo.stats = RunningStats(3)
+    algo.stats.mean, algo.stats.m2, algo.stats.count = np.zeros(3), np.full(3, 1.0), np.full(3, 1.0)
+    algo.stats.frozen = True
+
+    class S:  # one path of 3 items, the middle one a duplicate
+        ioi = np.array([[1.0, 5.0, 2.0]])
+        ior = np.zeros((1, 3))
+        ctr = np.zeros((1, 3))
+        valid = np.array([[True, True, True]])
+        duplicate = np.array([[False, True, False]])
+        step_mask = valid
+
+    assert [(p["position"], p["IoI"]) for p in position_profile(algo, S)] == [(1, 1.0), (3, 2.0)]
