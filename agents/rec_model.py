@@ -10,8 +10,11 @@ its own id range. Prompt = BOS target(4) SEP history(40) SEP (47 tokens, same le
 no padding). Decoding is *structurally* constrained — generated position j may only hold a level-(j mod 4) code,
 EOS only at item boundaries, and only EOS after 10 items — but not constrained to existing items, so the policy can
 still hallucinate a semantic ID that names no item (an invalid item, as in ProRL). `SidVocab.restrict_to(codes)`
-adds a prefix-trie constraint to real items (as TIGER-style generative retrievers do; off by default). Log-probs are always taken under
-the same constraint mask, so behaviour and training log-probs agree.
+adds a prefix-trie constraint to real items (as TIGER-style generative retrievers do; off by default), and
+`SidVocab.forbid_repeats()` a no-repeat constraint: no item of the user's history or earlier in the path can be
+generated again (a code is allowed only while some not-yet-used item continues the prefix; off by default, since
+ProRL decodes with duplicates possible and charges them CTR := 0). Log-probs are always taken under the same
+constraint mask, so behaviour and training log-probs agree.
 """
 
 from __future__ import annotations
@@ -49,39 +52,73 @@ class SidVocab:
             if lvl == 0:
                 allowed[j, EOS] = True
         self.allowed = allowed  # [GEN_LEN, V]: which tokens generated position j may hold
-        self.tables = None
+        self.tables = None  # per level: number of real items under each code prefix (None: every tuple is legal)
+        self.no_repeat = False
 
     def restrict_to(self, codes) -> "SidVocab":
         """Enable catalog-constrained decoding (a prefix trie over the real semantic IDs: no hallucinated items)."""
         c = torch.as_tensor(np.asarray(codes, dtype=np.int64))
         k = self.sizes
-        t = [torch.zeros(k[:lvl + 1], dtype=torch.bool) for lvl in range(4)]
+        t = [torch.zeros(k[:lvl + 1], dtype=torch.long) for lvl in range(4)]
         for lvl in range(4):
-            t[lvl][tuple(c[:, i] for i in range(lvl + 1))] = True
+            t[lvl].index_put_(tuple(c[:, i] for i in range(lvl + 1)), torch.ones(len(c), dtype=torch.long),
+                              accumulate=True)
         self.tables = t
         return self
 
-    def step_mask(self, j: int, gen: torch.Tensor) -> torch.Tensor:
-        """Allowed tokens [B, V] at generated position j given the generated ids so far (`gen[:, :j]`)."""
+    def forbid_repeats(self, on: bool = True) -> "SidVocab":
+        """No-repeat decoding: items of the history (read from the prompt) or earlier in the path are excluded."""
+        self.no_repeat = bool(on)
+        return self
+
+    def history_codes(self, prompts: torch.Tensor) -> torch.Tensor:
+        """The history's codes [B, 10, 4] read back from prompts [B, 47]."""
+        h = prompts[:, 6: 6 + 4 * HIST].reshape(len(prompts), HIST, 4)
+        return h - torch.as_tensor(self.offsets)
+
+    def _used_counts(self, j: int, gen: torch.Tensor, prompts: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """[B, K_lvl]: distinct used items (history + path items before position j) under each next code."""
+        lvl = j % 4
+        n_done = j // 4
+        used = [self.history_codes(prompts)]
+        if n_done:
+            used.append(gen[:, : 4 * n_done].reshape(len(gen), n_done, 4) - torch.as_tensor(self.offsets))
+        u = torch.cat(used, 1)  # [B, M, 4]
+        same = (u[:, :, None] == u[:, None]).all(-1)  # [B, M, M]
+        first = ~torch.tril(same, diagonal=-1).any(-1)  # count each distinct item once
+        match = first & (u[:, :, :lvl] == prev[:, None]).all(-1)
+        cnt = torch.zeros(len(gen), self.sizes[lvl], dtype=torch.long)
+        return cnt.scatter_add_(1, u[:, :, lvl].clamp(0, self.sizes[lvl] - 1), match.long())
+
+    def step_mask(self, j: int, gen: torch.Tensor, prompts: torch.Tensor | None = None) -> torch.Tensor:
+        """Allowed tokens [B, V] at generated position j given the generated ids so far (`gen[:, :j]`); the
+        no-repeat constraint also needs the `prompts` (they hold the history)."""
         base = self.allowed[j][None].expand(len(gen), -1)
         lvl = j % 4
-        if self.tables is None or j >= 4 * L_MAX:
+        if (self.tables is None and not self.no_repeat) or j >= 4 * L_MAX:
             return base
         prev = (gen[:, j - lvl:j] - torch.as_tensor(self.offsets[:lvl])).clamp_min(0)
-        if lvl == 0:
-            ok = self.tables[0][None].expand(len(gen), -1)
+        if self.tables is None:  # structural decoding: every tuple is a legal item
+            avail = torch.full((len(gen), self.sizes[lvl]), int(np.prod(self.sizes[lvl + 1:])), dtype=torch.long)
+        elif lvl == 0:
+            avail = self.tables[0][None].expand(len(gen), -1)
         else:
-            ok = self.tables[lvl][tuple(prev[:, i] for i in range(lvl))]  # [B, K_lvl]
+            avail = self.tables[lvl][tuple(prev[:, i] for i in range(lvl))]  # [B, K_lvl]
+        if self.no_repeat:
+            if prompts is None:
+                raise ValueError("no-repeat decoding needs the prompts (they hold the history): pass prompts=")
+            avail = avail - self._used_counts(j, gen, prompts, prev)
+        ok = avail > 0
         mask = base.clone()
         mask[:, self.offsets[lvl]: self.offsets[lvl] + self.sizes[lvl]] = ok
         empty = ~mask.any(1)  # rows past their EOS (PAD prefix): no real item continues it; never used
         return torch.where(empty[:, None], base, mask)
 
-    def masks(self, gen: torch.Tensor) -> torch.Tensor:
+    def masks(self, gen: torch.Tensor, prompts: torch.Tensor | None = None) -> torch.Tensor:
         """Allowed tokens [B, 41, V] at every generated position (teacher forcing)."""
-        if self.tables is None:
+        if self.tables is None and not self.no_repeat:
             return self.allowed[None]
-        return torch.stack([self.step_mask(j, gen) for j in range(GEN_LEN)], 1)
+        return torch.stack([self.step_mask(j, gen, prompts) for j in range(GEN_LEN)], 1)
 
     def item_tokens(self, codes) -> np.ndarray:
         return np.asarray(codes, dtype=np.int64) + self.offsets
@@ -139,7 +176,7 @@ def generate(model, vocab: SidVocab, prompts: torch.Tensor, *, greedy: bool = Fa
     done = (prefix == EOS).any(1) if prefix is not None else torch.zeros(b, dtype=torch.bool)
     o = model(input_ids=ctx, use_cache=True)
     for j in range(start, min(GEN_LEN, start + max_tokens)):
-        lp = _masked_logprobs(o.logits[:, -1], vocab.step_mask(j, out), temperature)
+        lp = _masked_logprobs(o.logits[:, -1], vocab.step_mask(j, out, prompts), temperature)
         if greedy:
             tok = lp.argmax(-1)
         else:
@@ -158,7 +195,7 @@ def token_logprobs(model, vocab: SidVocab, prompts: torch.Tensor, gen: torch.Ten
     """Teacher-forced constrained log-probs [B, 41] of generated ids (0 at PAD positions); differentiable."""
     ids = torch.cat([prompts, gen.clamp_min(0)], 1)
     logits = model(input_ids=ids).logits[:, PROMPT_LEN - 1: PROMPT_LEN - 1 + GEN_LEN]
-    lp = _masked_logprobs(logits, vocab.masks(gen.clamp_min(0)))
+    lp = _masked_logprobs(logits, vocab.masks(gen.clamp_min(0), prompts))
     tok_lp = lp.gather(2, gen.clamp_min(0)[..., None]).squeeze(2)
     return torch.where(gen == PAD, torch.zeros(()), tok_lp)
 
@@ -229,8 +266,9 @@ def beam_search(model, vocab: SidVocab, prompts: torch.Tensor, *, beams: int = 1
     for j in range(GEN_LEN):
         nb = gen.shape[1]
         flat = gen.reshape(b * nb, GEN_LEN)
-        ids = torch.cat([prompts.repeat_interleave(nb, 0), flat[:, :j]], 1)
-        lp = _masked_logprobs(model(input_ids=ids).logits[:, -1], vocab.step_mask(j, flat)).view(b, nb, v)
+        rep = prompts.repeat_interleave(nb, 0)
+        ids = torch.cat([rep, flat[:, :j]], 1)
+        lp = _masked_logprobs(model(input_ids=ids).logits[:, -1], vocab.step_mask(j, flat, rep)).view(b, nb, v)
         cand = (score[..., None] + lp).view(b, -1)
         val, idx = cand.topk(min(2 * beams, cand.shape[1]), -1)
         new_gen = torch.full((b, beams, GEN_LEN), PAD, dtype=torch.long)

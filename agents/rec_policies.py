@@ -190,13 +190,15 @@ class RecPolicyAgent(Agent):
     learns = True
 
     def __init__(self, env_id: str = ENV_ID, model=None, greedy: bool = True, temperature: float = 1.0,
-                 valid_only: bool = False, **world_kw):
+                 valid_only: bool = False, no_repeat: bool = False, **world_kw):
         self.world_kw = _world_kwargs(world_kw)
         self.world = get_world(**self.world_kw)
         self.vocab = SidVocab(self.world.sids.sizes)
-        self.valid_only = valid_only
+        self.valid_only, self.no_repeat = valid_only, no_repeat
         if valid_only:  # decode only real items (prefix trie); off = ProRL's setting, hallucinations possible
             self.vocab.restrict_to(self.world.sids.codes)
+        # never re-recommend a history or path item; off = ProRL's setting, duplicates possible (CTR := 0)
+        self.vocab.forbid_repeats(no_repeat)
         self.model = model if model is not None else build_model(self.vocab)
         self.model.eval()
         self.greedy, self.temperature = greedy, temperature
@@ -242,7 +244,7 @@ class RecPolicyAgent(Agent):
         directory = Path(directory)
         self.model.save_pretrained(directory / "model")
         save_manifest(directory, type(self), ENV_ID, world=self.world_kw, sizes=list(self.vocab.sizes),
-                      valid_only=self.valid_only)
+                      valid_only=self.valid_only, no_repeat=self.no_repeat)
         return directory
 
     @classmethod
@@ -253,6 +255,7 @@ class RecPolicyAgent(Agent):
         meta = json.loads((directory / "shopsim_agent.json").read_text())
         model = GPT2LMHeadModel.from_pretrained(directory / "model")
         kw.setdefault("valid_only", meta.get("valid_only", False))
+        kw.setdefault("no_repeat", meta.get("no_repeat", False))
         return cls(env_id=env_id, model=model, **{**meta.get("world", {}), **kw})
 
 

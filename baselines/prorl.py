@@ -87,6 +87,9 @@ class RecPGConfig:
     early_stop_patience: int = 3
     valid_only: bool = False
     """Constrain decoding to real semantic IDs (prefix trie). False = ProRL's setting (hallucinations possible)."""
+    no_repeat: bool = False
+    """Exclude history and earlier path items while decoding (rollouts and evaluation). False = ProRL's setting
+    (duplicates possible, charged CTR := 0)."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -194,13 +197,14 @@ class _RecPG(Algorithm):
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
         wk = dict(catalog_size=c.catalog_size, catalog_seed=c.catalog_seed, simulator=c.simulator)
+        dec = dict(valid_only=c.valid_only, no_repeat=c.no_repeat)
         if agent is not None:
-            agent = RecPolicyAgent(model=copy.deepcopy(agent.model), valid_only=c.valid_only, **wk)
+            agent = RecPolicyAgent(model=copy.deepcopy(agent.model), **dec, **wk)
         elif init is not None:
-            agent = RecPolicyAgent.from_checkpoint(init, valid_only=c.valid_only, **wk)
+            agent = RecPolicyAgent.from_checkpoint(init, **dec, **wk)
         else:
             agent = pretrained_policy(**wk, n_users=c.sft_users, sft_steps=c.sft_steps, seed=0)
-            agent = RecPolicyAgent(model=copy.deepcopy(agent.model), valid_only=c.valid_only, **wk)
+            agent = RecPolicyAgent(model=copy.deepcopy(agent.model), **dec, **wk)
         world = agent.world
         self._n_items = world.n_items
         policy = agent.model.eval()  # dropout off: sampling and update use the same distribution
@@ -260,6 +264,10 @@ class _RecPG(Algorithm):
                    "return_raw": float(self.raw_return(scores).mean()),
                    **{f"sample_{k}": v for k, v in pm.items()},
                    "sample_distinct": len({tuple(r) for r in items}) / len(items),
+                   # why lengths move: the share of sampled items that repeat one, and the credit of stopping
+                   "sample_dup_share": float((scores.duplicate & scores.step_mask).sum()
+                                             / max(1, scores.step_mask.sum())),
+                   "eos_adv_mean": float(eos_adv[lengths < L_MAX].mean()) if (lengths < L_MAX).any() else 0.0,
                    "valid_rollouts": float(real_rollout.mean()), **lstats, **astats}
             if it % c.eval_every == 0 or it == iterations - 1:
                 row.update({f"eval_{k}": v for k, v in evaluate(agent, scorer, dev_ids).items()})

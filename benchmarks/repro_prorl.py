@@ -106,6 +106,8 @@ def main(argv=None) -> int:
                     help="pre-training paths: the users' own logged continuations (ProRL pre-trains on ground-truth "
                          "paths; default) or the privileged greedy simulator expert")
     ap.add_argument("--valid-only", action="store_true", help="catalog-constrained decoding (no hallucinated IDs)")
+    ap.add_argument("--no-repeat", action="store_true",
+                    help="no-repeat decoding: history and earlier path items cannot be recommended again")
     ap.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS),
                     help="algorithms to train (prorl-fused / prorl-path: ablations)")
     ap.add_argument("--seed", type=int, default=0)
@@ -122,9 +124,10 @@ def main(argv=None) -> int:
     wk = dict(catalog_size=size, simulator=args.simulator)
     t0 = time.time()
     init = pretrained_policy(**wk, n_users=sft_users, sft_steps=sft_steps, sft_source=args.sft_source, log=print)
-    init.valid_only = args.valid_only
+    init.valid_only, init.no_repeat = args.valid_only, args.no_repeat
     if args.valid_only:
         init.vocab.restrict_to(init.world.sids.codes)
+    init.vocab.forbid_repeats(args.no_repeat)
     world = init.world
     scorer = PathScorer(world)
     dev = np.array(load_split()["dev"][: args.eval_tasks])
@@ -137,6 +140,7 @@ def main(argv=None) -> int:
     common = dict(catalog_size=size, simulator=args.simulator, lr=args.lr, prompts_per_iter=args.prompts_per_iter,
                   num_train_prompts=max(args.prompts_per_iter, iters * args.prompts_per_iter // 3),
                   eval_every=max(1, iters // 6), eval_tasks=args.eval_tasks, valid_only=args.valid_only,
+                  no_repeat=args.no_repeat,
                   sft_users=sft_users, sft_steps=sft_steps)
     # gradient variance at the pre-trained parameters: position-specific vs whole-path credit
     gv_algo = ProRL(**common)
@@ -160,7 +164,11 @@ def main(argv=None) -> int:
                          "seconds": time.time() - t1,
                          "sample_length_first": res.history[0]["sample_length"],
                          "sample_length_last": float(np.mean([h["sample_length"] for h in res.history[-3:]])),
-                         "sample_distinct_last": float(np.mean([h["sample_distinct"] for h in res.history[-3:]]))}
+                         "sample_distinct_last": float(np.mean([h["sample_distinct"] for h in res.history[-3:]])),
+                         "dup_share_first": res.history[0]["sample_dup_share"],
+                         "dup_share_last": float(np.mean([h["sample_dup_share"] for h in res.history[-3:]])),
+                         "eos_adv_first": float(np.mean([h["eos_adv_mean"] for h in res.history[:3]])),
+                         "eos_adv_last": float(np.mean([h["eos_adv_mean"] for h in res.history[-3:]]))}
         print(name, results[name])
     _table(out, refs, results, gv, args, size, iters, profiles)
     _plot(out, hist_all, refs)
@@ -173,19 +181,24 @@ def main(argv=None) -> int:
 def _table(out, refs, results, gv, args, size, iters, profiles):
     lines = [f"# ProRL reproduction (ProactiveRec-v0, catalog {size}, {args.simulator}, {iters} iterations/arm, "
              f"lr {args.lr}, 16 rollouts x {args.prompts_per_iter} prompts, SFT on {args.sft_source} paths, "
-             f"valid_only={args.valid_only})", "",
+             f"valid_only={args.valid_only}, no_repeat={args.no_repeat})", "",
              "Held-out dev users, greedy decoding. IoI/IoR = sums over the path, CTR = mean per item (invalid = 0), "
              "distinct = share of distinct paths across users; sampled length = mean over the training rollouts "
-             "(first iteration -> mean of the last 3).", "",
-             "| policy | IoI | IoR | CTR | length | invalid | distinct | sampled length | sampled distinct |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "(first iteration -> mean of the last 3); sampled dup = share of sampled items that repeat a history "
+             "or earlier path item; EOS adv = mean advantage of the stop token over rollouts that stop (first 3 "
+             "-> last 3 iterations; > 0: stopping is reinforced).", "",
+             "| policy | IoI | IoR | CTR | length | invalid | distinct | sampled length | sampled distinct "
+             "| sampled dup | EOS adv |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in refs.items():
         lines.append(f"| {name} | {m['IoI']:.3f} | {m['IoR']:.0f} | {m['CTR']:.3f} | {m['length']:.2f} | "
-                     f"{m['invalid']:.2f} | {m.get('distinct', float('nan')):.2f} | | |")
+                     f"{m['invalid']:.2f} | {m.get('distinct', float('nan')):.2f} | | | | |")
     for name, m in results.items():
         lines.append(f"| {name} | {m['IoI']:.3f} | {m['IoR']:.0f} | {m['CTR']:.3f} | {m['length']:.2f} | "
                      f"{m['invalid']:.2f} | {m['distinct']:.2f} | {m['sample_length_first']:.2f} -> "
-                     f"{m['sample_length_last']:.2f} | {m['sample_distinct_last']:.2f} |")
+                     f"{m['sample_length_last']:.2f} | {m['sample_distinct_last']:.2f} | "
+                     f"{m['dup_share_first']:.2f} -> {m['dup_share_last']:.2f} | "
+                     f"{m['eos_adv_first']:+.2f} -> {m['eos_adv_last']:+.2f} |")
     lines += ["", "ProRL's evaluation protocol (card §15): beam search, 10 beams, Metric@K = max over the top-K beams "
               "(mean over users); length@K = length of the best-IoI beam among the top K.", "",
               "| policy | IoI@1 | IoI@10 | IoR@1 | IoR@10 | CTR@1 | CTR@10 | length@1 | length@10 |",

@@ -309,15 +309,15 @@ def test_expert_and_random_agents_run_and_expert_wins():
         assert env.action_space.contains(np.asarray(a, dtype=np.int64))
 
 
-@pytest.mark.parametrize("valid_only", [False, True])
-def test_policy_agent_per_step_matches_batched_decoding(valid_only):
+@pytest.mark.parametrize("valid_only,no_repeat", [(False, False), (True, False), (False, True), (True, True)])
+def test_policy_agent_per_step_matches_batched_decoding(valid_only, no_repeat):
     import torch
 
     from agents.rec_model import build_model
     from agents.rec_policies import RecPolicyAgent, policy_paths
 
     kw = dict(catalog_size=100, simulator="analytic")
-    agent = RecPolicyAgent(valid_only=valid_only, **kw)
+    agent = RecPolicyAgent(valid_only=valid_only, no_repeat=no_repeat, **kw)
     agent.model = build_model(agent.vocab, d=32, layers=1, heads=2, seed=1).eval()
     env = ProactiveRecEnv(**kw)
     task_ids = load_split()["dev"][:3]
@@ -333,6 +333,7 @@ def test_policy_agent_per_step_matches_batched_decoding(valid_only):
             obs, _, term, _, info = env.step(d.action)
             if not info["eos"]:
                 stepped.append(info["item"] if info["valid"] else INVALID)
+                assert not (no_repeat and info["duplicate"])
             if term:
                 break
         assert stepped == [int(i) for i in items[row, : lengths[row]]]

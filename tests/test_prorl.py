@@ -265,3 +265,46 @@ def test_position_profile_skips_positions_with_only_duplicates():
         step_mask = valid
 
     assert [(p["position"], p["IoI"]) for p in position_profile(algo, S)] == [(1, 1.0), (3, 2.0)]
+
+
+@pytest.mark.parametrize("valid_only", [True, False])
+def test_no_repeat_decoding_never_duplicates_and_log_probs_agree(valid_only):
+    from agents.rec_model import beam_search, build_model, token_logprobs
+    from agents.rec_policies import RecPolicyAgent, policy_paths
+
+    world = _tiny_agent().world  # 100 items: 10 history + up to 10 path items collide often when unconstrained
+    hist, tgt = world.tasks(np.arange(500_000, 500_032))
+    scorer = PathScorer(world)
+    dup = {}
+    for no_repeat in (False, True):
+        agent = RecPolicyAgent(valid_only=valid_only, no_repeat=no_repeat, **WORLD)
+        agent.model = build_model(agent.vocab, d=32, layers=1, heads=2, seed=3).eval()
+        prompts, gen, lp, items, lengths = policy_paths(agent, np.repeat(hist, 4, 0), np.repeat(tgt, 4),
+                                                        greedy=False,
+                                                        generator=torch.Generator().manual_seed(0))
+        sc = scorer.score(np.repeat(hist, 4, 0), np.repeat(tgt, 4), items)
+        dup[no_repeat] = int((sc.duplicate & sc.step_mask).sum())
+        if no_repeat:  # behaviour and teacher-forced log-probs are taken under the same (path-dependent) mask
+            with torch.no_grad():
+                tf = token_logprobs(agent.model, agent.vocab, prompts, gen)
+            np.testing.assert_allclose(tf.numpy(), lp.numpy(), atol=1e-4)
+            assert torch.isfinite(tf).all()
+            bg, bs = beam_search(agent.model, agent.vocab, prompts[:4], beams=3)
+            codes, blen = agent.vocab.decode(bg.reshape(12, -1).numpy())
+            bitems = world.sids.lookup(codes)
+            bitems = np.where(np.arange(10)[None] < blen[:, None], np.where(bitems < 0, -2, bitems), -1)
+            bsc = scorer.score(np.repeat(hist[:1], 12, 0), np.repeat(tgt[:1], 12), bitems)  # 4 copies of task 0
+            assert not (bsc.duplicate & bsc.step_mask).any()
+    assert dup[False] > 0, "the unconstrained sampler should produce duplicates on a 100-item catalog"
+    assert dup[True] == 0
+
+
+def test_no_repeat_needs_the_prompts_and_is_saved(tmp_path):
+    from agents.rec_policies import RecPolicyAgent
+
+    agent = RecPolicyAgent(valid_only=True, no_repeat=True, **WORLD)
+    with pytest.raises(ValueError, match="prompts"):
+        agent.vocab.step_mask(0, torch.zeros(2, 41, dtype=torch.long))
+    agent.save(tmp_path / "ck")
+    back = RecPolicyAgent.from_checkpoint(tmp_path / "ck")
+    assert back.no_repeat and back.vocab.no_repeat and back.valid_only
