@@ -42,9 +42,26 @@ several times larger: cutting a path is one EOS token, while improving the items
 greedy paths also repeat items (of 64 dev users, 57 have a real item at k=1, 36 at k=2, 5-20 at k=3..10: the rest
 are duplicates, charged by CTR := 0), so the tails that ProRL cuts are largely duplicates. Reducing an
 item's log-prob by the sum of its tokens instead of the card's mean (4x the item gradient) does not change the
-picture (100 iterations: sampled length 6.65 -> 2.82, greedy 5.03; CTR 0.23 -> 0.38, IoI 0.07 -> 0.10). The cause
-is not established further; what would show the card's claim is a start whose sampled items already beat μ at
-most positions, or a longer run in which the item quality catches up (200 iterations did not: length 1.55).
+picture (100 iterations: sampled length 6.65 -> 2.82, greedy 5.03; CTR 0.23 -> 0.38, IoI 0.07 -> 0.10).
+
+Cause, measured 2026-12-02 (third pass): duplicates. With ProRL's default decoding an item of the history
+or earlier in the path can be generated again and is charged CTR := 0, i.e. (0 − μ_CTR)/σ_CTR ≈ −2 before the w_ctr/L_max
+weight, while stopping earns G = 0; the EOS token's mean advantage over rollouts that stop rises from −0.01 (first 3
+iterations) to +0.21 (last 3) in the 60-iteration run, so stopping is reinforced. The SFT's greedy paths are mostly
+duplicate tails (greedy CTR 0.23, but 0.72 when repeats are excluded). `--no-repeat` (`SidVocab.forbid_repeats`: a
+code is allowed only while some unused item continues the prefix; the same mask for sampling, teacher-forced and
+beam log-probs) removes them, and then ProRL keeps its paths (2k catalog, logged start, lr 1e-4, valid-only):
+
+| decoding, iterations | greedy length SFT -> ProRL | IoI | CTR | IoI@10 | sampled length | EOS adv (first -> last) |
+|---|---|---|---|---|---|---|
+| default, 60 | 8.81 -> 6.23 | 0.071 -> 0.108 | 0.233 -> 0.319 | 0.36 -> 0.45 | 7.01 -> 3.64 | −0.01 -> +0.21 |
+| default, 200 | 8.81 -> 1.55 | 0.07 -> 0.32 | 0.23 -> 0.42 | 0.36 -> 0.91 | | |
+| no-repeat, 60 | 8.64 -> 8.44 | 0.110 -> 0.122 | 0.723 -> 0.723 | 0.46 -> 0.61 | 7.01 -> 5.34 | −0.11 -> −0.02 |
+| no-repeat, 200 | 8.64 -> 6.41 | 0.110 -> 0.187 | 0.723 -> 0.707 | 0.46 -> 0.68 | 6.03 -> 3.88 | +0.38 -> −0.11 |
+
+(expert: length 4.05, IoI 2.87, CTR 0.35.) REINFORCE with no-repeat still drifts to the maximum length (60
+iterations: greedy 9.73, sampled 7.0 -> 9.2). Without duplicates to cut, ProRL's CTR stays flat (−0.016 at 200
+iterations) while IoI rises by 70%: the CTR gains of the default setting come largely from dropping duplicates.
 
 Commands behind these numbers (SHOPSIM_CACHE_DIR of your choice):
     python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --arms prorl reinforce
@@ -56,6 +73,8 @@ Commands behind these numbers (SHOPSIM_CACHE_DIR of your choice):
         --arms prorl prorl-fused reinforce grpo prorl-path
     python -m benchmarks.repro_prorl --quick --iterations 60 --valid-only --arms prorl      # position table
     python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --arms prorl-sum
+    python -m benchmarks.repro_prorl --quick --iterations 60 --valid-only --no-repeat --arms prorl reinforce
+    python -m benchmarks.repro_prorl --quick --iterations 200 --valid-only --no-repeat --arms prorl
 """
 
 from __future__ import annotations
