@@ -76,23 +76,27 @@ class SidVocab:
         h = prompts[:, 6: 6 + 4 * HIST].reshape(len(prompts), HIST, 4)
         return h - torch.as_tensor(self.offsets)
 
-    def _used_counts(self, j: int, gen: torch.Tensor, prompts: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    def used_items(self, gen: torch.Tensor, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes [B, 20, 4] of the history then the 10 path slots, [B, 20] first occurrence of each item). Entry m
+        is marked by looking only at entries before it, so a prefix of the rows is valid at any position."""
+        path = gen[:, : 4 * L_MAX].reshape(len(gen), L_MAX, 4) - torch.as_tensor(self.offsets)
+        u = torch.cat([self.history_codes(prompts), path], 1)
+        same = (u[:, :, None] == u[:, None]).all(-1)  # [B, M, M]
+        return u, ~torch.tril(same, diagonal=-1).any(-1)
+
+    def _used_counts(self, j: int, used: tuple[torch.Tensor, torch.Tensor], prev: torch.Tensor) -> torch.Tensor:
         """[B, K_lvl]: distinct used items (history + path items before position j) under each next code."""
         lvl = j % 4
-        n_done = j // 4
-        used = [self.history_codes(prompts)]
-        if n_done:
-            used.append(gen[:, : 4 * n_done].reshape(len(gen), n_done, 4) - torch.as_tensor(self.offsets))
-        u = torch.cat(used, 1)  # [B, M, 4]
-        same = (u[:, :, None] == u[:, None]).all(-1)  # [B, M, M]
-        first = ~torch.tril(same, diagonal=-1).any(-1)  # count each distinct item once
+        m = HIST + j // 4
+        u, first = used[0][:, :m], used[1][:, :m]
         match = first & (u[:, :, :lvl] == prev[:, None]).all(-1)
-        cnt = torch.zeros(len(gen), self.sizes[lvl], dtype=torch.long)
+        cnt = torch.zeros(len(u), self.sizes[lvl], dtype=torch.long)
         return cnt.scatter_add_(1, u[:, :, lvl].clamp(0, self.sizes[lvl] - 1), match.long())
 
-    def step_mask(self, j: int, gen: torch.Tensor, prompts: torch.Tensor | None = None) -> torch.Tensor:
+    def step_mask(self, j: int, gen: torch.Tensor, prompts: torch.Tensor | None = None,
+                  used: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Allowed tokens [B, V] at generated position j given the generated ids so far (`gen[:, :j]`); the
-        no-repeat constraint also needs the `prompts` (they hold the history)."""
+        no-repeat constraint also needs the `prompts` (they hold the history), or `used_items` computed once."""
         base = self.allowed[j][None].expand(len(gen), -1)
         lvl = j % 4
         if (self.tables is None and not self.no_repeat) or j >= 4 * L_MAX:
@@ -105,9 +109,11 @@ class SidVocab:
         else:
             avail = self.tables[lvl][tuple(prev[:, i] for i in range(lvl))]  # [B, K_lvl]
         if self.no_repeat:
-            if prompts is None:
-                raise ValueError("no-repeat decoding needs the prompts (they hold the history): pass prompts=")
-            avail = avail - self._used_counts(j, gen, prompts, prev)
+            if used is None:
+                if prompts is None:
+                    raise ValueError("no-repeat decoding needs the prompts (they hold the history): pass prompts=")
+                used = self.used_items(gen, prompts)
+            avail = avail - self._used_counts(j, used, prev)
         ok = avail > 0
         mask = base.clone()
         mask[:, self.offsets[lvl]: self.offsets[lvl] + self.sizes[lvl]] = ok
@@ -118,7 +124,8 @@ class SidVocab:
         """Allowed tokens [B, 41, V] at every generated position (teacher forcing)."""
         if self.tables is None and not self.no_repeat:
             return self.allowed[None]
-        return torch.stack([self.step_mask(j, gen, prompts) for j in range(GEN_LEN)], 1)
+        used = self.used_items(gen, prompts) if self.no_repeat and prompts is not None else None
+        return torch.stack([self.step_mask(j, gen, prompts, used) for j in range(GEN_LEN)], 1)
 
     def item_tokens(self, codes) -> np.ndarray:
         return np.asarray(codes, dtype=np.int64) + self.offsets
