@@ -482,3 +482,48 @@ def test_positional_result_clicks(numbered):
     for bad in ("click[#6]", "click[#0]", "click[#x]"):
         _, _, _, _, info = env.step(bad)
         assert info["invalid_action"] and info["structured"]["page"] == "results"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_terse_rendering_keeps_every_structured_fact(family):
+    """obs_mode="terse": the task once per episode, and every position, title word, option value and price of
+    info["structured"] still in the text; shorter than the compact rendering of the same states."""
+    terse = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5)
+    compact = ShoppingEnv(catalog_size=SIZE, numbered_results=True, results_per_page=5)
+    checked_results = checked_options = 0
+    lengths = {"terse": 0, "compact": 0}
+    for task_id in range(3):
+        steps = run_expert(terse, family, 2_000_000 + 4 * task_id + FAMILIES.index(family))
+        again = run_expert(compact, family, 2_000_000 + 4 * task_id + FAMILIES.index(family))
+        assert [s[1] for s in steps] == [s[1] for s in again]  # same episode, only the rendering differs
+        for k, ((obs, _, _, info), (cobs, *_)) in enumerate(zip(steps, again)):
+            lengths["terse"] += len(obs)
+            lengths["compact"] += len(cobs)
+            task_line = "Task: " + terse.task.instruction
+            assert (task_line in obs) == (k == 0)
+            assert task_line in cobs
+            st = info["structured"]
+            for pos, r in enumerate(st["results"], 1):
+                line = next(x for x in obs.splitlines() if x.startswith(f"#{pos} "))
+                assert r["sku"] not in obs
+                assert all(w in line.split() for w in r["title"].split()), (line, r["title"])
+                assert f"${r['price']:.2f}" in line
+                checked_results += 1
+            if st["product"]:
+                p = st["product"]
+                assert f"${p['price']:.2f}" in obs and all(w in obs for w in p["title"].split())
+                for name, values in p["options"].items():
+                    line = next(x for x in obs.splitlines() if x.startswith(f"{name}: "))
+                    assert all(v in line for v in values)
+                    checked_options += len(values)
+                for a in p["attributes"]:
+                    assert a in obs
+    if family != "after_sales":
+        assert checked_results > 0 and checked_options > 0
+    assert lengths["terse"] < 0.8 * lengths["compact"]
+
+
+def test_terse_is_a_presentation_option():
+    from shopsim.envs import presentation_kwargs
+
+    assert "obs_mode" in presentation_kwargs(ENV_ID)

@@ -19,6 +19,7 @@ from shopsim.errors import ConfigError
 
 ACTION_CHARSET = "".join(chr(c) for c in range(32, 127))
 MAX_OBS_CHARS = 20_000
+OBS_MODES = ("compact", "full", "terse")
 STRATEGIES = {
     "recommend_directly": "Recommend and buy directly; ask the customer only if something is unclear.",
     "ask_first": "Ask the customer a question before you search.",
@@ -76,7 +77,8 @@ class ShoppingEnv(gym.Env):
     so those cut episodes carry no ``episode_metrics``).
 
     ## Arguments
-    ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"``,
+    ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"|"terse"`` (`render`; terse states the task once
+    per episode and drops SKUs from result lines: the rendering for LM agents that keep the episode in context),
     ``family=None`` (default mix) or one of `FAMILIES`, ``invalid_penalty=0.0``, ``max_invalid=5``,
     ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop), ``max_input_chars=1000``,
     ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None`` (a class or callable ``(task, rng)`` returning a
@@ -97,15 +99,15 @@ class ShoppingEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     #: options that change only the rendering (`shopsim.envs.presentation_kwargs`): an agent evaluated on the
     #: leaderboard may use the ones it was trained with
-    PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page"})
+    PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page", "obs_mode"})
 
     def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
                  numbered_results: bool = False):
-        if obs_mode not in ("compact", "full"):
-            raise ConfigError(f"obs_mode={obs_mode!r}; choose 'compact' or 'full'")
+        if obs_mode not in OBS_MODES:
+            raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
         if family is not None and family not in FAMILIES:
             raise ConfigError(f"family={family!r}; choose one of {', '.join(FAMILIES)} or None (default mix)")
         for name, v, lo in (("max_invalid", max_invalid, 1), ("results_per_page", results_per_page, 1),

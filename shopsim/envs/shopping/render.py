@@ -13,7 +13,16 @@ Compact mode (what small language models see; about 400 tokens or fewer at 10 re
     Feedback: <what the last action did, the customer's reply, or why it was invalid>
 
 Full mode adds the product description, ratings on result lines, the full written policy, the customer's patience
-and the list of valid actions. Text is ASCII only: anything else the agent typed is echoed as ``?``, so the
+and the list of valid actions.
+
+Terse mode (``obs_mode="terse"``, for language agents that keep the whole episode in context) states the task,
+strategy and policy once, in the first observation of the episode, and shortens the page: result lines are
+``#<position> <title> $<price>`` (full title, no SKU: the agent clicks by position), the product page is
+``Product: <title>`` / ``$<price>`` / ``Features: ...`` / option lines, and the product page's fixed buttons are
+left out (they never change; ``Buttons:`` appears where the set does: results paging, the cart); the customer's
+replies appear once, in the feedback of the turn that asked. Every position,
+title word, option value and price of ``info["structured"]`` is in the text (tested). Cart lines and after-sales
+pages keep their SKUs and order ids, which their tools take as arguments. Text is ASCII only: anything else the agent typed is echoed as ``?``, so the
 observation always lies in the observation space's charset.
 """
 
@@ -63,8 +72,30 @@ def buttons(env) -> list[str]:
     return []
 
 
-def page_lines(env, full: bool) -> list[str]:
+def _terse_page_lines(env) -> list[str] | None:
     page = env.page
+    if page == "results":
+        n_pages = max(1, -(-len(env.hits) // env.results_per_page))
+        lines = [f"Results page {env.page_num + 1}/{n_pages} ({len(env.hits)} hits):"]
+        lines += [f"#{pos} {title} ${price:.2f}" for pos, (_, _, title, price) in enumerate(env.page_rows(), 1)]
+        return lines
+    if page == "item":
+        p = env.product
+        lines = [f"Product: {p.title}", f"${p.price:.2f}", "Features: " + ", ".join(p.attributes)]
+        for name, values in p.options.items():
+            chosen = env.selected.get(name)
+            opts = " ".join(f"[{option_label(env, name, v)}]" for v in values)
+            lines.append(f"{name}: {opts}" + (f" (chosen: {chosen})" if chosen else ""))
+        return lines
+    return None
+
+
+def page_lines(env, full: bool, terse: bool = False) -> list[str]:
+    page = env.page
+    if terse:
+        lines = _terse_page_lines(env)
+        if lines is not None:
+            return lines
     if page == "search":
         return ["Page: search (use search[keywords])"]
     if page == "results":
@@ -107,15 +138,18 @@ def page_lines(env, full: bool) -> list[str]:
 
 def observation(env) -> str:
     full = env.obs_mode == "full"
+    terse = env.obs_mode == "terse"
     task = env.task
-    lines = ["Task: " + task.instruction]
-    if env.strategy:
+    # terse: what never changes during an episode is said once, in the first observation
+    header = not terse or env.turns == 0
+    lines = ["Task: " + task.instruction] if header else []
+    if env.strategy and header:
         lines.append("Strategy: " + env.strategy_text)
-    if task.family == "after_sales":
+    if task.family == "after_sales" and header:
         from shopsim.envs.shopping.orders import POLICY_FULL, POLICY_SHORT
 
         lines.append(POLICY_FULL if full else POLICY_SHORT)
-    said = env.customer.said()
+    said = [] if terse else env.customer.said()  # terse: each reply is in that turn's feedback
     if said:
         lines.append("Customer said: " + " ".join(said))
     if full and task.family != "after_sales":
@@ -123,9 +157,9 @@ def observation(env) -> str:
     if task.family == "bundle" or env.cart:
         budget = f" (budget ${task.budget:.2f})" if task.budget else ""
         lines.append(f"Cart: {len(env.cart)} items, ${env.cart_total():.2f}{budget}")
-    lines.extend(page_lines(env, full))
+    lines.extend(page_lines(env, full, terse))
     b = buttons(env)
-    if b:
+    if b and not (terse and env.page == "item"):
         lines.append("Buttons: " + " ".join(f"[{x}]" for x in b))
     if env.feedback:
         lines.append("Feedback: " + " ".join(env.feedback))
