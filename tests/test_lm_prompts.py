@@ -100,3 +100,21 @@ def test_window_drops_history_to_fit(tok):
 def test_bad_mode(tok):
     with pytest.raises(ConfigError, match="context_mode"):
         EpisodeContext(ChatFormat(tok), mode="sliding")
+
+
+def test_concat_truncation_keeps_the_task_and_moves_in_steps(tok):
+    """Over budget, a concat prompt keeps system + first observation and the most recent tokens, within the budget;
+    the cut point moves in steps, so consecutive truncated prompts mostly extend each other (cache reuse)."""
+    fmt = ChatFormat(tok)
+    ctx = EpisodeContext(fmt, mode="concat", max_prompt_tokens=300)
+    ctx.start("Task: buy a red lamp")
+    head = fmt.system_ids + fmt.observation_ids("Task: buy a red lamp")
+    prompts = []
+    for k in range(40):
+        ctx.step(fmt.encode(f"click[#{k % 5}]") + [tok.eos_token_id], f"page {k} " + "word " * 8)
+        prompts.append(ctx.prompt())
+    assert ctx.truncated
+    assert all(len(p) <= 300 and p[: len(head)] == head for p in prompts)
+    assert prompts[-1][-5:] == ctx.ids[-5:]
+    extends = sum(b[: len(a)] == a for a, b in zip(prompts, prompts[1:]))
+    assert extends >= 0.6 * (len(prompts) - 1)

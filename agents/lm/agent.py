@@ -2,7 +2,7 @@
 
 Interface for trainers (kept stable; the RL baselines build on it):
 
-* ``agent = LMAgent(env_id=..., checkpoint=DIR | None, context_mode="window" | "concat", ...)``; ``checkpoint=None``
+* ``agent = LMAgent(env_id=..., checkpoint=DIR | None, context_mode="window" | "concat", kv_cache=True, ...)``; ``checkpoint=None``
   loads the shipped SFT checkpoint (``data/lm/sft``) when present, else (with a warning) a random-init default model
   with the shipped tokenizer. A checkpoint's manifest options (`SAVED_OPTIONS`: context mode, history, ...) are
   restored; arguments given explicitly override them. ``model=`` / ``tokenizer=`` objects can be passed instead.
@@ -18,6 +18,11 @@ Interface for trainers (kept stable; the RL baselines build on it):
   ``logp, hidden = agent.policy.token_logprobs(input_ids, attention_mask, return_hidden=True)`` where
   ``logp[b, t]`` is the log-prob of token t (mask it with the generated-token mask). ``hidden`` is the last-layer
   state for a value head.
+* ``kv_cache=True`` (default) keeps each episode's keys/values across turns (`agents.lm.generation.PrefixCache`,
+  prefix caching as in vLLM / SGLang): in concat mode a turn encodes only what the env added since the last
+  action, in window mode the unchanged head of the prompt (system prompt, and the first turn with
+  ``pin_first_turn=True``) is reused. The records are the same as without it (tested). ``agent.stats`` counts
+  turns, prompt tokens and ``encoded_tokens`` (what the model actually ran over).
 * ``agent.save(dir)`` writes ``save_pretrained`` (safetensors) model + tokenizer + the shopsim manifest;
   ``LMAgent.from_checkpoint(dir, env_id=...)`` / ``agents.load_checkpoint(dir)`` rebuild it.
 """
@@ -31,17 +36,18 @@ from typing import Any, Sequence
 import torch
 
 from agents.base import Agent, Decision
-from agents.lm.generation import SamplingConfig, action_logprobs, sample, token_logprobs
+from agents.lm.generation import PrefixCache, SamplingConfig, action_logprobs, sample, token_logprobs
 from agents.lm.parsing import decode_action
 from agents.lm.prompts import DEFAULT_SYSTEM, ChatFormat, EpisodeContext
 from shopsim.errors import ConfigError
 
 #: options saved in the manifest and restored whenever a checkpoint with a manifest is loaded (the constructor's
 #: `checkpoint=`, the shipped default, `from_checkpoint`); explicit constructor arguments override them
-SAVED_OPTIONS = ("context_mode", "history", "history_obs_chars", "max_new_tokens", "system_prompt")
+SAVED_OPTIONS = ("context_mode", "history", "history_obs_chars", "max_new_tokens", "system_prompt",
+                 "pin_first_turn")
 #: what the options are without a manifest
 DEFAULT_OPTIONS = {"context_mode": "window", "history": 2, "history_obs_chars": 160, "max_new_tokens": 48,
-                   "system_prompt": DEFAULT_SYSTEM}
+                   "system_prompt": DEFAULT_SYSTEM, "pin_first_turn": False}
 _UNSET: Any = object()
 
 
@@ -98,15 +104,17 @@ class LMAgent(Agent):
                  context_mode: str = _UNSET, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = _UNSET, greedy: bool = False, record_hidden: bool = False, device: str = "cpu",
                  history: int = _UNSET, history_obs_chars: int | None = _UNSET, max_prompt_tokens: int | None = None,
-                 system_prompt: str = _UNSET, model=None, tokenizer=None):
+                 system_prompt: str = _UNSET, model=None, tokenizer=None, kv_cache: bool = True,
+                 pin_first_turn: bool = _UNSET):
         # the prompt layout a checkpoint was trained with travels with it: a model fine-tuned on history=1 acts
         # far worse under the default history=2 (shipped SFT: 67% -> 32% find_and_buy dev success)
         given = {"context_mode": context_mode, "history": history, "history_obs_chars": history_obs_chars,
-                 "max_new_tokens": max_new_tokens, "system_prompt": system_prompt}
+                 "max_new_tokens": max_new_tokens, "system_prompt": system_prompt, "pin_first_turn": pin_first_turn}
         base = {**DEFAULT_OPTIONS, **(saved_options(checkpoint) if model is None else {})}
         opt = {k: base[k] if v is _UNSET else v for k, v in given.items()}
         context_mode, history, history_obs_chars = opt["context_mode"], opt["history"], opt["history_obs_chars"]
         max_new_tokens, system_prompt = opt["max_new_tokens"], opt["system_prompt"]
+        pin_first_turn = opt["pin_first_turn"]
         self.env_id = env_id
         self.device = torch.device(device)
         self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
@@ -129,9 +137,12 @@ class LMAgent(Agent):
         if max_prompt_tokens < 16:
             raise ConfigError(f"max_prompt_tokens={max_prompt_tokens} leaves no room for an observation")
         self.options = dict(context_mode=context_mode, history=history, history_obs_chars=history_obs_chars,
-                            max_new_tokens=max_new_tokens, system_prompt=system_prompt)
+                            max_new_tokens=max_new_tokens, system_prompt=system_prompt,
+                            pin_first_turn=pin_first_turn)
         self._ctx_kw = dict(mode=context_mode, history=history, history_obs_chars=history_obs_chars,
-                            max_prompt_tokens=max_prompt_tokens)
+                            max_prompt_tokens=max_prompt_tokens, pin_first_turn=pin_first_turn)
+        #: per-episode KV cache across turns (None: every turn encodes its whole prompt)
+        self.kv_cache: PrefixCache | None = PrefixCache() if kv_cache else None
         EpisodeContext(self.fmt, **self._ctx_kw)  # validate options now
         self.contexts: dict[int, EpisodeContext] = {}
         self.pending: dict[int, list[int]] = {}
@@ -163,12 +174,16 @@ class LMAgent(Agent):
         super().reset(num_slots, seed)
         self.generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else int(seed))
         self.contexts, self.pending = {}, {}
+        if self.kv_cache is not None:
+            self.kv_cache.clear()
 
     def begin_episode(self, slot: int, observation: Any, info: dict) -> None:
         ctx = EpisodeContext(self.fmt, **self._ctx_kw)
         ctx.start(observation)
         self.contexts[slot] = ctx
         self.pending.pop(slot, None)
+        if self.kv_cache is not None:
+            self.kv_cache.drop(slot)
 
     def act(self, observations, infos, slots) -> list[Decision]:
         import time
@@ -185,9 +200,16 @@ class LMAgent(Agent):
         t0 = time.perf_counter()
         self.model.eval()
         out = sample(self.model, prompts, stop_ids=self.fmt.stop_ids, pad_id=self.policy.pad_id,
-                     config=self.sampling, generator=self.generator)
+                     config=self.sampling, generator=self.generator, cache=self.kv_cache,
+                     keys=list(slots) if self.kv_cache is not None else None)
         self.stats["generate_s"] += time.perf_counter() - t0
         self.stats["new_tokens"] += out.new_tokens
+        self.stats["turns"] = self.stats.get("turns", 0) + len(slots)
+        self.stats["prompt_tokens"] = self.stats.get("prompt_tokens", 0) + sum(len(p) for p in prompts)
+        # what the model ran over: the prompt tokens it had no cache for, plus one decoding step per generated
+        # token but the last
+        self.stats["encoded_tokens"] = (self.stats.get("encoded_tokens", 0) + out.extra["encoded_tokens"]
+                                        + out.new_tokens - len(slots))
         decisions = []
         for i, slot in enumerate(slots):
             ids = out.ids[i]
@@ -205,6 +227,8 @@ class LMAgent(Agent):
         if terminated or truncated:
             self.contexts.pop(slot, None)
             self.pending.pop(slot, None)
+            if self.kv_cache is not None:
+                self.kv_cache.drop(slot)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path, **info: Any) -> Path:

@@ -40,6 +40,9 @@ class SamplingConfig:
     """Arg-max decoding (log-probs then use temperature 1)."""
     record_hidden: bool = False
     """Also return the last-layer mean / last-token summaries of each prompt."""
+    keep_finished: bool = False
+    """Keep rows that have produced their stop token in the batch, decoding ignored pad tokens until every row has
+    stopped (the behaviour before finished rows left the batch; benchmarks use it as their baseline)."""
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -105,37 +108,211 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+class PrefixCache:
+    """Per-episode KV cache of the last sequence each episode fed to the model (prefix caching).
+
+    The anchor is vLLM's automatic prefix caching and SGLang's RadixAttention: a prompt that begins with tokens
+    already encoded reuses their keys and values, so only the rest is encoded. Here the unit is one episode
+    (`key`, the rollout slot): after a turn the entry holds the turn's prompt + generated ids (less the last
+    sampled token, which was never fed) and their per-layer keys/values. The next turn reuses the longest common
+    prefix of that sequence and the new prompt: in concat mode the whole previous context, so a turn encodes only
+    the env's new tokens; in window mode the unchanged head (system prompt and any pinned first turn).
+
+    Entries are plain per-layer ``(key, value)`` tensors of shape ``[heads, length, head_dim]``; `sample` stacks
+    them into a transformers `DynamicCache` for the batch (padding between the reused and the new part is masked,
+    positions are explicit), so any `transformers` causal LM with a standard KV cache works.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+        self.reused_tokens = 0
+        self.encoded_tokens = 0
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def drop(self, key) -> None:
+        self.entries.pop(key, None)
+
+    def lookup(self, key, prompt: list[int]) -> tuple[int, list | None, torch.Tensor | None]:
+        """``(n, kv, hidden)``: how many leading prompt tokens have cached keys/values (always < len(prompt), so
+        the last prompt token is encoded and gives the next-token logits), and those cached tensors."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return 0, None, None
+        ids, kv, hidden = entry
+        limit = min(len(ids), len(prompt) - 1)
+        n = 0
+        while n < limit and ids[n] == prompt[n]:
+            n += 1
+        return n, kv, hidden
+
+    def store(self, key, ids: list[int], kv: list, hidden: torch.Tensor | None) -> None:
+        self.entries[key] = (ids, kv, hidden)
+
+
+def _layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    return list(zip(cache.key_cache, cache.value_cache))  # older transformers
+
+
+def _reserved_cache(model, capacity: int):
+    """A transformers `DynamicCache` whose layers write into buffers with room for `capacity` positions.
+
+    `DynamicLayer.update` concatenates the whole cache with each decoding step's keys/values, a copy that grows with
+    the context (the dominant cost of decoding after a long concat-mode prompt); these layers write the step in place
+    and grow their buffer geometrically only when it is full. Everything else is DynamicCache's."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        def lazy_initialization(self, key_states, value_states) -> None:
+            b, h, _, d = key_states.shape
+            self.device = key_states.device
+            self._k = key_states.new_zeros((b, h, capacity, d))
+            self._v = value_states.new_zeros((b, h, capacity, value_states.shape[-1]))
+            self._n = 0
+            self.is_initialized = True
+
+        def _views(self):
+            self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n = key_states.shape[-2]
+            if self._n + n > self._k.shape[2]:
+                grow = max(self._k.shape[2], n)
+                self._k = torch.cat([self._k, self._k.new_zeros(self._k.shape[:2] + (grow,) + self._k.shape[3:])], 2)
+                self._v = torch.cat([self._v, self._v.new_zeros(self._v.shape[:2] + (grow,) + self._v.shape[3:])], 2)
+            self._k[:, :, self._n: self._n + n] = key_states
+            self._v[:, :, self._n: self._n + n] = value_states
+            self._n += n
+            self._views()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self._n if self.is_initialized else 0
+
+        def batch_select_indices(self, indices) -> None:
+            if self.is_initialized:
+                self._k, self._v = self._k[indices], self._v[indices]
+                self._views()
+
+    cache = DynamicCache.__new__(DynamicCache)
+    Cache.__init__(cache, layers=[ReservedLayer() for _ in range(model.config.get_text_config().num_hidden_layers)])
+    return cache
+
+
+def _stack_past(model, reused: list[int], kvs: list, width: int, capacity: int):
+    """A reserved-capacity cache holding `width` positions: row i's `reused[i]` cached positions right-aligned."""
+    cache = _reserved_cache(model, capacity)
+    ref = next(kv for kv in kvs if kv is not None)
+    for layer, (k0, v0) in enumerate(ref):
+        k = k0.new_zeros((len(reused), k0.shape[0], width, k0.shape[2]))
+        v = v0.new_zeros((len(reused), v0.shape[0], width, v0.shape[2]))
+        for i, (n, kv) in enumerate(zip(reused, kvs)):
+            if n:
+                k[i, :, width - n:] = kv[layer][0][:, :n]
+                v[i, :, width - n:] = kv[layer][1][:, :n]
+        cache.update(k, v, layer)
+    return cache
+
+
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: SamplingConfig,
-           generator: torch.Generator | None = None) -> SampleOutput:
-    """Sample one continuation per prompt with the KV cache (see module docstring for what is recorded)."""
+           generator: torch.Generator | None = None, cache: PrefixCache | None = None,
+           keys: list | None = None) -> SampleOutput:
+    """Sample one continuation per prompt with the KV cache (see module docstring for what is recorded).
+
+    With a `PrefixCache` and one key per prompt (the episode), each row reuses the cached keys/values of its
+    longest common prefix with that episode's previous sequence, encodes only the rest, and leaves its new
+    sequence in the cache. A row leaves the batch as soon as it has produced a stop token (finished rows cost no
+    further decoding steps). Rows are sampled in the same order with the same generator either way, so a seed
+    gives the same ids with and without the prefix cache (up to float rounding, below 1e-5 in the log-probs).
+    """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt needs at least one token")
-    device = next(model.parameters()).device
-    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
-    ids, mask = left_pad(prompts, pad_id, device)
-    batch = ids.shape[0]
+    if cache is not None and (keys is None or len(keys) != len(prompts)):
+        raise ConfigError("sample(cache=...) needs one key per prompt")
     import inspect
 
+    device = next(model.parameters()).device
+    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
+    stop_set = set(stop.tolist())
+    batch = len(prompts)
+    reused, kvs, hid_cached = [0] * batch, [None] * batch, [None] * batch
+    if cache is not None:
+        for i, (key, p) in enumerate(zip(keys, prompts)):
+            reused[i], kvs[i], hid_cached[i] = cache.lookup(key, p)
+    if config.record_hidden:  # the prompt mean needs every prompt token's state: reuse only what has them
+        reused = [n if h is not None and len(h) >= n else 0 for n, h in zip(reused, hid_cached)]
+    new = [p[n:] for p, n in zip(prompts, reused)]
+    ids, new_mask = left_pad(new, pad_id, device)
+    width = max(reused)
+    past, cache_kw = None, _cache_kw(model)
+    capacity = width + ids.shape[1] + config.max_new_tokens
+    if width > 0:
+        past = _stack_past(model, reused, kvs, width, capacity)
+    elif cache is not None:
+        past = _reserved_cache(model, capacity)
+    if width > 0:
+        old_mask = torch.zeros((batch, width), dtype=torch.long, device=device)
+        for i, n in enumerate(reused):
+            if n:
+                old_mask[i, width - n:] = 1
+        mask = torch.cat([old_mask, new_mask], dim=1)
+    else:
+        mask = new_mask
+    pos = (positions(new_mask) + torch.tensor(reused, device=device)[:, None]) * new_mask
     # the prompt's output layer is only needed at its last position
     keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
-                output_hidden_states=config.record_hidden, **keep)
-    hidden = None
+    kw = {cache_kw: past} if past is not None else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                output_hidden_states=config.record_hidden, **keep, **kw)
+    if cache is not None:
+        cache.reused_tokens += sum(reused)
+        cache.encoded_tokens += sum(len(x) for x in new)
+    hidden, prompt_hidden = None, [None] * batch
     if config.record_hidden:
         h = out.hidden_states[-1].float()
-        m = mask.unsqueeze(-1).float()
-        mean = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
-        hidden = [{"mean": mean[i].tolist(), "last": h[i, -1].tolist()} for i in range(batch)]
-    past, cache_kw = _cache_of(out), _cache_kw(model)
+        hidden = []
+        for i in range(batch):
+            rows = h[i, h.shape[1] - len(new[i]):]
+            if reused[i] and hid_cached[i] is not None:
+                rows = torch.cat([hid_cached[i][: reused[i]], rows])
+            prompt_hidden[i] = rows
+            hidden.append({"mean": rows.mean(0).tolist(), "last": rows[-1].tolist()})
+    past = _cache_of(out)
     logits = out.logits[:, -1, :].float()
-    last_pos = positions(mask)[:, -1]
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    last_pos = pos[:, -1]
+    alive = list(range(batch))  # original row of each batch position
+    done: set[int] = set()  # with keep_finished: batch positions that have stopped but stay in the batch
     gen_ids: list[list[int]] = [[] for _ in range(batch)]
     gen_lp: list[list[float]] = [[] for _ in range(batch)]
     t = config.logprob_temperature
     steps = 0
-    for _ in range(config.max_new_tokens):
+    fed_hidden: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # states of fed generated tokens
+
+    def retire(rows_here: list[int]) -> None:
+        """Move finished rows' keys/values (real positions only) into the prefix cache."""
+        if cache is None:
+            return
+        layers = _layer_kv(past)
+        for b in rows_here:
+            i = alive[b]
+            real = mask[b].bool()
+            idx = real.nonzero().squeeze(1)
+            kv = [(k[b].index_select(1, idx), v[b].index_select(1, idx)) for k, v in layers]
+            seq = list(prompts[i]) + gen_ids[i][:-1]
+            h = None
+            if prompt_hidden[i] is not None:
+                h = torch.cat([prompt_hidden[i]] + fed_hidden[i]) if fed_hidden[i] else prompt_hidden[i]
+            cache.store(keys[i], seq, kv, h)
+
+    while True:
         logp = torch.log_softmax(logits / t, dim=-1)
         if config.greedy:
             tok = logits.argmax(-1)
@@ -145,23 +322,42 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
         tok_lp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         steps += 1
         tok_l, lp_l = tok.tolist(), tok_lp.tolist()
-        for i in torch.nonzero(~done).flatten().tolist():
-            gen_ids[i].append(tok_l[i])
-            gen_lp[i].append(lp_l[i])
-        done |= torch.isin(tok, stop)
-        if bool(done.all()) or steps == config.max_new_tokens:
+        for b, i in enumerate(alive):
+            if b not in done:
+                gen_ids[i].append(tok_l[b])
+                gen_lp[i].append(lp_l[b])
+        finished = [b for b in range(len(alive)) if b not in done and tok_l[b] in stop_set]
+        if steps == config.max_new_tokens or len(finished) + len(done) == len(alive):
+            retire([b for b in range(len(alive)) if b not in done])
             break
-        # finished rows keep decoding a pad token whose output is ignored (keeps the batch rectangular)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
+        if finished:
+            retire(finished)
+            if config.keep_finished:  # the previous behaviour: decode a pad token whose output is ignored
+                done.update(finished)
+                tok = tok.clone()
+                tok[torch.tensor(sorted(done), device=device)] = pad_id
+            else:  # finished rows leave the batch: no more decoding steps for them
+                keep_rows = [b for b in range(len(alive)) if tok_l[b] not in stop_set]
+                sel = torch.tensor(keep_rows, dtype=torch.long, device=device)
+                past.batch_select_indices(sel)
+                mask, tok, last_pos = mask[sel], tok[sel], last_pos[sel]
+                alive = [alive[b] for b in keep_rows]
+        mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=mask.dtype, device=device)], dim=1)
         last_pos = last_pos + 1
+        track = config.record_hidden and cache is not None
         out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=last_pos.unsqueeze(-1),
-                    use_cache=True, **{cache_kw: past})
+                    use_cache=True, output_hidden_states=track, **{cache_kw: past})
+        if track:
+            h = out.hidden_states[-1][:, -1].float()
+            for b, i in enumerate(alive):
+                fed_hidden[i].append(h[b: b + 1])
         past = _cache_of(out)
         logits = out.logits[:, -1, :].float()
-    stopped = [bool(g) and g[-1] in set(stop.tolist()) for g in gen_ids]
+    stopped = [bool(g) and g[-1] in stop_set for g in gen_ids]
     return SampleOutput(ids=gen_ids, logprobs=gen_lp, stopped=stopped, hidden=hidden,
-                        new_tokens=sum(len(g) for g in gen_ids), extra={"steps": steps})
+                        new_tokens=sum(len(g) for g in gen_ids),
+                        extra={"steps": steps, "encoded_tokens": sum(len(x) for x in new),
+                               "reused_tokens": sum(reused)})
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,

@@ -110,6 +110,11 @@ class EpisodeContext:
     history: int = 2
     history_obs_chars: int | None = 160
     max_prompt_tokens: int = 4000
+    pin_first_turn: bool = False
+    """window: always keep the first turn (the task page and the first action) after the system prompt; with an
+    env that states the task only once (``obs_mode="terse"``) this keeps the task in every prompt, and it is a
+    prefix that the KV cache reuses."""
+    first: list[int] = field(default_factory=list)  # window + pin_first_turn: the pinned first turn's ids
     ids: list[int] = field(default_factory=list)  # concat: the running sequence
     turns: list[tuple[list[int], list[int]]] = field(default_factory=list)  # window: (past obs ids, action ids)
     current: list[int] = field(default_factory=list)  # window: current observation ids
@@ -122,22 +127,29 @@ class EpisodeContext:
             raise ConfigError(f"history must be >= 0, got {self.history}")
 
     def start(self, observation) -> None:
-        self.turns, self.truncated = [], False
+        self.turns, self.truncated, self.first = [], False, []
         self._obs = observation
         if self.mode == "concat":
             self.ids = self.fmt.system_ids + self.fmt.observation_ids(observation)
+            self._head = min(len(self.ids), self.max_prompt_tokens // 2)
         else:
             self.current = self.fmt.observation_ids(observation)
 
     def prompt(self) -> list[int]:
         if self.mode == "concat":
             if len(self.ids) > self.max_prompt_tokens:
-                # over budget: keep system + first observation + the most recent tokens (breaks the prefix
-                # property for the rest of the episode, which `truncated` records)
+                # over budget: keep system + first observation (the task) + the most recent tokens (breaks the
+                # prefix property for the rest of the episode, which `truncated` records). The cut point moves in
+                # steps of half the remaining budget, so the truncated prompts of the next turns still extend each
+                # other and a KV cache keeps reusing them
                 self.truncated = True
-                return self._cut(self.ids)
+                head = self._head
+                room = self.max_prompt_tokens - head
+                step = max(1, room // 2)
+                drop = -(-(len(self.ids) - self.max_prompt_tokens) // step) * step
+                return self.ids[:head] + self.ids[head + drop:]
             return list(self.ids)
-        sys_ids = self.fmt.system_ids
+        sys_ids = self.fmt.system_ids + self.first
         for start in range(max(0, len(self.turns) - self.history), len(self.turns) + 1):
             body: list[int] = []
             for obs_ids, act_ids in self.turns[start:]:
@@ -149,7 +161,7 @@ class EpisodeContext:
         return self._cut(sys_ids + self.current)
 
     def _cut(self, ids: list[int]) -> list[int]:
-        keep_head = len(self.fmt.system_ids)
+        keep_head = len(self.fmt.system_ids) + (len(self.first) if self.mode == "window" else 0)
         return ids[:keep_head] + ids[len(ids) - (self.max_prompt_tokens - keep_head):]
 
     def step(self, action_ids: list[int], observation) -> None:
@@ -157,6 +169,9 @@ class EpisodeContext:
         if self.mode == "concat":
             self.ids = self.ids + list(action_ids) + self.fmt.close_ids(action_ids) + \
                 self.fmt.observation_ids(observation)
+        elif self.pin_first_turn and not self.first:
+            self.first = self.current + list(action_ids) + self.fmt.close_ids(action_ids)
+            self.current = self.fmt.observation_ids(observation)
         else:
             past = history_text(str(self._obs), str(observation), self.history_obs_chars)
             self.turns.append((self.fmt.observation_ids(past), list(action_ids)))
