@@ -161,3 +161,31 @@ def test_eval_seed_sets_the_evaluation_episodes(eval_seed, expected, tmp_path, m
     monkeypatch.setattr(LMAlgorithm, "evaluate", spy)
     res = _train("grpo", tmp_path, iterations=1, seed=3, eval_seed=eval_seed)
     assert seen == [expected] and "dev_success" in res.history[-1]
+
+
+@pytest.mark.parametrize("mode", ["concat", "window"])
+def test_length_bucketing_does_not_change_the_update(mode, tmp_path):
+    """Micro-batches cut by token budget and trimmed to their own longest row give the same step as one padded
+    micro-batch of every row."""
+    kw = dict(iterations=2, seed=7, mode=mode, loss_agg="seq-mean-token-mean", group_size=3)
+    a = _train("grpo", tmp_path / "a", micro_batch_tokens=0, **kw)
+    b = _train("grpo", tmp_path / "b", micro_batch_tokens=24, **kw)
+    assert [r["loss"] for r in b.history] == pytest.approx([r["loss"] for r in a.history], rel=1e-4, abs=1e-6)
+    assert [r["grad_norm"] for r in b.history] == pytest.approx([r["grad_norm"] for r in a.history], rel=1e-3)
+
+
+def test_micro_batches_respect_the_token_budget_and_cover_every_row():
+    from baselines.core.batch import build_batch
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent(context_mode="window")
+    algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", micro_batch_tokens=30)
+    trajs = collect("toy", agent, seeds=[1, 2, 3, 4], group_size=2, env_fns=env_fns(4), progress=False, num_envs=4)
+    b = build_batch(trajs)
+    rows = torch.arange(b.num_rows)
+    chunks = algo.micro_batches(b, rows)
+    assert sorted(torch.cat(chunks).tolist()) == rows.tolist()
+    lengths = b.attention_mask.sum(1)
+    assert len(chunks) > 1
+    for ch in chunks:
+        assert len(ch) == 1 or int(lengths[ch].max()) * len(ch) <= 30

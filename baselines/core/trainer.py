@@ -1,8 +1,9 @@
 """The shared training loop of the language-agent algorithms (design document §6, algorithms.md §0).
 
 One iteration: collect G rollouts per task with `shopsim.rollout.collect(..., group_size=G)` → build the
-`Batch` → recompute π_old (and π_ref, critic values) over the recorded ids → the algorithm's advantages →
-`update_epochs` × `minibatches` optimizer steps → evaluation on the dev split → checkpoint. Seeded and resumable
+`Batch` → π_ref and critic values over the recorded ids (π_old too when `recompute_old_logp` asks for it; else the
+recorded log-probs are π_old) → the algorithm's advantages → `update_epochs` × `minibatches` optimizer steps, each in
+length-bucketed micro-batches (`micro_batch_tokens`) → evaluation on the dev split → checkpoint. Seeded and resumable
 (`out_dir/state.pt` holds optimizer, RNG states, iteration and history; a second `train` call with the same
 `out_dir` continues where the first stopped). Metrics go to `out_dir/metrics.csv` and TensorBoard
 (`out_dir/tb`); a tqdm bar shows progress.
@@ -179,28 +180,78 @@ class LMAlgorithm(Algorithm):
         return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
                               need_hidden=need_hidden, positions=positions)
 
+    def micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Split `rows` into micro-batches, returned as positions into `rows`: length-bucketed under
+        `micro_batch_tokens` (and `micro_batch_rows`).
+
+        Rows are sorted by length and taken in order while ``rows × longest row`` stays within the token budget,
+        so each micro-batch is padded only to its own longest row (see `_trimmed`)."""
+        c = self.config
+        pos = torch.arange(len(rows), device=rows.device)
+        if not c.micro_batch_tokens:
+            if c.micro_batch_rows and c.micro_batch_rows < len(rows):
+                return list(torch.split(pos, c.micro_batch_rows))
+            return [pos]
+        lengths = batch.attention_mask[rows].sum(1)
+        order = torch.argsort(lengths, stable=True)
+        out, cur, width = [], [], 0
+        for j in order.tolist():
+            n = int(lengths[j])
+            full = c.micro_batch_rows and len(cur) >= c.micro_batch_rows
+            if cur and (full or max(width, n) * (len(cur) + 1) > c.micro_batch_tokens):
+                out.append(torch.tensor(cur, device=rows.device))
+                cur, width = [], 0
+            cur.append(j)
+            width = max(width, n)
+        if cur:
+            out.append(torch.tensor(cur, device=rows.device))
+        return out
+
+    def _trimmed(self, fn, batch: Batch, r: torch.Tensor, *args, **kwargs):
+        """Run ``fn(ids, attn, *args, **kwargs)`` on rows `r` cut to their longest row (right padding), then pad
+        every [B, S']-shaped tensor of the result back to the batch width S."""
+        S = batch.input_ids.shape[1]
+        w = max(1, int(batch.attention_mask[r].sum(1).max()))
+        args = [a[:, :w] if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[1] == S else a for a in args]
+        kwargs = {k: v[:, :w] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == S else v
+                  for k, v in kwargs.items()}
+        out = fn(batch.input_ids[r, :w], batch.attention_mask[r, :w], *args, **kwargs)
+
+        def pad(x):
+            if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[1] == w and w < S:
+                return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, S - w))
+            return x
+
+        return tuple(pad(x) for x in out) if isinstance(out, tuple) else pad(out)
+
     @torch.no_grad()
     def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
-        """π_old, π_ref and critic values over the recorded ids (no grad; in chunks of `micro_batch_rows`)."""
+        """π_old (when recomputed), π_ref and critic values over the recorded ids (no grad, micro-batched)."""
         c = self.config
-        R = batch.num_rows
-        step = c.micro_batch_rows or R
         shared = self.critic is not None and self.critic.shared
-        olds, refs, vals = [], [], []
-        for lo in range(0, R, step):
-            ids, attn = batch.input_ids[lo:lo + step], batch.attention_mask[lo:lo + step]
-            gen = batch.gen_mask[lo:lo + step]
-            old, _, hid = self._rows_forward(self.model, ids, attn, need_hidden=shared, positions=gen)
-            olds.append(old)
-            if self.ref_model is not None:
-                refs.append(self._rows_forward(self.ref_model, ids, attn, positions=gen)[0])
-            if self.critic is not None:
-                vals.append(self.critic(ids, attn, hidden=hid))
-        old = torch.cat(olds)
-        ref = torch.cat(refs) if refs else None
-        values = torch.cat(vals) * batch.gen_mask if vals else None
         behav = batch.old_logp
-        old_pi = old * batch.gen_mask if c.recompute_old_logp else behav
+        need_old = c.recomputes_old_logp
+        R = batch.num_rows
+        old = torch.zeros_like(behav) if need_old else None
+        ref = torch.zeros_like(behav) if self.ref_model is not None else None
+        values = torch.zeros_like(behav) if self.critic is not None else None
+        if need_old or ref is not None or values is not None:
+            for r in self.micro_batches(batch, torch.arange(R, device=behav.device)):
+                gen = batch.gen_mask[r]
+                hid = None
+                if need_old or shared:
+                    lp, _, hid = self._trimmed(lambda i, a, g: self._rows_forward(
+                        self.model, i, a, need_hidden=shared, positions=g), batch, r, gen)
+                    if need_old:
+                        old[r] = lp
+                if ref is not None:
+                    ref[r] = self._trimmed(lambda i, a, g: self._rows_forward(self.ref_model, i, a, positions=g),
+                                           batch, r, gen)[0]
+                if values is not None:
+                    values[r] = self._trimmed(lambda i, a, h: self.critic(i, a, hidden=h), batch, r, hid)
+        if values is not None:
+            values = values * batch.gen_mask
+        old_pi = old * batch.gen_mask if need_old else behav
         return Ctx(old_logp=old_pi, behav_logp=behav, values=values, ref_logp=ref, iteration=iteration)
 
     def update(self, batch: Batch, iteration: int = 0, generator: torch.Generator | None = None) -> dict:
@@ -247,18 +298,16 @@ class LMAlgorithm(Algorithm):
         w_tok = aggregation_weights(mask_all, "token-mean")
         vmask_all = (batch.gen_mask if advs.value_mask is None else advs.value_mask)[rows].float()
         w_val = aggregation_weights(vmask_all, "token-mean")
-        chunks = [torch.arange(len(rows))]
-        if c.micro_batch_rows and c.micro_batch_rows < len(rows):
-            chunks = list(torch.split(torch.arange(len(rows)), c.micro_batch_rows))
+        chunks = self.micro_batches(batch, rows)
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, float] = {}
         stats: dict[str, float] = {}
         for ch in chunks:
             r = rows[ch]
-            ids, attn = batch.input_ids[r], batch.attention_mask[r]
             mask = tok_mask[r]
-            logp, ent, hid = self._rows_forward(self.model, ids, attn, need_entropy=need_ent, need_hidden=shared,
-                                                positions=batch.gen_mask[r])
+            logp, ent, hid = self._trimmed(lambda i, a, g: self._rows_forward(
+                self.model, i, a, need_entropy=need_ent, need_hidden=shared, positions=g), batch, r,
+                batch.gen_mask[r])
             mb = {
                 "rows": r, "gen_mask": batch.gen_mask[r], "turn_index": batch.turn_index[r],
                 "row_traj": batch.row_traj[r], "old_logp_pi": ctx.old_logp[r], "behav_logp": ctx.behav_logp[r],
@@ -283,7 +332,7 @@ class LMAlgorithm(Algorithm):
             for k, v in em.items():
                 stats[k] = stats.get(k, 0.0) + float(v) / len(chunks)
             if self.critic is not None and advs.returns is not None:
-                v_new = self.critic(ids, attn, hidden=hid)
+                v_new = self._trimmed(lambda i, a, h: self.critic(i, a, hidden=h), batch, r, hid)
                 vl_tok, _ = value_loss(v_new, ctx.values[r], advs.returns[r], c.value_clip)
                 vl = (vl_tok * w_val[ch]).sum()
                 loss = loss + c.vf_coef * vl
@@ -463,8 +512,12 @@ class LMAlgorithm(Algorithm):
         bar = tqdm(range(start, iterations), desc=f"{self.name} {env_id}", disable=not progress, unit="it")
         for it in bar:
             t0 = time.perf_counter()
+            stats = getattr(agent, "stats", None)
+            enc0 = (stats.get("encoded_tokens", 0), stats.get("turns", 0)) if isinstance(stats, dict) else None
             trajs, cm = self.collect_batch(env_id, agent, it, rng, env_kwargs=env_kwargs, env_fns=env_fns)
             t1 = time.perf_counter()
+            if enc0 is not None and stats.get("turns", 0) > enc0[1]:  # what the model ran over per agent turn
+                cm["tokens_encoded_per_turn"] = (stats["encoded_tokens"] - enc0[0]) / (stats["turns"] - enc0[1])
             # the layout is detected from the recorded ids: concat when every turn extends the previous context,
             # else window (a concat episode whose context was truncated is still exact as window rows)
             batch = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length)
