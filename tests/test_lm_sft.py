@@ -147,3 +147,27 @@ def test_sft_command_runs_and_rejects_a_bad_family(tmp_path, capsys):
     assert main(["sft", "--expert-episodes", "4", "--family", "find_and_buy,nope", "--out",
                  str(tmp_path / "bad")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_concat_curriculum_trains_on_each_episode_cut_after_its_first_action(expert_trajs, tmp_path):
+    from agents.lm.sft import first_turn
+
+    tok = load_tokenizer()
+    fmt = ChatFormat(tok)
+    rows = build_examples(expert_trajs, fmt, mode="concat")
+    firsts = [first_turn(r) for r in rows]
+    for (ids, mask), (fids, fmask) in zip(rows, firsts):
+        assert ids[: len(fids)] == fids and fmask[-1] and fmask[-1] == mask[len(fmask) - 1]
+        agent = [i for i, m in zip(fids, fmask) if m]
+        assert agent[-1] == tok.eos_token_id and agent.count(tok.eos_token_id) == 1  # exactly one action
+    seen = []
+    cfg = SFTConfig(steps=6, batch_size=2, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
+                    reset_options=FIND, max_new_tokens=8, curriculum_steps=4, warmup=2, lr=1e-3,
+                    context_mode="concat")
+    train_sft(ENV, expert_trajs, cfg, out_dir=tmp_path, progress=False, tokenizer=tok, callback=seen.append)
+    longest_first = max(len(f[0]) for f in firsts)
+    tokens = np.diff([0] + [h["tokens_seen"] for h in seen])
+    per_row = tokens / np.array([h["rows"] for h in seen])
+    assert per_row[:4].max() <= longest_first < per_row[4:].max()
+    # one action per curriculum row: agent tokens per row are one action's length
+    assert all(h["agent_tokens"] / h["rows"] < 20 for h in seen[:4])

@@ -67,13 +67,17 @@ class SFTConfig:
     """window | concat (design §4); the trained agent acts in this mode."""
     history: int = 1
     history_obs_chars: int | None = 100
+    pin_first_turn: bool = False
+    """window mode: keep the first turn (task page + first action) in every prompt (`EpisodeContext`); needed
+    with ``obs_mode="terse"``, which states the task only in the first observation."""
     obs_loss_weight: float = 0.0
     """Weight of the auxiliary language-modelling loss on prompt/observation tokens (0 = agent tokens only)."""
     only_success: bool = True
     """Train on successful expert episodes only."""
     curriculum_steps: int = 0
     """Short-to-long curriculum: the first this many steps (part of `steps`) draw only from the shortest
-    `curriculum_share` of the rows, in batches of the same token budget as the others. In Shopping-v0 those are
+    `curriculum_share` of the rows (concat mode: every episode cut after its first action), in batches of the
+    same token budget as the others. In Shopping-v0 those are
     the first turns, whose action is a copy of the task line: a from-scratch model forms its copying circuit there
     within about 1,000 steps (short rows, a target on a quarter of the tokens), which it then reuses for option
     values; see the module docstring."""
@@ -136,7 +140,8 @@ def expert_trajectories(env_id: str, episodes: int, *, seed: int = 0, split: str
 
 
 def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", history: int = 2,
-                   history_obs_chars: int | None = 160, max_tokens: int = 4096, only_success: bool = True):
+                   history_obs_chars: int | None = 160, max_tokens: int = 4096, only_success: bool = True,
+                   pin_first_turn: bool = False):
     """(ids, loss_mask) rows from trajectories; the mask is True on the agent's tokens (actions + stop token)."""
     stop = min(fmt.stop_ids) if fmt.tokenizer.eos_token_id is None else fmt.tokenizer.eos_token_id
     rows: list[tuple[list[int], list[bool]]] = []
@@ -145,7 +150,8 @@ def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", histo
             continue
         # concat rows are cut to max_tokens below; cutting each prompt instead would break the prefix property
         ctx = EpisodeContext(fmt, mode=mode, history=history, history_obs_chars=history_obs_chars,
-                             max_prompt_tokens=max_tokens if mode == "window" else 1 << 30)
+                             max_prompt_tokens=max_tokens if mode == "window" else 1 << 30,
+                             pin_first_turn=pin_first_turn)
         turns = []
         for k, turn in enumerate(traj.turns):
             if k == 0:
@@ -161,6 +167,16 @@ def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", histo
             ids, gen, _ = concat_layout(turns)
             rows.append((ids[:max_tokens], gen[:max_tokens]))
     return rows
+
+
+def first_turn(row: tuple[list[int], list[bool]]) -> tuple[list[int], list[bool]]:
+    """A concat-mode example cut after its first action (the first run of agent tokens)."""
+    ids, mask = row
+    start = mask.index(True) if True in mask else len(mask)
+    end = start
+    while end < len(mask) and mask[end]:
+        end += 1
+    return ids[:end], mask[:end]
 
 
 def _batches(rows, batch_size: int, rng: np.random.Generator):
@@ -287,7 +303,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     model = model or build_model(tokenizer, arch=config.arch, size=config.size, seed=config.seed)
     agent = LMAgent(env_id=env_id, model=model, tokenizer=tokenizer, context_mode=config.context_mode,
                     history=config.history, history_obs_chars=config.history_obs_chars, greedy=True,
-                    max_new_tokens=config.max_new_tokens)
+                    max_new_tokens=config.max_new_tokens, pin_first_turn=config.pin_first_turn)
     agent.env_kwargs = dict(config.env_kwargs)
     if config.augment_copies:
         from agents.lm.augment import copy_augment
@@ -295,7 +311,8 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         trajectories = list(trajectories) + copy_augment(trajectories, config.augment_copies, seed=config.seed,
                                                          only_success=config.only_success)
     rows = build_examples(trajectories, agent.fmt, mode=config.context_mode, history=config.history,
-                          history_obs_chars=config.history_obs_chars, only_success=config.only_success)
+                          history_obs_chars=config.history_obs_chars, only_success=config.only_success,
+                          pin_first_turn=config.pin_first_turn)
     if not rows:
         raise ConfigError("no training examples: the expert trajectories are empty or none succeeded")
     rng = np.random.default_rng(config.seed)
@@ -304,7 +321,12 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     if config.curriculum_steps:
         lengths = np.array([len(r[0]) for r in rows])
         n_short = max(1, math.ceil(config.curriculum_share * len(rows)))
-        short = [rows[i] for i in np.argsort(lengths, kind="stable")[:n_short]]
+        if config.context_mode == "concat":
+            # an episode row's shortest part with a target is its first turn (system + task page + the search,
+            # a copy of the task line): the same rows a window-mode curriculum starts on
+            short = [first_turn(r) for r in rows]
+        else:
+            short = [rows[i] for i in np.argsort(lengths, kind="stable")[:n_short]]
         ratio = lengths.mean() / np.mean([len(r[0]) for r in short])
         short_batches = _batches(short, max(1, round(config.batch_size * ratio)), rng)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))

@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     src.add_argument("--data", help="a Parquet dataset of expert trajectories (from `shopsim rollout`)")
     src.add_argument("--expert-episodes", type=positive_int, help="collect this many expert episodes first")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--init", default=None, metavar="DIR",
+                   help="continue from this model folder (a checkpoint's weights and tokenizer) instead of a "
+                        "randomly initialised model; --arch/--size are then ignored")
     p.add_argument("--steps", type=positive_int, default=2900,
                    help="optimizer steps, curriculum included (default: %(default)s)")
     p.add_argument("--curriculum-steps", type=int, default=2000,
@@ -38,8 +41,16 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--context-mode", choices=["window", "concat"], default="window")
+    p.add_argument("--context-mode", choices=["window", "concat"], default="concat",
+                   help="concat: the whole episode in one growing context, each token encoded once with the KV "
+                        "cache (default: %(default)s)")
+    p.add_argument("--obs-mode", choices=["compact", "terse", "full"], default="terse",
+                   help="env obs_mode the agent is trained on; terse states the task once per episode "
+                        "(default: %(default)s)")
     p.add_argument("--history", type=int, default=1, help="window mode: past turns in the prompt")
+    p.add_argument("--pin-first-turn", action=argparse.BooleanOptionalAction, default=None,
+                   help="window mode: keep the first turn (the task) in every prompt (default: on with "
+                        "--obs-mode terse)")
     p.add_argument("--history-obs-chars", type=int, default=100,
                    help="window mode: characters kept of each past observation")
     p.add_argument("--obs-loss-weight", type=float, default=0.0,
@@ -86,12 +97,16 @@ def run(args) -> int:
         if bad:
             raise ConfigError(f"--family {','.join(bad)}: choose from {', '.join(FAMILIES)} (comma-separated) or all")
     env_kwargs = {**({"numbered_results": True} if args.numbered_results else {}),
+                  **({"obs_mode": args.obs_mode} if args.obs_mode != "compact" else {}),
                   **({"results_per_page": args.results_per_page} if args.results_per_page else {})}
     expert_kwargs = {**({"click_by": "index"} if args.numbered_results else {}),
                      "query": args.expert_query, **({"arg_space": True} if args.arg_space else {})}
     cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     context_mode=args.context_mode, history=args.history,
-                    history_obs_chars=args.history_obs_chars, obs_loss_weight=args.obs_loss_weight, arch=args.arch,
+                    history_obs_chars=args.history_obs_chars,
+                    pin_first_turn=(args.obs_mode == "terse" and args.context_mode == "window"
+                                    if args.pin_first_turn is None else args.pin_first_turn),
+                    obs_loss_weight=args.obs_loss_weight, arch=args.arch,
                     size=args.size, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
                     curriculum_steps=min(args.curriculum_steps, args.steps), augment_copies=args.augment_copies,
                     families=families, env_kwargs=env_kwargs)
@@ -103,7 +118,18 @@ def run(args) -> int:
         trajs = expert_trajectories(args.env, args.expert_episodes, seed=args.seed, families=families,
                                     progress=not args.no_progress, env_kwargs=env_kwargs,
                                     expert_kwargs=expert_kwargs)
-    agent, history = train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress)
+    model = tokenizer = None
+    if args.init:
+        from pathlib import Path
+
+        from agents.lm.model import load_model
+        from agents.lm.tokenizer import load_tokenizer
+
+        if not (Path(args.init) / "config.json").is_file():
+            raise ConfigError(f"--init {args.init}: not a model folder (no config.json)")
+        model, tokenizer = load_model(args.init), load_tokenizer(args.init)
+    agent, history = train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress, model=model,
+                               tokenizer=tokenizer)
     last = history[-1]
     print(f"sft: {len(trajs)} expert episodes, {cfg.steps} steps, final loss {last['loss']:.4f}, "
           f"dev success {last.get('eval_success', float('nan')):.3f} -> {agent.checkpoint}")
