@@ -59,8 +59,27 @@ def test_lm_checkpoint_carries_its_env_options_to_trainers_and_the_leaderboard(t
                           eval_episodes=1, num_envs=2)
     res = algo.train(shop, iterations=1, seed=0, out_dir=tmp_path / "rl", init=tmp_path / "sft", progress=False)
     assert algo._env_kwargs == kw and manifest_env_kwargs(res.checkpoint) == kw
-    assert presentation_kwargs(shop) == {"numbered_results", "results_per_page"}
+    assert presentation_kwargs(shop) == {"numbered_results", "results_per_page", "obs_mode"}
     proto = load_protocol(shop)
     used = agent_env_kwargs(back, proto)
     assert used == {**proto.env_kwargs, "numbered_results": True, "results_per_page": 5}
     assert agent_env_kwargs(agents.make("random", shop), proto) == dict(proto.env_kwargs)
+
+
+def test_eval_env_kwargs_keep_the_checkpoints_rendering(tmp_path):
+    """`--env-kwargs` replaces the recorded task options but not the presentation ones the policy was trained on."""
+    from agents.lm.agent import LMAgent
+    from agents.lm.model import build_model
+    from agents.lm.tokenizer import load_tokenizer
+
+    shop = "shopsim/Shopping-v0"
+    tok = load_tokenizer()
+    lm = LMAgent(env_id=shop, model=build_model(tok, size="tiny"), tokenizer=tok, max_new_tokens=4,
+                 context_mode="concat")
+    lm.save(tmp_path / "sft", env_kwargs={"obs_mode": "terse", "results_per_page": 5, "max_invalid": 2})
+    out = tmp_path / "res.json"
+    assert main(["eval", "--env", shop, "--checkpoint", str(tmp_path / "sft"), "--tasks", "1", "--seeds", "0",
+                 "--tries", "1", "--env-kwargs", '{"family": "find_and_buy", "max_turns": 2}', "--out", str(out),
+                 "--no-progress"]) == 0
+    used = json.loads(out.read_text())["config"]["env_kwargs"]
+    assert used == {"obs_mode": "terse", "results_per_page": 5, "family": "find_and_buy", "max_turns": 2}

@@ -28,7 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--env-kwargs", default=None, metavar="JSON",
                    help='env constructor options as JSON, e.g. \'{"k": 20}\' (default: those recorded in the '
-                        "checkpoint's manifest, else the env's defaults)")
+                        "checkpoint's manifest, else the env's defaults; given, they replace the recorded ones "
+                        "except the presentation options, e.g. Shopping's obs_mode)")
     p.add_argument("--out", required=True, help="results JSON to write")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -61,8 +62,14 @@ def run(args: argparse.Namespace) -> int:
         config = {"checkpoint": str(args.checkpoint)}
         manifest = Path(args.checkpoint) / agents.registry.CHECKPOINT_MANIFEST
         config["manifest"] = manifest.read_text() if manifest.is_file() else None
+        recorded = manifest_env_kwargs(manifest)
         if env_kwargs is None:  # evaluate on the env the policy was trained on
-            env_kwargs = manifest_env_kwargs(manifest)
+            env_kwargs = recorded
+        else:  # the given options change the task; the rendering the policy was trained on stays
+            from shopsim.envs import presentation_kwargs
+
+            shown = presentation_kwargs(args.env)
+            env_kwargs = {**{k: v for k, v in recorded.items() if k in shown}, **env_kwargs}
     else:
         agent = agents.make(args.agent, args.env)
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")
