@@ -1,0 +1,228 @@
+"""One GRPO iteration of the Shopping LM agent, through the previous path and the current default, in one run.
+
+    .venv/bin/python -m benchmarks.bench_lm_rl [--quick] [--json PATH] [--threads N]
+
+An iteration is 16 find_and_buy rollouts (2 training tasks x a group of 8, fixed task ids and seeds, the same for
+both paths) followed by GRPO's update on them. The two paths:
+
+* **baseline** (the path before the per-episode KV cache): the window-mode checkpoint ``data/lm/sft-window`` on
+  its compact rendering, every turn re-encoding its whole prompt (``kv_cache=False``), rows that have finished
+  their action decoding pad tokens until every row has (``keep_finished``), π_old recomputed by a second forward
+  pass, every update row padded to the batch's longest (``micro_batch_tokens=0``);
+* **current** (the defaults): the shipped checkpoint ``data/lm/sft`` (concat mode, ``obs_mode="terse"``), each
+  episode's keys/values kept across turns (a turn encodes only what the env added), one row per episode,
+  length-bucketed micro-batches, the recorded log-probs used as π_old.
+
+Printed per path, and written as JSON (current path at the top level, baseline under ``"baseline"``):
+
+* ``rollout_s``, ``update_s``: wall time of the 16 rollouts and of the update (π_old/advantages/optimizer step);
+* ``tokens_encoded_per_turn``: tokens the model ran over per agent turn while acting (uncached prompt tokens plus
+  one decoding step per generated token but the last);
+* ``update_efficiency``: the update's tokens/s (real tokens of the batch) divided by the tokens/s of a plain
+  forward+backward of the same model over one packed batch (the same tokens in rows of equal length, no padding,
+  the output layer on the same share of positions), measured in the same run;
+* ``logprob_max_abs_diff``: largest |recorded − recomputed| log-prob of a generated token, recomputing the batch
+  with the trainer's forward pass;
+* ``iteration_speedup`` (top level): baseline (rollout + update) / current (rollout + update).
+
+The table goes to ``docs/results/bench_lm_rl.md`` (generated; the command, commit and wall time are in it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+ENV_ID = "shopsim/Shopping-v0"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results" / "bench_lm_rl.md"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _grpo(fast: bool, seed: int):
+    import baselines
+
+    kw = dict(group_size=8, tasks_per_iter=2, num_envs=16, lr=1e-4, temperature=0.7, eval_episodes=0,
+              task_families=("find_and_buy",))
+    if not fast:
+        kw.update(micro_batch_tokens=0, recompute_old_logp=True)
+    return baselines.make("grpo", env_id=ENV_ID, **kw)
+
+
+def packed_reference(model, batch, temperature: float, repeats: int = 3) -> float:
+    """Tokens/s of a plain forward+backward over the batch's real tokens packed into equal-length rows."""
+    import torch
+
+    from baselines.core.trainer import forward_policy
+
+    lengths = batch.attention_mask.sum(1)
+    ids = torch.cat([batch.input_ids[r, : int(n)] for r, n in enumerate(lengths)])
+    gen = torch.cat([batch.gen_mask[r, : int(n)] for r, n in enumerate(lengths)])
+    width = max(2, int(lengths.float().mean()))
+    rows = max(1, ids.numel() // width)
+    ids, gen = ids[: rows * width].view(rows, width), gen[: rows * width].view(rows, width)
+    attn = torch.ones_like(ids)
+    model.train(False)
+    best = float("inf")
+    for r in range(repeats + 1):
+        t0 = time.perf_counter()
+        lp, _, _ = forward_policy(model, ids, attn, temperature=temperature, positions=gen)
+        lp.sum().backward()
+        dt = time.perf_counter() - t0
+        if r:  # the first pass warms up the allocator
+            best = min(best, dt)
+    model.zero_grad(set_to_none=True)
+    return ids.numel() / best
+
+
+def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations: int) -> dict:
+    import numpy as np
+    import torch
+
+    from baselines.core.batch import build_batch
+    from baselines.core.trainer import forward_policy
+
+    algo = _grpo(fast, seed)
+    agent = algo.make_agent(ENV_ID, checkpoint, seed)
+    if not fast:
+        agent.kv_cache = None
+        agent.sampling.keep_finished = True
+    algo.setup(agent)
+    env_kwargs = {**(getattr(agent, "env_kwargs", None) or {})} or None
+    out: dict = {"checkpoint": str(checkpoint.relative_to(ROOT)) if checkpoint.is_relative_to(ROOT) else str(checkpoint),
+                 "context_mode": agent.options["context_mode"], "env_kwargs": env_kwargs or {},
+                 "kv_cache": agent.kv_cache is not None,
+                 "micro_batch_tokens": algo.config.micro_batch_tokens,
+                 "recompute_old_logp": algo.config.recomputes_old_logp}
+    per_it = []
+    for it in range(iterations):
+        rng = np.random.default_rng(seed + it)
+        agent.stats.update(turns=0, encoded_tokens=0, prompt_tokens=0, new_tokens=0)
+        t0 = time.perf_counter()
+        trajs, _ = algo.collect_batch(ENV_ID, agent, it, rng, env_kwargs=env_kwargs)
+        t1 = time.perf_counter()
+        batch = build_batch(trajs, pad_id=algo.pad_id)
+        with torch.no_grad():
+            lp, _, _ = forward_policy(agent.model, batch.input_ids, batch.attention_mask,
+                                      temperature=algo.temperature, positions=batch.gen_mask)
+        diff = float(((lp - batch.old_logp) * batch.gen_mask).abs().max())
+        state = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
+        opt_state = algo.optimizer.state_dict()
+        t2 = time.perf_counter()
+        algo.update(batch, it, generator=torch.Generator().manual_seed(seed))
+        t3 = time.perf_counter()
+        tokens = float(batch.attention_mask.sum())
+        ref_tps = packed_reference(agent.model, batch, algo.temperature)
+        # the benchmark measures one iteration from the same start each time
+        agent.model.load_state_dict(state)
+        algo.optimizer.load_state_dict(opt_state)
+        st = agent.stats
+        per_it.append({
+            "rollout_s": t1 - t0, "update_s": t3 - t2, "turns": st["turns"],
+            "tokens_encoded_per_turn": st["encoded_tokens"] / max(st["turns"], 1),
+            "prompt_tokens_per_turn": st["prompt_tokens"] / max(st["turns"], 1),
+            "generated_tokens_per_turn": st["new_tokens"] / max(st["turns"], 1),
+            "update_tokens": tokens, "update_rows": batch.num_rows, "update_padded_tokens": batch.input_ids.numel(),
+            "update_tokens_per_s": tokens / (t3 - t2), "reference_tokens_per_s": ref_tps,
+            "update_efficiency": tokens / (t3 - t2) / ref_tps, "logprob_max_abs_diff": diff,
+            "train_success": float(np.mean([t.success for t in trajs])),
+        })
+    for k in per_it[0]:
+        vals = [p[k] for p in per_it]
+        out[k] = max(vals) if k == "logprob_max_abs_diff" else float(np.median(vals))
+    out["iterations"] = iterations
+    print(f"[{label}] {out['checkpoint']} ({out['context_mode']}, kv_cache={out['kv_cache']}): "
+          f"rollout {out['rollout_s']:.1f}s, update {out['update_s']:.1f}s, "
+          f"{out['tokens_encoded_per_turn']:.0f} tokens encoded/turn ({out['prompt_tokens_per_turn']:.0f}-token "
+          f"prompts), update {out['update_tokens_per_s']:.0f} tok/s = {out['update_efficiency']:.2f} x packed "
+          f"fwd+bwd ({out['reference_tokens_per_s']:.0f} tok/s), |Δlogp| max {out['logprob_max_abs_diff']:.1e}, "
+          f"train success {out['train_success']:.2f}", flush=True)
+    return out
+
+
+def write_table(res: dict, path: Path, command: str) -> None:
+    from shopsim.paths import atomic_path
+
+    b = res["baseline"]
+    rows = [("checkpoint", "checkpoint", "{}"), ("context mode", "context_mode", "{}"),
+            ("env options", "env_kwargs", "{}"), ("rollout (s)", "rollout_s", "{:.1f}"),
+            ("update (s)", "update_s", "{:.1f}"), ("iteration (s)", "iteration_s", "{:.1f}"),
+            ("prompt tokens per turn", "prompt_tokens_per_turn", "{:.0f}"),
+            ("tokens encoded per turn", "tokens_encoded_per_turn", "{:.0f}"),
+            ("update rows / real tokens / padded tokens", "update_shape", "{}"),
+            ("update tokens/s", "update_tokens_per_s", "{:.0f}"),
+            ("packed fwd+bwd tokens/s (reference)", "reference_tokens_per_s", "{:.0f}"),
+            ("update efficiency", "update_efficiency", "{:.2f}"),
+            ("max abs log-prob difference", "logprob_max_abs_diff", "{:.1e}"),
+            ("rollout success (T = 0.7)", "train_success", "{:.2f}")]
+    for d in (res, b):
+        d["iteration_s"] = d["rollout_s"] + d["update_s"]
+        d["update_shape"] = f"{d['update_rows']} / {d['update_tokens']:.0f} / {d['update_padded_tokens']}"
+    lines = ["# One GRPO iteration of the Shopping LM agent: previous path vs current default", "",
+             "Generated by `benchmarks/bench_lm_rl.py`; do not edit by hand.", "",
+             f"- command: `{command}`", f"- commit: `{res['commit']}`",
+             f"- machine: {res['machine']}, torch threads {res['threads']}",
+             f"- iteration: 16 find_and_buy rollouts (2 train tasks x 8, seed {res['seed']}), GRPO lr 1e-4, "
+             f"temperature 0.7; median of {res['iterations']} iteration(s) per path",
+             f"- wall time of the benchmark: {res['wall_s']:.0f} s", "",
+             "| | baseline (previous path) | current default |", "|---|---|---|"]
+    for name, key, fmt in rows:
+        lines.append(f"| {name} | {fmt.format(b[key])} | {fmt.format(res[key])} |")
+    lines += ["", f"**Iteration speedup: {res['iteration_speedup']:.1f}x** "
+              f"(rollout {b['rollout_s'] / res['rollout_s']:.1f}x, update {b['update_s'] / res['update_s']:.1f}x).",
+              ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_path(path)
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="one iteration per path (under 5 minutes on 2 cores)")
+    p.add_argument("--iterations", type=int, default=None, help="iterations per path (default: 1 quick, 3 full)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline-checkpoint", default=str(ROOT / "data" / "lm" / "sft-window"))
+    p.add_argument("--checkpoint", default=str(ROOT / "data" / "lm" / "sft"))
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--no-table", action="store_true", help=f"do not rewrite {RESULTS.relative_to(ROOT)}")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    iterations = a.iterations or (1 if a.quick else 3)
+    t0 = time.perf_counter()
+    base = run_path("baseline", Path(a.baseline_checkpoint), fast=False, seed=a.seed, iterations=iterations)
+    cur = run_path("current", Path(a.checkpoint), fast=True, seed=a.seed, iterations=iterations)
+    res = {**cur, "baseline": base,
+           "iteration_speedup": (base["rollout_s"] + base["update_s"]) / (cur["rollout_s"] + cur["update_s"]),
+           "commit": _commit(), "seed": a.seed, "threads": a.threads,
+           "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+           "wall_s": time.perf_counter() - t0}
+    res["command"] = "python -m benchmarks.bench_lm_rl" + (" --quick" if a.quick else "") + \
+        (f" --iterations {a.iterations}" if a.iterations else "")
+    print(f"iteration speedup {res['iteration_speedup']:.1f}x (baseline {base['rollout_s'] + base['update_s']:.1f}s, "
+          f"current {cur['rollout_s'] + cur['update_s']:.1f}s); tokens encoded per turn "
+          f"{base['tokens_encoded_per_turn']:.0f} -> {cur['tokens_encoded_per_turn']:.0f}; update efficiency "
+          f"{base['update_efficiency']:.2f} -> {cur['update_efficiency']:.2f}; wall {res['wall_s']:.0f}s")
+    if not a.no_table:
+        write_table(res, RESULTS, res["command"])
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
