@@ -100,7 +100,8 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         agent.sampling.keep_finished = True
     algo.setup(agent)
     env_kwargs = {**(getattr(agent, "env_kwargs", None) or {})} or None
-    out: dict = {"checkpoint": str(checkpoint.relative_to(ROOT)) if checkpoint.is_relative_to(ROOT) else str(checkpoint),
+    shown = checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint
+    out: dict = {"checkpoint": str(shown),
                  "context_mode": agent.options["context_mode"], "env_kwargs": env_kwargs or {},
                  "kv_cache": agent.kv_cache is not None,
                  "micro_batch_tokens": algo.config.micro_batch_tokens,

@@ -93,3 +93,16 @@ def test_top_p_keeps_the_nucleus():
 def test_bad_sampling_config(kw):
     with pytest.raises(ConfigError):
         SamplingConfig(**kw)
+
+
+def test_categorical_draws_follow_the_distribution_and_never_pick_zero_mass():
+    from agents.lm.generation import categorical
+
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.5, 0.3, 0.0]]).repeat(20000, 1)
+    g = torch.Generator().manual_seed(0)
+    draws = categorical(probs, g)
+    freq = torch.bincount(draws, minlength=6).float() / len(draws)
+    assert freq[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(freq, probs[0], atol=0.015, rtol=0)
+    again = categorical(probs, torch.Generator().manual_seed(0))
+    assert torch.equal(draws, again)

@@ -97,6 +97,18 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
+def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of `probs` [B, V] by inverting the cumulative distribution with one uniform per row
+    (`torch.multinomial` costs milliseconds per call on a CPU at this vocabulary size; this is a cumsum and a
+    binary search)."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    # a draw past the last nonzero mass (float rounding at the top) takes the last token with mass
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.uint8).argmax(-1)
+    return torch.minimum(tok, last)
+
+
 # transformers >= 5.2x names the KV cache `cache`; older versions `past_key_values`
 def _cache_of(out):
     return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
@@ -171,8 +183,9 @@ def _reserved_cache(model, capacity: int):
         def lazy_initialization(self, key_states, value_states) -> None:
             b, h, _, d = key_states.shape
             self.device = key_states.device
-            self._k = key_states.new_zeros((b, h, capacity, d))
-            self._v = value_states.new_zeros((b, h, capacity, value_states.shape[-1]))
+            # positions past the written length are never read (the views stop there)
+            self._k = key_states.new_empty((b, h, capacity, d))
+            self._v = value_states.new_empty((b, h, capacity, value_states.shape[-1]))
             self._n = 0
             self.is_initialized = True
 
@@ -185,8 +198,8 @@ def _reserved_cache(model, capacity: int):
             n = key_states.shape[-2]
             if self._n + n > self._k.shape[2]:
                 grow = max(self._k.shape[2], n)
-                self._k = torch.cat([self._k, self._k.new_zeros(self._k.shape[:2] + (grow,) + self._k.shape[3:])], 2)
-                self._v = torch.cat([self._v, self._v.new_zeros(self._v.shape[:2] + (grow,) + self._v.shape[3:])], 2)
+                self._k = torch.cat([self._k, self._k.new_empty(self._k.shape[:2] + (grow,) + self._k.shape[3:])], 2)
+                self._v = torch.cat([self._v, self._v.new_empty(self._v.shape[:2] + (grow,) + self._v.shape[3:])], 2)
             self._k[:, :, self._n: self._n + n] = key_states
             self._v[:, :, self._n: self._n + n] = value_states
             self._n += n
@@ -318,7 +331,7 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
             tok = logits.argmax(-1)
         else:
             probs = _top_p_filter(logits / t, config.top_p).softmax(-1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            tok = categorical(probs, generator)
         tok_lp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         steps += 1
         tok_l, lp_l = tok.tolist(), tok_lp.tolist()
