@@ -7,7 +7,8 @@ both paths) followed by GRPO's update on them. The two paths:
 
 * **baseline** (the path before the per-episode KV cache): the window-mode checkpoint ``data/lm/sft-window`` on
   its compact rendering, every turn re-encoding its whole prompt (``kv_cache=False``), rows that have finished
-  their action decoding pad tokens until every row has (``keep_finished``), π_old recomputed by a second forward
+  their action decoding pad tokens until every row has (``keep_finished``), drawn with ``torch.multinomial``
+  (``multinomial``), the KV cache a plain ``DynamicCache``, π_old recomputed by a second forward
   pass, every update row padded to the batch's longest (``micro_batch_tokens=0``);
 * **current** (the defaults): the shipped checkpoint ``data/lm/sft`` (concat mode, ``obs_mode="terse"``), each
   episode's keys/values kept across turns (a turn encodes only what the env added), one row per episode,
@@ -98,6 +99,7 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
     if not fast:
         agent.kv_cache = None
         agent.sampling.keep_finished = True
+        agent.sampling.multinomial = True
     algo.setup(agent)
     env_kwargs = {**(getattr(agent, "env_kwargs", None) or {})} or None
     shown = checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint

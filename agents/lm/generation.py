@@ -43,6 +43,9 @@ class SamplingConfig:
     keep_finished: bool = False
     """Keep rows that have produced their stop token in the batch, decoding ignored pad tokens until every row has
     stopped (the behaviour before finished rows left the batch; benchmarks use it as their baseline)."""
+    multinomial: bool = False
+    """Draw with `torch.multinomial` (the previous sampler, slower on CPU; benchmarks' baseline) instead of
+    `categorical`."""
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -331,7 +334,8 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
             tok = logits.argmax(-1)
         else:
             probs = _top_p_filter(logits / t, config.top_p).softmax(-1)
-            tok = categorical(probs, generator)
+            tok = (torch.multinomial(probs, 1, generator=generator).squeeze(-1) if config.multinomial
+                   else categorical(probs, generator))
         tok_lp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         steps += 1
         tok_l, lp_l = tok.tolist(), tok_lp.tolist()
