@@ -145,6 +145,7 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         vals = [p[k] for p in per_it]
         out[k] = max(vals) if k == "logprob_max_abs_diff" else float(np.median(vals))
     out["iterations"] = iterations
+    out["per_iteration"] = per_it
     print(f"[{label}] {out['checkpoint']} ({out['context_mode']}, kv_cache={out['kv_cache']}): "
           f"rollout {out['rollout_s']:.1f}s, update {out['update_s']:.1f}s, "
           f"{out['tokens_encoded_per_turn']:.0f} tokens encoded/turn ({out['prompt_tokens_per_turn']:.0f}-token "
