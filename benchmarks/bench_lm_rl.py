@@ -61,8 +61,9 @@ def _grpo(fast: bool, seed: int):
     return baselines.make("grpo", env_id=ENV_ID, **kw)
 
 
-def packed_reference(model, batch, temperature: float, repeats: int = 3) -> float:
-    """Tokens/s of a plain forward+backward over the batch's real tokens packed into equal-length rows."""
+def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tokens: int = 16384) -> float:
+    """Tokens/s of a plain forward+backward over the batch's real tokens packed into equal-length rows (at most
+    `max_tokens` of them: a rate needs no more, and a batch of long looping episodes would take minutes)."""
     import torch
 
     from baselines.core.trainer import forward_policy
@@ -71,7 +72,7 @@ def packed_reference(model, batch, temperature: float, repeats: int = 3) -> floa
     ids = torch.cat([batch.input_ids[r, : int(n)] for r, n in enumerate(lengths)])
     gen = torch.cat([batch.gen_mask[r, : int(n)] for r, n in enumerate(lengths)])
     width = max(2, int(lengths.float().mean()))
-    rows = max(1, ids.numel() // width)
+    rows = max(1, min(ids.numel(), max_tokens) // width)
     ids, gen = ids[: rows * width].view(rows, width), gen[: rows * width].view(rows, width)
     attn = torch.ones_like(ids)
     model.train(False)
