@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="one iteration per path (under 5 minutes on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="one iteration per path")
     p.add_argument("--iterations", type=int, default=None, help="iterations per path (default: 1 quick, 3 full)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)

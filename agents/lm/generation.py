@@ -44,8 +44,7 @@ class SamplingConfig:
     """Keep rows that have produced their stop token in the batch, decoding ignored pad tokens until every row has
     stopped (the behaviour before finished rows left the batch; benchmarks use it as their baseline)."""
     multinomial: bool = False
-    """Draw with `torch.multinomial` (the previous sampler, slower on CPU; benchmarks' baseline) instead of
-    `categorical`."""
+    """Draw with `torch.multinomial` (the previous sampler; benchmarks' baseline) instead of `categorical`."""
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -101,9 +100,8 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of `probs` [B, V] by inverting the cumulative distribution with one uniform per row
-    (`torch.multinomial` costs milliseconds per call on a CPU at this vocabulary size; this is a cumsum and a
-    binary search)."""
+    """One draw per row of `probs` [B, V] by inverting the cumulative distribution: one uniform per row, a cumsum
+    and a binary search (`torch.multinomial` draws the same distribution, `SamplingConfig.multinomial`)."""
     cdf = probs.cumsum(-1)
     u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
