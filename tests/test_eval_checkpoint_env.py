@@ -67,7 +67,8 @@ def test_lm_checkpoint_carries_its_env_options_to_trainers_and_the_leaderboard(t
 
 
 def test_eval_env_kwargs_keep_the_checkpoints_rendering(tmp_path):
-    """`--env-kwargs` replaces the recorded task options but not the presentation ones the policy was trained on."""
+    """With `--env-kwargs`, the recorded task options are replaced but the policy's rendering still applies, and the
+    results file records what the evaluation ran on."""
     from agents.lm.agent import LMAgent
     from agents.lm.model import build_model
     from agents.lm.tokenizer import load_tokenizer

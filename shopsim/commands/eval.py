@@ -28,8 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--env-kwargs", default=None, metavar="JSON",
                    help='env constructor options as JSON, e.g. \'{"k": 20}\' (default: those recorded in the '
-                        "checkpoint's manifest, else the env's defaults; given, they replace the recorded ones "
-                        "except the presentation options, e.g. Shopping's obs_mode)")
+                        "checkpoint's manifest, else the env's defaults; the checkpoint's presentation options, e.g. "
+                        "Shopping's obs_mode, always apply)")
     p.add_argument("--out", required=True, help="results JSON to write")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     import agents
     from shopsim.envs import check_env_id
-    from shopsim.leaderboard.evaluate import evaluate
+    from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
     from shopsim.leaderboard.protocols import load_protocol
     from shopsim.leaderboard.render import fmt_metric
     from shopsim.leaderboard.results import make_results, write_results
@@ -62,14 +62,8 @@ def run(args: argparse.Namespace) -> int:
         config = {"checkpoint": str(args.checkpoint)}
         manifest = Path(args.checkpoint) / agents.registry.CHECKPOINT_MANIFEST
         config["manifest"] = manifest.read_text() if manifest.is_file() else None
-        recorded = manifest_env_kwargs(manifest)
         if env_kwargs is None:  # evaluate on the env the policy was trained on
-            env_kwargs = recorded
-        else:  # the given options change the task; the rendering the policy was trained on stays
-            from shopsim.envs import presentation_kwargs
-
-            shown = presentation_kwargs(args.env)
-            env_kwargs = {**{k: v for k, v in recorded.items() if k in shown}, **env_kwargs}
+            env_kwargs = manifest_env_kwargs(manifest)
     else:
         agent = agents.make(args.agent, args.env)
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")
@@ -78,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         protocol = replace(protocol, env_kwargs={**protocol.env_kwargs, **env_kwargs})
-        config["env_kwargs"] = env_kwargs
+    used = agent_env_kwargs(agent, protocol)  # what `evaluate` runs on: the agent's rendering stays
+    if used:
+        config["env_kwargs"] = used
     ev = evaluate(agent, protocol, progress=not args.no_progress, num_envs=args.num_envs)
     rec = make_results(protocol=protocol, entry=name, kind=kind, metrics=ev.metrics,
                        agent=f"{type(agent).__module__}:{type(agent).__qualname__}", config=config,
