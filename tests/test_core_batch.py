@@ -46,8 +46,24 @@ def test_window_hand_example_and_mode_detection():
     assert b.mode == "window" and b.input_ids.tolist() == [[1, 2, 5, 6], [9, 3, 7, 0]]
     assert b.row_traj.tolist() == [0, 0] and b.row_turn.tolist() == [0, 1]
     assert b.to_traj_tokens(b.input_ids).tolist() == [[5, 6, 7]]
-    with pytest.raises(ConfigError, match="window"):
-        build_batch([tr], mode="concat")
+    # forced concat: the episode is split where its context was cut, each row exactly what the model saw
+    bc = build_batch([tr], mode="concat")
+    assert bc.input_ids.tolist() == [[1, 2, 5, 6], [9, 3, 7, 0]] and bc.row_turn.tolist() == [0, 1]
+
+
+def test_concat_splits_only_the_cut_episode():
+    """A concat batch with one truncated episode: that episode becomes two segment rows, the others stay one."""
+    cut = _hand_concat()
+    cut.turns.append(Turn("o2", "a2", reward=0.5, prompt_ids=[1, 2, 8], action_ids=[4, 4],
+                          action_logprobs=[-0.4, -0.5]))  # system prompt + a cut history
+    b = build_batch([_hand_concat(), cut])
+    assert b.mode == "concat"
+    assert b.input_ids.tolist() == [[1, 2, 5, 6, 3, 7], [1, 2, 5, 6, 3, 7], [1, 2, 8, 4, 4, 0]]
+    assert b.row_traj.tolist() == [0, 1, 1] and b.row_turn.tolist() == [0, 0, 2]
+    assert b.to_traj_tokens(b.input_ids).tolist() == [[5, 6, 7, 0, 0], [5, 6, 7, 4, 4]]
+    want = torch.tensor([[-0.1, -0.2, -0.3, 0, 0], [-0.1, -0.2, -0.3, -0.4, -0.5]])
+    assert torch.allclose(b.to_traj_tokens(b.old_logp), want)
+    assert b.turn_index[2].tolist() == [-1, -1, -1, 2, 2, -1]
 
 
 def test_layout_roundtrip_and_broadcasts():

@@ -41,3 +41,25 @@ def test_recomputed_old_logprobs_agree_with_the_recorded_ones(mode):
     m = batch.gen_mask
     assert m.sum() > 20
     assert float((a.old_logp - b.old_logp)[m].abs().max()) <= 1e-4
+
+
+def test_cut_concat_episodes_become_exact_segment_rows():
+    """Concat episodes whose context was cut: split into segment rows, and a forward pass over every row gives the
+    recorded log-probs (each row is what the model saw)."""
+    tok = load_tokenizer()
+    agent = LMAgent(model=build_model(tok, size="tiny", seed=4), tokenizer=tok, context_mode="concat",
+                    max_new_tokens=10, temperature=0.8, max_prompt_tokens=260)
+    kw = {**ENV_KW, "max_turns": 8}
+    trajs = collect("shopsim/Shopping-v0", agent, episodes=6, seed=2, split="train", num_envs=6, env_kwargs=kw,
+                    progress=False)
+    batch = build_batch(trajs, pad_id=tok.pad_token_id)
+    assert batch.mode == "concat"
+    segments = torch.bincount(batch.row_traj, minlength=len(trajs))
+    assert segments.max() > 1, "no episode was cut; lower max_prompt_tokens"
+    assert batch.num_rows < sum(t.num_turns for t in trajs)  # segments still share their prefixes
+    again = baselines.make("grpo", env_id="shopsim/Shopping-v0", temperature=0.8, recompute_old_logp=True,
+                           micro_batch_tokens=512)
+    again.setup(agent)
+    b = again.prepare(batch)
+    m = batch.gen_mask
+    assert float((batch.old_logp - b.old_logp)[m].abs().max()) <= 1e-4

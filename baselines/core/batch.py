@@ -3,8 +3,11 @@
 Two context modes (design §4):
 
 * **concat** — one row per trajectory. The last turn's ``prompt_ids + action_ids`` is the whole dialogue; turn k's
-  ``prompt_ids`` must extend turn k−1's ``prompt_ids + action_ids`` (checked, never re-tokenised). Generated
-  segments are masked; env/user/tool tokens between them are not trained on.
+  ``prompt_ids`` extends turn k−1's ``prompt_ids + action_ids`` (checked, never re-tokenised). Generated
+  segments are masked; env/user/tool tokens between them are not trained on. When an agent had to cut an
+  episode's context to fit (turn k's prompt no longer extends the previous sequence), that episode continues in a
+  new row starting at turn k, so the episode is split into prefix-consistent segments and every other episode of
+  the batch keeps one row (the recorded log-probs stay exact: each row is what the model saw).
 * **window** — one row per turn: ``prompt_ids_k + action_ids_k`` (the prompt is rebuilt by the agent).
 
 Conventions. Per-token tensors are [R, S] (rows × padded length, right padding) aligned with `input_ids`: the
@@ -49,16 +52,23 @@ def anchor_key(turn) -> Any:
     return a if isinstance(a, (str, int, float, tuple)) else repr(a)
 
 
+def _extends(prev, cur) -> bool:
+    full = list(prev.prompt_ids or []) + list(prev.action_ids or [])
+    return list(cur.prompt_ids or [])[: len(full)] == full
+
+
 def detect_mode(trajs: Sequence[Trajectory]) -> str:
-    """'concat' when every turn's prompt extends the previous prompt+action (and some trajectory has ≥ 2 turns)."""
-    multi = False
+    """'concat' when some turn's prompt extends the previous prompt+action, else 'window'.
+
+    Turns that do not extend (a concat agent cut an episode that outgrew its context, or a window agent's window
+    filled up) start a new row in `build_batch`, which is exact either way and encodes shared prefixes once.
+    """
     for tr in trajs:
         for prev, cur in zip(tr.turns, tr.turns[1:]):
-            multi = True
             full = list(prev.prompt_ids or []) + list(prev.action_ids or [])
-            if list(cur.prompt_ids or [])[: len(full)] != full:
-                return "window"
-    return "concat" if multi else "window"
+            if list(cur.prompt_ids or [])[: len(full)] == full:
+                return "concat"
+    return "window"
 
 
 @dataclass
@@ -73,7 +83,7 @@ class Batch:
     turn_index: torch.Tensor  # turn of each generated token, -1 elsewhere
     old_logp: torch.Tensor  # behaviour log-probs at generated tokens, 0 elsewhere
     row_traj: torch.Tensor  # [R] trajectory of each row
-    row_turn: torch.Tensor  # [R] turn of each row (window) or -1 (concat)
+    row_turn: torch.Tensor  # [R] turn of each row (window) or first turn of the row (concat)
     # per trajectory [N] / [N, K]
     turn_rewards: torch.Tensor
     turn_mask: torch.Tensor
@@ -177,7 +187,8 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
     """Build a `Batch` from trajectories recorded by an LM agent (`prompt_ids`, `action_ids`, `action_logprobs`).
 
     `mode` is 'concat' or 'window' (default: detected). `max_length` truncates rows from the left in window mode
-    and raises in concat mode (cutting a dialogue would silently drop turns).
+    and raises in concat mode (cutting a dialogue would silently drop turns). In concat mode a turn that does not
+    extend its episode's previous prompt+action starts a new row of that episode.
     """
     trajs = list(trajs)
     if not trajs:
@@ -197,20 +208,21 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
     for i, tr in enumerate(trajs):
         if mode == "concat":
             seq: list[int] = []
-            rs = []
+            rs: list[tuple[int, int, int]] = []
             for k, t in enumerate(tr.turns):
                 p = list(t.prompt_ids)
-                if p[: len(seq)] != seq:
-                    raise ConfigError(
-                        f"concat mode: turn {k} of trajectory {i} does not extend the previous prompt+action "
-                        "(the agent must record exact ids); build the batch with mode='window'"
-                    )
+                if p[: len(seq)] != seq:  # the context was cut here: the episode continues in a new row
+                    rows.append(seq)
+                    segs.append(rs)
+                    row_traj.append(i)
+                    row_turn.append(rs[0][1])
+                    rs = []
                 rs.append((len(p), k, i))
                 seq = p + list(t.action_ids)
             rows.append(seq)
             segs.append(rs)
             row_traj.append(i)
-            row_turn.append(-1)
+            row_turn.append(rs[0][1] if rs else 0)
         else:
             for k, t in enumerate(tr.turns):
                 p = list(t.prompt_ids)

@@ -289,9 +289,8 @@ class LMAlgorithm(Algorithm):
         c = self.config
         need_ent = c.entropy_coef > 0 or self.needs_entropy
         shared = self.critic is not None and self.critic.shared
-        seq_index = None
-        if batch.mode == "window":
-            seq_index = torch.unique(batch.row_traj[rows], return_inverse=True)[1]
+        # a sequence is a trajectory: its turns (window) or its segments (a cut concat episode) share one index
+        seq_index = torch.unique(batch.row_traj[rows], return_inverse=True)[1]
         mask_all = tok_mask[rows]
         # weights computed over the whole step: Σ_micro Σ w·ℓ equals the aggregate over the step exactly
         w_pol = aggregation_weights(mask_all, c.loss_agg, seq_index=seq_index)
@@ -518,8 +517,8 @@ class LMAlgorithm(Algorithm):
             t1 = time.perf_counter()
             if enc0 is not None and stats.get("turns", 0) > enc0[1]:  # what the model ran over per agent turn
                 cm["tokens_encoded_per_turn"] = (stats["encoded_tokens"] - enc0[0]) / (stats["turns"] - enc0[1])
-            # the layout is detected from the recorded ids: concat when every turn extends the previous context,
-            # else window (a concat episode whose context was truncated is still exact as window rows)
+            # the layout is detected from the recorded ids (a concat episode whose context was cut is split
+            # into prefix-consistent rows, see build_batch)
             batch = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length)
             gen.manual_seed(seed * 1_000_003 + it)
             m = self.update(batch, it, generator=gen)
