@@ -21,8 +21,9 @@ prompts from the observation only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class ScriptedAgent(Agent):
     """An agent that decides each slot independently with `act_one`."""
 
     def act(self, observations, infos, slots) -> list[Decision]:
-        return [Decision(self.act_one(s, o, i)) for o, i, s in zip(observations, infos, slots)]
+        return [Decision(self.act_one(s, o, i)) for o, i, s in zip(observations, infos, slots, strict=False)]
 
     def act_one(self, slot: int, observation: Any, info: dict) -> Any:
         raise NotImplementedError

@@ -23,8 +23,14 @@ from typing import Any
 import numpy as np
 
 from agents.base import Agent, Decision, ScriptedAgent
-from shopsim.envs.replenishment import (ReplenishmentConfig, Scenario, initial_state, make_scenario, sample_demand,
-                                        step_numpy)
+from shopsim.envs.replenishment import (
+    ReplenishmentConfig,
+    Scenario,
+    initial_state,
+    make_scenario,
+    sample_demand,
+    step_numpy,
+)
 
 _TUNE_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -289,7 +295,7 @@ class HybridPolicyAgent(Agent):
         return directory
 
     @classmethod
-    def from_checkpoint(cls, directory, env_id: str = "shopsim/Replenishment-v0", **kw: Any) -> "HybridPolicyAgent":
+    def from_checkpoint(cls, directory, env_id: str = "shopsim/Replenishment-v0", **kw: Any) -> HybridPolicyAgent:
         import torch
 
         from agents.inventory_nets import HybridPolicy

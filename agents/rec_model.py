@@ -55,7 +55,7 @@ class SidVocab:
         self.tables = None  # per level: number of real items under each code prefix (None: every tuple is legal)
         self.no_repeat = False
 
-    def restrict_to(self, codes) -> "SidVocab":
+    def restrict_to(self, codes) -> SidVocab:
         """Enable catalog-constrained decoding (a prefix trie over the real semantic IDs: no hallucinated items)."""
         c = torch.as_tensor(np.asarray(codes, dtype=np.int64))
         k = self.sizes
@@ -66,7 +66,7 @@ class SidVocab:
         self.tables = t
         return self
 
-    def forbid_repeats(self, on: bool = True) -> "SidVocab":
+    def forbid_repeats(self, on: bool = True) -> SidVocab:
         """No-repeat decoding: items of the history (read from the prompt) or earlier in the path are excluded."""
         self.no_repeat = bool(on)
         return self
@@ -282,7 +282,7 @@ def beam_search(model, vocab: SidVocab, prompts: torch.Tensor, *, beams: int = 1
         new_score = torch.full((b, beams), float("-inf"))
         for r in range(b):
             kept = 0
-            for s, ix in zip(val[r].tolist(), idx[r].tolist()):
+            for s, ix in zip(val[r].tolist(), idx[r].tolist(), strict=False):
                 if not math.isfinite(s):
                     break
                 src, tok = divmod(ix, v)

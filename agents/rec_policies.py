@@ -102,7 +102,7 @@ def expert_paths(world: World, histories: np.ndarray, targets: np.ndarray, *, n_
                 break
             pick = greedy_step(world, scorer, [seqs[i] for i in idx], targets[sl][idx], n_candidates=n_candidates,
                                stop_ioi=stop_ioi)
-            for i, p in zip(idx, pick):
+            for i, p in zip(idx, pick, strict=False):
                 if p < 0:
                     alive[i] = False
                 else:
@@ -161,7 +161,7 @@ class RandomRecAgent(ScriptedAgent):
         super().reset(num_slots, seed)
 
 
-def policy_paths(agent: "RecPolicyAgent", histories, targets, *, greedy: bool = True, temperature: float = 1.0,
+def policy_paths(agent: RecPolicyAgent, histories, targets, *, greedy: bool = True, temperature: float = 1.0,
                  generator: torch.Generator | None = None):
     """Decode whole paths with the policy for a batch of users: (prompts, generated ids, token log-probs,
     item ids [B, 10] (−2 invalid, −1 after EOS), lengths [B])."""

@@ -116,7 +116,7 @@ class DAPO(LMAlgorithm):
             R = self.shaped_reward(b).numpy()
             gid = b.group_ids.numpy()
             for g in np.unique(gid):
-                members = [t for t, x in zip(trajs, gid) if x == g]
+                members = [t for t, x in zip(trajs, gid, strict=False) if x == g]
                 rs = R[gid == g]
                 if last or np.ptp(rs) > 0:
                     # re-key the group so groups from different tries never merge

@@ -85,16 +85,16 @@ def gigpo_advantages(R: torch.Tensor, step_returns: torch.Tensor, turn_mask: tor
     keys = [anchors[i][k] for i, k in idx.tolist()]
     if similarity is not None:
         by_group: dict = {}
-        for n, (gg, key) in enumerate(zip(g, keys)):
+        for n, (gg, key) in enumerate(zip(g, keys, strict=False)):
             by_group.setdefault(gg, []).append(n)
         clus = [0] * len(keys)
         for gg, members in by_group.items():
             labels = similarity_clusters([str(keys[n]) for n in members], similarity)
-            for n, lab in zip(members, labels):
+            for n, lab in zip(members, labels, strict=False):
                 clus[n] = lab
-        full = list(zip(g, clus))
+        full = list(zip(g, clus, strict=False))
     else:
-        full = list(zip(g, keys))
+        full = list(zip(g, keys, strict=False))
     aid, _ = group_index(full)
     vals = step_returns[idx[:, 0], idx[:, 1]]
     AS = group_normalize(vals, aid, norm, singleton="zero")

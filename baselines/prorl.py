@@ -449,8 +449,8 @@ class ProRL(_RecPG):
             a = group_normalize(ret, torch.as_tensor(group_ids), mode="mean").numpy()
             item_adv, eos_adv = a[:, None] * (np.arange(L_MAX)[None] < lengths[:, None]), a
         names = ("fused",) if self.config.centering == "fused" else COMPONENTS
-        st = {f"mu_{k}": float(m) for k, m in zip(names, self.stats.mean)}
-        st.update({f"sigma_{k}": float(s) for k, s in zip(names, self.stats.std)})
+        st = {f"mu_{k}": float(m) for k, m in zip(names, self.stats.mean, strict=False)}
+        st.update({f"sigma_{k}": float(s) for k, s in zip(names, self.stats.std, strict=False)})
         st["stats_frozen"] = float(self.stats.frozen)
         st["step_reward_mean"] = float(r.sum() / max(1, scores.step_mask.sum()))
         return item_adv, eos_adv, st

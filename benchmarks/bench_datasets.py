@@ -86,7 +86,7 @@ def main(argv=None) -> None:
 
     # rollout-runner overhead on a toy env
     from shopsim.rollout import collect
-    from tests.fixtures.toy_env import TOY_ID, CountExpert, CountEnv, make_toy
+    from tests.fixtures.toy_env import TOY_ID, CountEnv, CountExpert, make_toy
 
     episodes = 500 if args.quick else 3000
     env, agent = CountEnv(), CountExpert()

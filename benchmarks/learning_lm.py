@@ -254,7 +254,7 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> None:
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        for ax, split in zip(axes, ("dev", "test")):
+        for ax, split in zip(axes, ("dev", "test"), strict=False):
             for algo in ALGOS:
                 its = sorted({c["iteration"] for c in curves if c["algo"] == algo})
                 if not its:

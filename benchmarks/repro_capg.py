@@ -171,7 +171,7 @@ def print_tables(results: dict, names) -> None:
         for k, per in results["per_k"].items():
             cells = [f"{_fmt(per['variance'][n][where]['trace_cov'])} ({_fmt(per['variance'][n][where]['relative'])})"
                      if where in per["variance"][n] else "-" for n in names]
-            print(f"  K={k:>3} | " + " | ".join(f"{n}: {c}" for n, c in zip(names, cells)))
+            print(f"  K={k:>3} | " + " | ".join(f"{n}: {c}" for n, c in zip(names, cells, strict=False)))
 
 
 def plot(results: dict, names, path: Path) -> None:
@@ -182,13 +182,13 @@ def plot(results: dict, names, path: Path) -> None:
 
     ks = list(results["per_k"])
     fig, axes = plt.subplots(1, len(ks) + 1, figsize=(4.2 * (len(ks) + 1), 3.6))
-    for ax, k in zip(axes, ks):
+    for ax, k in zip(axes, ks, strict=False):
         per = results["per_k"][k]
         for n in names:
             for i, curve in enumerate(per["runs"][n]["curves"]):
                 if not curve:
                     continue
-                st, v = zip(*curve)
+                st, v = zip(*curve, strict=False)
                 line, = ax.plot(st, v, label=n if i == 0 else None, alpha=0.9)
                 ovf = per["runs"][n]["overflow_steps"][i]
                 if ovf is not None:

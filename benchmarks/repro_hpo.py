@@ -159,12 +159,12 @@ def _write(out: Path, rows: list[dict], refs: dict, seeds, iterations, batch, n_
 
         ns = list(refs)
         fig, axes = plt.subplots(1, len(ns), figsize=(5 * len(ns), 4), squeeze=False)
-        for ax, n in zip(axes[0], ns):
+        for ax, n in zip(axes[0], ns, strict=False):
             for a, col in (("hpo", "C0"), ("ppo", "C1")):
                 sub = [r for r in rows if r["n_skus"] == n and r["algo"] == a]
                 for s in sorted({r["seed"] for r in sub}):
                     pts = [(r["simulated_periods"], r["test_cost"] / refs[n]["s_S"]) for r in sub if r["seed"] == s]
-                    ax.plot(*zip(*pts), color=col, alpha=0.8, label=a.upper() if s == min(r["seed"] for r in sub) else None)
+                    ax.plot(*zip(*pts, strict=False), color=col, alpha=0.8, label=a.upper() if s == min(r["seed"] for r in sub) else None)
             ax.axhline(1.0, color="k", ls="--", label="(s,S)")
             ax.set_yscale("log")
             ax.set_title(f"{n} SKUs")

@@ -256,11 +256,11 @@ def _plot(out, hist_all, refs):
         ev = [r for r in h if "eval_IoI" in r]
         axes[2].plot([r["iteration"] for r in ev], [r["eval_IoI"] for r in ev], marker="o", label=name)
         axes[3].plot([r["iteration"] for r in ev], [r["eval_CTR"] for r in ev], marker="o", label=name)
-    for ax, key in zip(axes[2:], ("IoI", "CTR")):
+    for ax, key in zip(axes[2:], ("IoI", "CTR"), strict=False):
         ax.axhline(refs["pretrained (SFT)"][key], color="gray", ls="--", label="pretrained")
         ax.axhline(refs["random"][key], color="black", ls=":", label="random")
     for ax, title in zip(axes, ("mean sampled path length", "share of distinct sampled paths",
-                                "eval IoI (dev, greedy)", "eval CTR (dev, greedy)")):
+                                "eval IoI (dev, greedy)", "eval CTR (dev, greedy)"), strict=False):
         ax.set_title(title)
         ax.set_xlabel("iteration")
         ax.legend()

@@ -24,8 +24,9 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -149,7 +150,7 @@ class DatasetWriter:
         cols = self._columns
         ep_cols = [cols[n] for n, _ in _EPISODE_FIELDS]
         for k, turn in enumerate(traj.turns):
-            for col, v in zip(ep_cols, ep_values):
+            for col, v in zip(ep_cols, ep_values, strict=False):
                 col.append(v)
             obs, obs_json = _encode(turn.observation)
             act, act_json = _encode(turn.action)
@@ -209,7 +210,7 @@ class DatasetWriter:
         finally:
             self._tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "DatasetWriter":
+    def __enter__(self) -> DatasetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -23,8 +23,9 @@ the pre-action state key (`info["anchor"]`, used by GiGPO) is kept in `turn.extr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -249,8 +250,8 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
             decisions = agent.act([active[s]["obs"] for s in slots], [active[s]["info"] for s in slots], slots)
             if len(decisions) != len(slots):
                 raise RuntimeError(f"agent {agent_name} returned {len(decisions)} decisions for {len(slots)} slots")
-            outs = pool.step({s: d.action for s, d in zip(slots, decisions)})
-            for s, d in zip(slots, decisions):
+            outs = pool.step({s: d.action for s, d in zip(slots, decisions, strict=False)})
+            for s, d in zip(slots, decisions, strict=False):
                 state = active[s]
                 obs, rew, term, trunc, info = outs[s]
                 state["steps"] += 1

@@ -197,7 +197,7 @@ class TantivyIndex:
                 break
             limit = min(limit * 4, self._n)
         pids = self._searcher.fast_field_values("product_id", [a for _, a in hits])
-        return _rank([(int(p), float(s)) for (s, _), p in zip(hits, pids)], k, offset)
+        return _rank([(int(p), float(s)) for (s, _), p in zip(hits, pids, strict=False)], k, offset)
 
 
 # --------------------------------------------------------------------------------------------------- bm25s

@@ -65,7 +65,7 @@ class Turn:
         return {f.name: to_jsonable(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Turn":
+    def from_dict(cls, data: dict) -> Turn:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -154,7 +154,7 @@ class Trajectory:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Trajectory":
+    def from_dict(cls, data: dict) -> Trajectory:
         data = dict(data)
         turns = [Turn.from_dict(t) for t in data.pop("turns", [])]
         names = {f.name for f in fields(cls)}

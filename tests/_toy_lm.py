@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from agents.base import Agent, Decision
@@ -82,7 +81,7 @@ class ToyLMAgent(Agent):
     @torch.no_grad()
     def act(self, observations, infos, slots):
         out = []
-        for obs, slot in zip(observations, slots):
+        for obs, slot in zip(observations, slots, strict=False):
             if self.context_mode == "concat":
                 prompt = self.hist[slot] + self._obs_ids(obs)
             else:

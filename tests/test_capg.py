@@ -283,7 +283,7 @@ def test_training_is_deterministic_and_changes_parameters(tmp_path):
     strip = [{k: v for k, v in h.items() if k != "train_seconds"} for h in a.history]
     assert strip == [{k: v for k, v in h.items() if k != "train_seconds"} for h in b.history]
     init = TwoTowerScorer(100, 10, 10, 1, seed=7)
-    for p0, p1 in zip(init.parameters(), a.agent.scorer.parameters()):
+    for p0, p1 in zip(init.parameters(), a.agent.scorer.parameters(), strict=False):
         assert not torch.equal(p0, p1)
     c = baselines.make("capg", **kw).train(ENV, iterations=1, seed=7, out_dir=tmp_path / "c",
                                            init=a.checkpoint, progress=False)
@@ -312,7 +312,7 @@ def test_pl_retriever_decisions_carry_logprobs():
     agent.reset(2, seed=3)
     obs = [np.full(10, 0.3, np.float32), np.linspace(-1, 1, 10).astype(np.float32)]
     ds = agent.act(obs, [{}, {}], [0, 1])
-    for d, o in zip(ds, obs):
+    for d, o in zip(ds, obs, strict=False):
         assert d.action.dtype == np.int64 and len(set(d.action.tolist())) == 5
         s = agent.scorer(torch.as_tensor(o[None])).detach()
         assert d.logprob == pytest.approx(float(pl_log_prob(s, torch.as_tensor(d.action[None]), agent.owners)), 1e-5)

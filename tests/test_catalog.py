@@ -79,7 +79,7 @@ def test_schema_and_row_contract(cat):
         assert 1 <= len(row["attributes"]) <= 4 and len(set(row["attributes"])) == len(row["attributes"])
         assert set(row["attributes"]) <= set(spec["attributes"])
         assert 1 <= len(row["option_names"]) <= 3 and len(row["option_names"]) == len(row["option_values"])
-        for name, values in zip(row["option_names"], row["option_values"]):
+        for name, values in zip(row["option_names"], row["option_values"], strict=False):
             allowed = spec["options"][name]
             assert min(2, len(allowed)) <= len(values) <= 6 and set(values) <= set(allowed)
             assert values == sorted(values, key=allowed.index)  # taxonomy order (sizes small -> large)
@@ -118,7 +118,7 @@ def test_product_and_sku_lookup(cat):
     p = cat.product(17)
     assert isinstance(p, Product) and p.product_id == 17
     assert p.title == cat.table.column("title")[17].as_py()
-    assert p.options == dict(zip(p.option_names, p.option_values))
+    assert p.options == dict(zip(p.option_names, p.option_values, strict=False))
     skus = cat.table.column("sku").to_pylist()
     assert all(cat.sku_to_id(s) == i for i, s in enumerate(skus))
     bigger = build_catalog(3100, seed=0)

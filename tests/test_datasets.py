@@ -6,8 +6,15 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from shopsim.datasets import (DatasetWriter, iter_trajectories, read_episodes, read_metadata, read_trajectories,
-                              read_turns, write_dataset)
+from shopsim.datasets import (
+    DatasetWriter,
+    iter_trajectories,
+    read_episodes,
+    read_metadata,
+    read_trajectories,
+    read_turns,
+    write_dataset,
+)
 from shopsim.errors import DatasetError
 from shopsim.rollout import collect
 from shopsim.trajectory import Trajectory, Turn

@@ -81,10 +81,10 @@ def test_tiny_training_changes_parameters_is_deterministic_and_checkpoints(cls, 
     assert "dev_cost" in r1.history[-1] and (tmp_path / "a" / "metrics.csv").is_file()
     torch.manual_seed(3)
     fresh = HybridPolicy(r1.agent.policy.n_feat, (16, 16))
-    changed = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), r1.agent.policy.state_dict().values())]
+    changed = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), r1.agent.policy.state_dict().values(), strict=False)]
     assert all(changed) if cls is HPO else any(changed)
     loaded = agents.load_checkpoint(r1.checkpoint)
-    for a, b in zip(loaded.policy.state_dict().values(), r1.agent.policy.state_dict().values()):
+    for a, b in zip(loaded.policy.state_dict().values(), r1.agent.policy.state_dict().values(), strict=False):
         assert torch.equal(a, b)
 
 
@@ -114,7 +114,7 @@ def test_trains_on_multi_warehouse_with_shared_parameters(tmp_path):
     obs, infos = env.reset(seed=0)
     while env.agents:  # one policy acts for every warehouse
         ds = r.agent.act([obs[a] for a in env.agents], [infos[a] for a in env.agents], list(range(len(env.agents))))
-        obs, _, _, _, infos = env.step({a: d.action for a, d in zip(env.agents, ds)})
+        obs, _, _, _, infos = env.step({a: d.action for a, d in zip(env.agents, ds, strict=False)})
     assert all(np.isfinite(i["episode_metrics"]["cost"]) for i in infos.values())
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import agents
 from agents.lm.agent import LMAgent

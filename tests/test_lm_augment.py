@@ -34,7 +34,7 @@ def test_rewrite_is_consistent_and_keeps_grammar(trajs):
         changed += task_old != task_new
         # numbers (prices, '5 pack') are never touched
         assert re.findall(r"\d+(?:\.\d+)?", task_old) == re.findall(r"\d+(?:\.\d+)?", task_new)
-        for to, tn in zip(old.turns, new.turns):
+        for to, tn in zip(old.turns, new.turns, strict=False):
             # same action verb and the copied argument is still on the (rewritten) page or task line
             assert str(tn.action).split("[")[0] == str(to.action).split("[")[0]
             arg = str(tn.action).partition("[")[2].rstrip("]").strip()

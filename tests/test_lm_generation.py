@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.lm.generation import SamplingConfig, action_logprobs, left_pad, sample, _top_p_filter
+from agents.lm.generation import SamplingConfig, _top_p_filter, action_logprobs, left_pad, sample
 from agents.lm.model import build_model
 from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
@@ -29,7 +29,7 @@ def test_recomputed_logprobs_match_sampled(tok, arch, temperature, top_p):
     cfg = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=16)
     out = sample(model, prompts, stop_ids={tok.eos_token_id}, pad_id=tok.pad_token_id, config=cfg,
                  generator=torch.Generator().manual_seed(0))
-    assert all(len(i) == len(lp) > 0 for i, lp in zip(out.ids, out.logprobs))
+    assert all(len(i) == len(lp) > 0 for i, lp in zip(out.ids, out.logprobs, strict=False))
     lp, mask = action_logprobs(model, prompts, out.ids, pad_id=tok.pad_token_id, temperature=temperature)
     for i, ids in enumerate(out.ids):
         assert mask[i].sum() == len(ids)

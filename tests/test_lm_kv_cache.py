@@ -73,10 +73,10 @@ def test_cached_records_equal_one_forward_pass(tok, arch, mode):
 @pytest.mark.parametrize("mode", ["concat", "window"])
 def test_same_seed_same_trajectories_with_and_without_cache(tok, arch, mode):
     runs = [_run(_agent(tok, arch, mode, kv_cache=kv, pin_first_turn=True)) for kv in (True, False)]
-    for a, b in zip(*runs):
+    for a, b in zip(*runs, strict=False):
         assert [t.action_ids for t in a.turns] == [t.action_ids for t in b.turns]
         assert [t.prompt_ids for t in a.turns] == [t.prompt_ids for t in b.turns]
-        for ta, tb in zip(a.turns, b.turns):
+        for ta, tb in zip(a.turns, b.turns, strict=False):
             torch.testing.assert_close(torch.tensor(ta.action_logprobs), torch.tensor(tb.action_logprobs),
                                        atol=1e-5, rtol=0)
 
@@ -88,7 +88,7 @@ def test_concat_turn_encodes_only_what_the_env_added(tok):
     expected = 0
     for tr in trajs:
         expected += len(tr.turns[0].prompt_ids)
-        for prev, cur in zip(tr.turns, tr.turns[1:]):
+        for prev, cur in zip(tr.turns, tr.turns[1:], strict=False):
             expected += len(cur.prompt_ids) - (len(prev.prompt_ids) + len(prev.action_ids)) + 1
     assert agent.kv_cache.encoded_tokens == expected
     prompt_total = sum(len(t.prompt_ids) for tr in trajs for t in tr.turns)
@@ -97,8 +97,8 @@ def test_concat_turn_encodes_only_what_the_env_added(tok):
 
 def test_hidden_summary_is_the_same_with_the_cache(tok):
     runs = [_run(_agent(tok, "llama", "concat", kv_cache=kv, record_hidden=True), episodes=2) for kv in (True, False)]
-    for a, b in zip(*runs):
-        for ta, tb in zip(a.turns, b.turns):
+    for a, b in zip(*runs, strict=False):
+        for ta, tb in zip(a.turns, b.turns, strict=False):
             for key in ("mean", "last"):
                 torch.testing.assert_close(torch.tensor(ta.hidden[key]), torch.tensor(tb.hidden[key]),
                                            atol=1e-4, rtol=0)
@@ -144,5 +144,5 @@ def test_keep_finished_gives_the_same_records(tok):
                    config=SamplingConfig(greedy=True, max_new_tokens=12, keep_finished=keep)) for keep in (False, True)]
     assert len(outs[0].ids[0]) == 1 and max(len(i) for i in outs[0].ids) > 1
     assert outs[0].ids == outs[1].ids
-    for a, b in zip(outs[0].logprobs, outs[1].logprobs):
+    for a, b in zip(outs[0].logprobs, outs[1].logprobs, strict=False):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)

@@ -43,7 +43,7 @@ def test_pieces_reassemble_the_chat_template(tok):
 def test_concat_prompts_are_strict_prefixes(tok):
     _, trajs = _run(tok, "concat")
     for traj in trajs:
-        for prev, cur in zip(traj.turns, traj.turns[1:]):
+        for prev, cur in zip(traj.turns, traj.turns[1:], strict=False):
             head = prev.prompt_ids + prev.action_ids
             assert cur.prompt_ids[: len(head)] == head
             assert len(cur.prompt_ids) > len(head)  # the new observation was appended
@@ -55,7 +55,7 @@ def test_generated_token_masks_align_with_recorded_ids(tok, mode):
     traj = trajs[0]
     if mode == "concat":
         ids, gen, turn_of = concat_layout(traj.turns)
-        got = [i for i, g in zip(ids, gen) if g]
+        got = [i for i, g in zip(ids, gen, strict=False) if g]
         assert got == [i for t in traj.turns for i in t.action_ids]
         assert [k for k in turn_of if k >= 0] == [k for k, t in enumerate(traj.turns) for _ in t.action_ids]
         lp, _ = agent.policy.token_logprobs(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
@@ -78,7 +78,7 @@ def test_window_prompt_is_bounded(tok):
     lengths = [len(t.prompt_ids) for t in trajs[0].turns]
     assert max(lengths[2:]) - min(lengths[2:]) <= 12 + 4  # one past turn: varies only with that action's length
     # the previous action's exact ids are in the window, right before the current observation
-    for prev, cur in zip(trajs[0].turns, trajs[0].turns[1:]):
+    for prev, cur in zip(trajs[0].turns, trajs[0].turns[1:], strict=False):
         n = len(prev.action_ids)
         assert any(cur.prompt_ids[i: i + n] == prev.action_ids for i in range(len(cur.prompt_ids) - n + 1))
 
@@ -116,5 +116,5 @@ def test_concat_truncation_keeps_the_task_and_moves_in_steps(tok):
     assert ctx.truncated
     assert all(len(p) <= 300 and p[: len(head)] == head for p in prompts)
     assert prompts[-1][-5:] == ctx.ids[-5:]
-    extends = sum(b[: len(a)] == a for a, b in zip(prompts, prompts[1:]))
+    extends = sum(b[: len(a)] == a for a, b in zip(prompts, prompts[1:], strict=False))
     assert extends >= 0.6 * (len(prompts) - 1)

@@ -32,7 +32,7 @@ def test_examples_mask_exactly_the_expert_actions(expert_trajs, mode):
     got = []
     for ids, mask in rows:
         seg: list[int] = []
-        for i, m in zip(ids, mask):
+        for i, m in zip(ids, mask, strict=False):
             if m:
                 seg.append(i)
                 if i == tok.eos_token_id:
@@ -57,7 +57,7 @@ def test_sft_loss_falls_on_train_and_held_out(expert_trajs, tmp_path):
     assert "eval_success" in hist[-1] and "eval_success/find_and_buy" in hist[-1]
     again = agents.load_checkpoint(tmp_path / "checkpoint", greedy=True, max_new_tokens=24)
     assert again.options["context_mode"] == "window" and again.options["history"] == 1
-    for a, b in zip(again.model.parameters(), agent.model.parameters()):
+    for a, b in zip(again.model.parameters(), agent.model.parameters(), strict=False):
         assert torch.equal(a, b)
 
 
@@ -156,9 +156,9 @@ def test_concat_curriculum_trains_on_each_episode_cut_after_its_first_action(exp
     fmt = ChatFormat(tok)
     rows = build_examples(expert_trajs, fmt, mode="concat")
     firsts = [first_turn(r) for r in rows]
-    for (ids, mask), (fids, fmask) in zip(rows, firsts):
+    for (ids, mask), (fids, fmask) in zip(rows, firsts, strict=False):
         assert ids[: len(fids)] == fids and fmask[-1] and fmask[-1] == mask[len(fmask) - 1]
-        agent = [i for i, m in zip(fids, fmask) if m]
+        agent = [i for i, m in zip(fids, fmask, strict=False) if m]
         assert agent[-1] == tok.eos_token_id and agent.count(tok.eos_token_id) == 1  # exactly one action
     seen = []
     cfg = SFTConfig(steps=6, batch_size=2, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,

@@ -127,9 +127,8 @@ def test_config_validates():
 
 
 def test_turn_ratio_gradient_through_a_model():
-    from tests._toy_lm import tiny_gpt2
-
     from baselines.core.trainer import forward_policy
+    from tests._toy_lm import tiny_gpt2
 
     model = tiny_gpt2(1).double()
     ids = torch.tensor([[11, 3, 4, 5, 2, 6, 7]])
@@ -146,5 +145,5 @@ def test_turn_ratio_gradient_through_a_model():
     assert rho[0, t].item() == pytest.approx(r1, rel=1e-9)
     g_rho = torch.autograd.grad(rho[0, t], params, retain_graph=True)
     g_lp = torch.autograd.grad(logp[0, t], params, retain_graph=True)
-    for a, b in zip(g_rho, g_lp):
+    for a, b in zip(g_rho, g_lp, strict=False):
         assert torch.allclose(a, r1 * b, atol=1e-10)

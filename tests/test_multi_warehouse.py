@@ -129,6 +129,6 @@ def test_reference_policies_run_per_warehouse():
             agent.begin_episode(w, obs[a], infos[a])
         while env.agents:
             ds = agent.act([obs[a] for a in env.agents], [infos[a] for a in env.agents], list(range(3)))
-            obs, _, _, _, infos = env.step({a: d.action for a, d in zip(env.agents, ds)})
+            obs, _, _, _, infos = env.step({a: d.action for a, d in zip(env.agents, ds, strict=False)})
         team[name] = infos["warehouse_0"]["episode_metrics"]["team_cost"]
     assert team["s_S"] < team["constant"]

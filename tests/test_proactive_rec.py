@@ -52,7 +52,7 @@ def test_seed_and_task_determinism():
     rng = np.random.default_rng(0)
     acts = [env1.world.sids.codes[rng.integers(env1.n)] for _ in range(10)]
     a, b = _rollout(env1, 3, 17, acts), _rollout(env2, 3, 17, acts)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         assert gym.utils.env_checker.data_equivalence(x, y)
     # the scenario is a pure function of the task id (not of the reset seed)
     o1, _ = env1.reset(seed=1, options={"task_id": 17})
@@ -311,7 +311,6 @@ def test_expert_and_random_agents_run_and_expert_wins():
 
 @pytest.mark.parametrize("valid_only,no_repeat", [(False, False), (True, False), (False, True), (True, True)])
 def test_policy_agent_per_step_matches_batched_decoding(valid_only, no_repeat):
-    import torch
 
     from agents.rec_model import build_model
     from agents.rec_policies import RecPolicyAgent, policy_paths

@@ -1,7 +1,6 @@
 """REINFORCE baselines on hand examples (algorithms.md §1)."""
 
 import pytest
-import torch
 
 from baselines.core.batch import build_batch
 from baselines.reinforce import ReinforceConfig, reinforce_advantages

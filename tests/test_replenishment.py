@@ -13,8 +13,15 @@ from gymnasium.utils.env_checker import check_env
 
 import agents
 import shopsim  # noqa: F401  (registers the ids)
-from shopsim.envs.replenishment import (InvalidActionError, ReplenishmentConfig, ReplenishmentEnv, load_split,
-                                        make_scenario, step_numpy, step_torch)
+from shopsim.envs.replenishment import (
+    InvalidActionError,
+    ReplenishmentConfig,
+    ReplenishmentEnv,
+    load_split,
+    make_scenario,
+    step_numpy,
+    step_torch,
+)
 from shopsim.errors import ConfigError
 
 ENV_ID = "shopsim/Replenishment-v0"
@@ -119,7 +126,7 @@ def test_hand_computed_three_periods(lost, expected, final, impl):
         arr, step = (lambda x: torch.tensor(x, dtype=torch.float64)), step_torch
     on, pipe = arr([5.0]), arr([[3.0, 0.0]])
     costs = []
-    for o, q, d in zip(orders, qs, ds):
+    for o, q, d in zip(orders, qs, ds, strict=False):
         out = step(on, pipe, arr([o]), arr([q]), arr([d]), arr([1.0]), arr([10.0]), arr([64.0]), lost_sales=lost)
         on, pipe = out.on_hand, out.pipeline
         costs.append(float(out.total))
@@ -160,7 +167,7 @@ def test_numpy_and_torch_steps_agree_over_a_batch(lost, cap):
         a = step_numpy(on, pipe, order, q, d, h, b, k, lost_sales=lost, capacity=cap, overflow_cost=5.0)
         c = step_torch(ton, tpipe, t(order), t(q), t(d), t(h), t(b), t(k), lost_sales=lost, capacity=cap,
                        overflow_cost=5.0)
-        for x, y in zip(a, c):
+        for x, y in zip(a, c, strict=False):
             np.testing.assert_allclose(x, y.numpy(), rtol=1e-12, atol=1e-12)
         on, pipe, ton, tpipe = a.on_hand, a.pipeline, c.on_hand, c.pipeline
 

@@ -154,7 +154,7 @@ def test_document_text_of_slices_matches_rows(cat):
         for j in range(min(10, len(cat) - start)):
             p = cat.product(start + j)
             assert docs["options"][j].as_py() == "; ".join(
-                f"{n}: {' '.join(v)}" for n, v in zip(p.option_names, p.option_values))
+                f"{n}: {' '.join(v)}" for n, v in zip(p.option_names, p.option_values, strict=False))
             assert docs["attributes"][j].as_py() == ", ".join(p.attributes)
             assert docs["title"][j].as_py() == p.title
 

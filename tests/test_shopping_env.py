@@ -496,7 +496,7 @@ def test_terse_rendering_keeps_every_structured_fact(family):
         steps = run_expert(terse, family, 2_000_000 + 4 * task_id + FAMILIES.index(family))
         again = run_expert(compact, family, 2_000_000 + 4 * task_id + FAMILIES.index(family))
         assert [s[1] for s in steps] == [s[1] for s in again]  # same episode, only the rendering differs
-        for k, ((obs, _, _, info), (cobs, *_)) in enumerate(zip(steps, again)):
+        for k, ((obs, _, _, info), (cobs, *_)) in enumerate(zip(steps, again, strict=False)):
             lengths["terse"] += len(obs)
             lengths["compact"] += len(cobs)
             task_line = "Task: " + terse.task.instruction

@@ -3,10 +3,8 @@
 import pytest
 import torch
 
-from baselines.core.batch import build_batch
 from baselines.core.gae import gae, gae_reference_loop
 from baselines.vapo import length_adaptive_lambda
-from shopsim.trajectory import Trajectory, Turn
 
 
 def test_length_adaptive_lambda():

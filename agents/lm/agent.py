@@ -30,8 +30,9 @@ Interface for trainers (kept stable; the RL baselines build on it):
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -92,7 +93,7 @@ class LMPolicy:
     @property
     def hidden_size(self) -> int:
         cfg = self.model.config
-        return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
+        return int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
 
 
 class LMAgent(Agent):
@@ -190,7 +191,7 @@ class LMAgent(Agent):
 
         t_act = time.perf_counter()
         prompts = []
-        for obs, slot in zip(observations, slots):
+        for obs, slot in zip(observations, slots, strict=False):
             if slot not in self.contexts:
                 self.begin_episode(slot, obs, {})
             ctx = self.contexts[slot]
@@ -245,5 +246,5 @@ class LMAgent(Agent):
         return directory
 
     @classmethod
-    def from_checkpoint(cls, directory, env_id: str | None = None, **kwargs: Any) -> "LMAgent":
+    def from_checkpoint(cls, directory, env_id: str | None = None, **kwargs: Any) -> LMAgent:
         return cls(env_id=env_id or "shopsim/Shopping-v0", checkpoint=Path(directory), **kwargs)

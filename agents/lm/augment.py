@@ -80,7 +80,7 @@ def copy_augment(trajectories, copies: int = 1, *, seed: int = 0, template_df: f
             if len(free) < len(words):
                 continue
             picks = rng.choice(len(free), size=len(words), replace=False)
-            mapping = dict(zip(words, (free[i] for i in picks)))
+            mapping = dict(zip(words, (free[i] for i in picks), strict=False))
             out.append(_rewrite(traj, mapping))
     return out
 

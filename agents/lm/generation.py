@@ -168,7 +168,7 @@ def _layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     layers = getattr(cache, "layers", None)
     if layers is not None:
         return [(layer.keys, layer.values) for layer in layers]
-    return list(zip(cache.key_cache, cache.value_cache))  # older transformers
+    return list(zip(cache.key_cache, cache.value_cache, strict=False))  # older transformers
 
 
 def _reserved_cache(model, capacity: int):
@@ -227,7 +227,7 @@ def _stack_past(model, reused: list[int], kvs: list, width: int, capacity: int):
     for layer, (k0, v0) in enumerate(ref):
         k = k0.new_zeros((len(reused), k0.shape[0], width, k0.shape[2]))
         v = v0.new_zeros((len(reused), v0.shape[0], width, v0.shape[2]))
-        for i, (n, kv) in enumerate(zip(reused, kvs)):
+        for i, (n, kv) in enumerate(zip(reused, kvs, strict=False)):
             if n:
                 k[i, :, width - n:] = kv[layer][0][:, :n]
                 v[i, :, width - n:] = kv[layer][1][:, :n]
@@ -259,11 +259,11 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
     batch = len(prompts)
     reused, kvs, hid_cached = [0] * batch, [None] * batch, [None] * batch
     if cache is not None:
-        for i, (key, p) in enumerate(zip(keys, prompts)):
+        for i, (key, p) in enumerate(zip(keys, prompts, strict=False)):
             reused[i], kvs[i], hid_cached[i] = cache.lookup(key, p)
     if config.record_hidden:  # the prompt mean needs every prompt token's state: reuse only what has them
-        reused = [n if h is not None and len(h) >= n else 0 for n, h in zip(reused, hid_cached)]
-    new = [p[n:] for p, n in zip(prompts, reused)]
+        reused = [n if h is not None and len(h) >= n else 0 for n, h in zip(reused, hid_cached, strict=False)]
+    new = [p[n:] for p, n in zip(prompts, reused, strict=False)]
     ids, new_mask = left_pad(new, pad_id, device)
     width = max(reused)
     past, cache_kw = None, _cache_kw(model)
@@ -392,11 +392,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 def pack(prompts: list[list[int]], actions: list[list[int]], pad_id: int, device="cpu"):
     """Right-pad prompt+action rows: (input_ids, attention_mask, action_mask) with action_mask on action tokens."""
-    width = max(len(p) + len(a) for p, a in zip(prompts, actions))
+    width = max(len(p) + len(a) for p, a in zip(prompts, actions, strict=False))
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     amask = torch.zeros_like(ids, dtype=torch.bool)
-    for i, (p, a) in enumerate(zip(prompts, actions)):
+    for i, (p, a) in enumerate(zip(prompts, actions, strict=False)):
         n = len(p) + len(a)
         ids[i, :n] = torch.tensor(list(p) + list(a), dtype=torch.long)
         mask[i, :n] = 1
@@ -416,7 +416,7 @@ def action_logprobs(model, prompts: list[list[int]], actions: list[list[int]], *
     width = max(len(a) for a in actions)
     out = torch.zeros((len(actions), width), dtype=lp.dtype, device=device)
     omask = torch.zeros((len(actions), width), dtype=torch.bool, device=device)
-    for i, (p, a) in enumerate(zip(prompts, actions)):
+    for i, (p, a) in enumerate(zip(prompts, actions, strict=False)):
         out[i, : len(a)] = lp[i, len(p): len(p) + len(a)]
         omask[i, : len(a)] = True
     return out, omask

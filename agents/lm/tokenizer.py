@@ -21,8 +21,8 @@ and, for observation renderings, the shopping env and its expert).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 PAD, SYSTEM, USER, ASSISTANT, END = "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
 SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
@@ -111,15 +111,14 @@ def catalog_texts(catalog, limit: int | None = None) -> Iterator[str]:
         yield cols["description"][i]
         yield f"{cols['category'][i]} {cols['product_type'][i]} {cols['brand'][i]} ${cols['price'][i]:.2f}"
         yield " ".join(cols["attributes"][i])
-        for name, values in zip(cols["option_names"][i], cols["option_values"][i]):
+        for name, values in zip(cols["option_names"][i], cols["option_values"][i], strict=False):
             yield f"{name}: {', '.join(values)}"
 
 
 def observation_texts(env_id: str, episodes: int = 200, seed: int = 0) -> Iterator[str]:
     """Observation renderings and expert actions from scripted-expert episodes of `env_id`."""
-    from shopsim.rollout import collect
-
     import agents
+    from shopsim.rollout import collect
 
     expert = agents.make("expert", env_id)
     trajs = collect(env_id, expert, episodes=episodes, seeds=list(range(seed, seed + episodes)), split="train",

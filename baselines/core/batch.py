@@ -27,8 +27,9 @@ top-k teacher ids/log-probs (TrOPD) from ``turn.extra`` (`teacher_logprobs`, `te
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -64,7 +65,7 @@ def detect_mode(trajs: Sequence[Trajectory]) -> str:
     filled up) start a new row in `build_batch`, which is exact either way and encodes shared prefixes once.
     """
     for tr in trajs:
-        for prev, cur in zip(tr.turns, tr.turns[1:]):
+        for prev, cur in zip(tr.turns, tr.turns[1:], strict=False):
             full = list(prev.prompt_ids or []) + list(prev.action_ids or [])
             if list(cur.prompt_ids or [])[: len(full)] == full:
                 return "concat"
@@ -170,7 +171,7 @@ class Batch:
         out.update({k: v[rows] for k, v in per_token.items() if v is not None})
         return out
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, torch.Tensor):
@@ -253,7 +254,7 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
         topk_lp = torch.full((R, S, kk), float("-inf"))
         topk = (topk_ids, topk_lp)
     tok_lists: list[list[tuple[int, int]]] = [[] for _ in range(N)]  # per traj: (flat index, turn)
-    for r, (seq, rs) in enumerate(zip(rows, segs)):
+    for r, (seq, rs) in enumerate(zip(rows, segs, strict=False)):
         input_ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attn[r, : len(seq)] = 1
         for start, k, i in rs:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import importlib
 import json
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
 from shopsim.paths import data_dir
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_split(env_id: str) -> dict | None:
     name = env_id.split("/")[-1]
     path = data_dir() / "splits" / f"{name}.json"

@@ -61,7 +61,7 @@ class Product:
 
     @property
     def options(self) -> dict[str, list[str]]:
-        return dict(zip(self.option_names, self.option_values))
+        return dict(zip(self.option_names, self.option_values, strict=False))
 
 
 def _check_args(size, seed) -> tuple[int, int]:

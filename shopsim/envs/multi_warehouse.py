@@ -33,10 +33,20 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
+from shopsim.envs.replenishment import (
+    PAST_DEMANDS,
+    InvalidActionError,
+    ReplenishmentConfig,
+    demand_means,
+    draw_task,
+    initial_state,
+    make_scenario,
+    sample_demand,
+    stack_scenarios,
+    step_numpy,
+    validate_action,
+)
 from shopsim.errors import ConfigError, ShopsimError
-from shopsim.envs.replenishment import (PAST_DEMANDS, InvalidActionError, ReplenishmentConfig, demand_means,
-                                        draw_task, initial_state, make_scenario, sample_demand, stack_scenarios,
-                                        step_numpy, validate_action)
 
 ENV_ID = "shopsim/MultiWarehouse-v0"
 MAX_WAREHOUSES = 64

@@ -109,7 +109,7 @@ class ReplenishmentConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ReplenishmentConfig":
+    def from_dict(cls, d: dict) -> ReplenishmentConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -65,7 +65,7 @@ def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: in
                         num_envs=num_envs, env_kwargs=env_kwargs, progress=progress,
                         agent_seed=int(seed))
         records = [episode_record(t) for t in trajs]
-        for rec, task in zip(records, tasks):
+        for rec, task in zip(records, tasks, strict=False):
             rec["task_id"] = task  # group tries by the protocol's task id whatever the env echoes back
         summary = seed_summary(records, protocol.tries)
         _apply_aliases(summary)

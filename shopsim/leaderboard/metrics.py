@@ -120,7 +120,7 @@ def add_gap(summaries: Sequence[dict], reference: Sequence[dict], *, key: str = 
     """Per seed, ``100 · (cost − cost_ref) / |cost_ref|`` against a reference run on the same episodes."""
     if len(summaries) != len(reference):
         raise ConfigError("the reference must be evaluated on the same eval seeds")
-    for s, r in zip(summaries, reference):
+    for s, r in zip(summaries, reference, strict=False):
         if key in s and key in r and r[key] != 0:
             s[name] = 100.0 * (s[key] - r[key]) / abs(r[key])
 

@@ -217,7 +217,7 @@ def plot_env(env_id: str, rows: list[dict], out_dir: Path) -> list[Path]:
     if ok:
         metric = cols[0]
         means = [r["metrics"][metric]["mean"] for r in ok]
-        errs = [((r["metrics"][metric].get("ci95") or [m, m])[1] - m) for r, m in zip(ok, means)]
+        errs = [((r["metrics"][metric].get("ci95") or [m, m])[1] - m) for r, m in zip(ok, means, strict=False)]
         fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(ok) + 2), 3.2))
         colors = ["#888888" if r["kind"] == "reference" else "#3b6fb6" for r in ok]
         ax.bar(range(len(ok)), means, yerr=errs, color=colors, capsize=3)
@@ -237,7 +237,7 @@ def plot_env(env_id: str, rows: list[dict], out_dir: Path) -> list[Path]:
         ncols = min(3, len(curves))
         nrows = -(-len(curves) // ncols)
         fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), squeeze=False)
-        for ax, (entry, (key, x, y)) in zip(axes.flat, curves):
+        for ax, (entry, (key, x, y)) in zip(axes.flat, curves, strict=False):
             ax.plot(x, y, marker="." if len(x) < 30 else None)
             ax.set_title(entry, fontsize=9)
             ax.set_xlabel("iteration", fontsize=8)

@@ -87,7 +87,7 @@ class Action:
     def to_json(self) -> str:
         """The canonical JSON tool-call form."""
         names = TOOLS[self.name][0]
-        return json.dumps({"name": self.name, "arguments": dict(zip(names, self.args))}, ensure_ascii=False)
+        return json.dumps({"name": self.name, "arguments": dict(zip(names, self.args, strict=False))}, ensure_ascii=False)
 
 
 def tool_schemas() -> list[dict]:
@@ -116,7 +116,7 @@ def _check_args(name: str, args: list[str]) -> Action:
         want = ", ".join(arg_names) or "no arguments"
         raise ActionError(f"{name} takes {len(arg_names)} argument(s) ({want}), got {len(args)}")
     args = [a.strip() for a in args]
-    for a, n in zip(args, arg_names):
+    for a, n in zip(args, arg_names, strict=False):
         if not a:
             raise ActionError(f"{name}: argument {n!r} is empty")
     return Action(name, tuple(args))

@@ -144,7 +144,7 @@ def _pick_goal(rng, product, n_attr_max: int = 3, with_price: bool = True) -> Go
     k = int(rng.integers(1, min(n_attr_max, len(attrs)) + 1))
     pick = sorted(rng.choice(len(attrs), size=k, replace=False).tolist())
     opts = tuple((n, vals[int(rng.integers(len(vals)))]) for n, vals in zip(product.option_names,
-                                                                            product.option_values))
+                                                                            product.option_values, strict=False))
     ceiling = price_ceiling(product.price, int(rng.integers(0, 3))) if with_price else None
     return Goal(product.product_type, tuple(attrs[i] for i in pick), opts, ceiling, int(product.product_id))
 
@@ -249,7 +249,7 @@ def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
             if p.title in seen_titles:
                 continue
             seen_titles.add(p.title)
-            opts = {nm: vals[int(rng.integers(len(vals)))] for nm, vals in zip(p.option_names, p.option_values)}
+            opts = {nm: vals[int(rng.integers(len(vals)))] for nm, vals in zip(p.option_names, p.option_values, strict=False)}
             items.append(Item(p.sku, int(p.product_id), p.title, p.product_type, opts, float(p.price)))
         if k == target_o:
             status = "processing" if kind == "cancel" and rng.random() < 0.5 else (
