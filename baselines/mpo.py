@@ -15,7 +15,8 @@ token y_{k,t}, turn value V_k := V_{k,0} (``turn_value="first"``), V_K = 0 (term
    ℓ_{k,t} = log π_θ − log π_old,  L_k = Σ_t ℓ_{k,t} (clamped ±20),  ρ̂_{k,t} = exp(sg(L_k − ℓ_{k,t}) + ℓ_{k,t})
    value exp(L_k) = ρ_turn for every token; gradient ρ_turn · ∇ log π_θ(y_{k,t}) (only the token's own score)
    then the clipped surrogate on ρ̂ with A_{k,t}, token-mean
-5. critic: R^turn at turn starts, G_{k,t} = a_{k,t} + V_{k,t} inside turns (``critic_targets="split"``)
+5. critic: R^turn at turn starts, G_{k,t} = a_{k,t} + V_{k,t} inside turns (``critic_targets="split"``);
+   loss ½·[mean over turn starts + mean over the other tokens] (`critic_groups`)
 
 Diagnostic: the between-turn share of critic value variance, Σ_k T_k (V̄_k − V̄)² / Σ_{k,t} (V_{k,t} − V̄)²
 (the digest quotes 89.5%).
@@ -162,6 +163,16 @@ def mpo_advantages(values: torch.Tensor, tok_mask: torch.Tensor, tok_turn: torch
             "turn_values": Vt, "turn_valid": turn_valid}
 
 
+def critic_groups(batch: Batch) -> torch.Tensor:
+    """[R, S] critic-loss groups: 0 at each turn's first generated token, 1 at the other generated tokens, −1
+    elsewhere, so that the critic loss is ½·[mean over turn starts + mean over the rest] (§5 of the method)."""
+    groups = torch.where(batch.gen_mask, torch.ones_like(batch.input_ids), torch.full_like(batch.input_ids, -1))
+    starts = batch.turn_starts()
+    flat = groups.view(-1)
+    flat[starts[starts >= 0]] = 0
+    return groups
+
+
 def between_turn_variance_share(values: torch.Tensor, tok_mask: torch.Tensor, tok_turn: torch.Tensor) -> float:
     """Σ_k T_k (V̄_k − V̄)² / Σ_{k,t} (V_{k,t} − V̄)² over generated tokens (trajectory-token layout)."""
     m = tok_mask.bool()
@@ -221,6 +232,7 @@ class MPO(LMAlgorithm):
         share = between_turn_variance_share(v_tt, batch.traj_tok_mask, batch.traj_tok_turn)
         tv = out["turn_valid"].float()
         return Advantages(adv=batch.from_traj_tokens(out["adv"]), returns=batch.from_traj_tokens(out["returns"]),
+                          value_groups=critic_groups(batch),
                           metrics={"between_turn_value_var_share": share,
                                    "turn_adv_abs": float((out["turn_adv"].abs() * tv).sum() / tv.sum().clamp_min(1)),
                                    "intra_adv_abs": float(out["intra"].abs().sum() / batch.traj_tok_mask.sum().clamp_min(1))})

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import baselines
 from baselines.core.gae import gae
 from baselines.mpo import MPOConfig, between_turn_variance_share, mpo_advantages, turn_ratio
 from shopsim.errors import ConfigError
@@ -147,3 +148,44 @@ def test_turn_ratio_gradient_through_a_model():
     g_lp = torch.autograd.grad(logp[0, t], params, retain_graph=True)
     for a, b in zip(g_rho, g_lp, strict=False):
         assert torch.allclose(a, r1 * b, atol=1e-10)
+
+
+def test_group_mean_weights_hand_example():
+    from baselines.core.losses import group_mean_weights
+
+    mask = torch.tensor([[0, 1, 1, 1, 1.0]])
+    groups = torch.tensor([[-1, 0, 1, 1, 1]])
+    loss = torch.tensor([[9.0, 4.0, 1.0, 2.0, 3.0]])
+    # ½·[mean over group 0 (4) + mean over group 1 (2)] = 3; a single token-mean would give 2.5
+    assert float((group_mean_weights(mask, groups) * loss).sum()) == pytest.approx(3.0)
+    only_one = torch.tensor([[-1, 0, 0, 0, 0]])  # one group present: its plain mean
+    assert float((group_mean_weights(mask, only_one) * loss).sum()) == pytest.approx(2.5)
+
+
+def test_critic_loss_weighs_turn_starts_and_the_rest_equally():
+    """MPO's critic loss is ½·[mean over turn-start tokens + mean over the other generated tokens]."""
+    from baselines.core.batch import build_batch
+    from baselines.core.losses import value_loss
+    from baselines.mpo import critic_groups
+    from shopsim.rollout import collect
+    from tests._toy_lm import ToyLMAgent, env_fns
+
+    agent = ToyLMAgent()
+    algo = baselines.make("mpo", env_id="shopsim/Shopping-v0", group_size=2, minibatches=1, update_epochs=1,
+                          normalize_advantage=False)
+    algo.setup(agent)
+    trajs = collect("toy", agent, seeds=[1, 2], group_size=2, env_fns=env_fns(2), progress=False, num_envs=2)
+    b = build_batch(trajs)
+    groups = critic_groups(b)
+    starts = b.turn_starts()
+    assert (groups.view(-1)[starts[starts >= 0]] == 0).all()
+    assert int((groups == 0).sum()) == int(b.turn_mask.sum()) and (groups >= 0).eq(b.gen_mask).all()
+    assert int((groups == 1).sum()) > 0
+    ctx = algo.prepare(b)
+    advs = algo.compute_advantages(b, ctx)
+    vl, _ = value_loss(ctx.values, ctx.values, advs.returns, algo.config.value_clip)  # before the step v = v_old
+    want = 0.5 * (vl[groups == 0].mean() + vl[groups == 1].mean())
+    assert abs(float(want) - float(vl[b.gen_mask].mean())) > 1e-6  # the hand example tells the two apart
+    gen = b.gen_mask.float()
+    m = algo._minibatch_step(b, torch.arange(b.num_rows), ctx, advs, advs.adv * gen, gen)
+    assert m["loss_value"] == pytest.approx(float(want), rel=1e-5)

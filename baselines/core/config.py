@@ -125,6 +125,9 @@ class Advantages:
     """Critic targets per token (None: no critic loss)."""
     value_mask: torch.Tensor | None = None
     """Tokens whose value is regressed (default: generated tokens)."""
+    value_groups: torch.Tensor | None = None
+    """Group id of each value-regressed token, [R, S] (−1: none). The critic loss is then the mean over groups of
+    each group's token-mean (`losses.group_mean_weights`); None: one token-mean over all of them."""
     token_mask: torch.Tensor | None = None
     """Tokens that enter the policy loss (default: generated tokens; DAPO/WAPO may drop some)."""
     metrics: dict = field(default_factory=dict)

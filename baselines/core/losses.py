@@ -91,6 +91,20 @@ def aggregation_weights(mask: torch.Tensor, mode: str = "token-mean", *, seq_ind
     return m / (n_seq * L)
 
 
+def group_mean_weights(mask: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Per-token weights w with ``Σ w·ℓ`` = the mean over the non-empty groups of each group's token-mean of ℓ.
+
+    `groups` holds a group id ≥ 0 for every token (ignored where `mask` is 0). MPO's critic loss is this with two
+    groups, turn-start tokens and the other generated tokens: ½·[mean over turn starts + mean over the rest].
+    """
+    m = mask.float() * (groups >= 0).float()
+    g = groups.clamp_min(0).long()
+    n = int(g.max().item()) + 1 if g.numel() else 1
+    counts = torch.zeros(n, device=m.device).index_add_(0, g.reshape(-1), m.reshape(-1))
+    present = float((counts > 0).sum().clamp_min(1))
+    return m / (counts[g].clamp_min(1.0) * present)
+
+
 def clipped_surrogate(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

@@ -40,6 +40,7 @@ from .losses import (
     aggregation_weights,
     clipped_surrogate,
     entropy_from_logits,
+    group_mean_weights,
     kl_term,
     token_logprobs,
     value_loss,
@@ -296,7 +297,10 @@ class LMAlgorithm(Algorithm):
         w_pol = aggregation_weights(mask_all, c.loss_agg, seq_index=seq_index)
         w_tok = aggregation_weights(mask_all, "token-mean")
         vmask_all = (batch.gen_mask if advs.value_mask is None else advs.value_mask)[rows].float()
-        w_val = aggregation_weights(vmask_all, "token-mean")
+        if advs.value_groups is None:
+            w_val = aggregation_weights(vmask_all, "token-mean")
+        else:
+            w_val = group_mean_weights(vmask_all, advs.value_groups[rows])
         chunks = self.micro_batches(batch, rows)
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, float] = {}
