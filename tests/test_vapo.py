@@ -1,4 +1,4 @@
-"""VAPO pieces (algorithms.md §6): length-adaptive λ and decoupled GAE."""
+"""VAPO pieces (arXiv 2504.05118): length-adaptive λ, decoupled GAE, the positive NLL term, value pre-training."""
 
 import pytest
 import torch
@@ -35,3 +35,79 @@ def test_per_row_and_per_step_lambda_match_loop():
             nv = v[i, t]
             ref[i, t] = run
     assert torch.allclose(a, ref, atol=1e-10)
+
+
+def _hand_batch(values_at=(0.2, 0.4, 0.6)):
+    from baselines.core.batch import build_batch
+    from shopsim.trajectory import Trajectory, Turn
+
+    def traj(success: bool):
+        t0 = Turn("o0", "a0", reward=0.0, prompt_ids=[1, 2], action_ids=[5, 6], action_logprobs=[-0.1, -0.2])
+        t1 = Turn("o1", "a1", reward=float(success), terminated=True, info={"success": success},
+                  prompt_ids=[1, 2, 5, 6, 3], action_ids=[7], action_logprobs=[-0.3])
+        return Trajectory("x", task_id=0, turns=[t0, t1])
+
+    b = build_batch([traj(True), traj(False)])
+    values = torch.zeros(b.input_ids.shape)
+    values[:, 2], values[:, 3], values[:, 5] = values_at
+    return b, values
+
+
+def test_vapo_advantages_hand_example():
+    """Policy advantages use λ = 1 − 1/(α·l) over the trajectory's 3 generated tokens; critic targets use λ = 1."""
+    from baselines.core.config import Ctx
+    from baselines.vapo import VAPO
+
+    b, values = _hand_batch()
+    ctx = Ctx(old_logp=b.old_logp, behav_logp=b.old_logp, values=values, ref_logp=None)
+    out = VAPO(alpha=2 / 3).compute_advantages(b, ctx)  # λ_policy = 1 − 1/2 = 0.5
+    # success row: δ = (0.2, 0.2, 0.4) at tokens 2, 3, 5 -> A_5 = 0.4, A_3 = 0.2 + 0.5·0.4, A_2 = 0.2 + 0.5·0.4
+    assert out.adv[0, [2, 3, 5]].tolist() == pytest.approx([0.4, 0.4, 0.4])
+    assert out.returns[0, [2, 3, 5]].tolist() == pytest.approx([1.0, 1.0, 1.0])  # Monte-Carlo return
+    # failed row: δ = (0.2, 0.2, −0.6)
+    assert out.adv[1, [2, 3, 5]].tolist() == pytest.approx([0.2 + 0.5 * (0.2 - 0.3), 0.2 - 0.3, -0.6])
+    assert out.returns[1, [2, 3, 5]].tolist() == pytest.approx([0.0, 0.0, 0.0], abs=1e-6)
+    assert out.metrics["lambda_policy"] == pytest.approx(0.5)
+    short = VAPO(alpha=0.05).compute_advantages(b, ctx)  # l = 3 -> λ clamps to 0: one-step TD errors
+    assert short.adv[0, [2, 3, 5]].tolist() == pytest.approx([0.2, 0.2, 0.4])
+
+
+def test_vapo_positive_nll_term_hand_example():
+    """μ · token-mean NLL over the generated tokens of successful trajectories, normalised over the whole step."""
+    from baselines.vapo import VAPO
+
+    b, _ = _hand_batch()
+    logp = torch.full(b.input_ids.shape, -2.0)
+    logp[0, 5] = -5.0
+    gen = b.gen_mask
+    rows = torch.arange(b.num_rows)
+    mb = {"batch": b, "step_rows": rows, "step_mask": gen, "row_traj": b.row_traj}
+    loss, m = VAPO(nll_coef=0.1).extra_loss(mb, logp, gen)
+    assert m["nll_pos"] == pytest.approx((2 + 2 + 5) / 3)  # the failed trajectory's tokens do not count
+    assert float(loss) == pytest.approx(0.1 * 3.0)
+    # a micro-batch holding only the failed row adds nothing, and the normaliser stays the step's
+    loss1, _ = VAPO(nll_coef=0.1).extra_loss({**mb, "row_traj": b.row_traj[1:]}, logp[1:], gen[1:])
+    assert float(loss1) == 0.0
+    assert VAPO(nll_coef=0.0).extra_loss(mb, logp, gen) == (None, {})
+
+
+def test_value_pretraining_trains_only_the_critic_and_reports_held_out_ev():
+    import numpy as np
+
+    import baselines
+    from tests._toy_lm import ToyLMAgent, env_fns
+
+    agent = ToyLMAgent()
+    algo = baselines.make("vapo", env_id="shopsim/Shopping-v0", group_size=2, tasks_per_iter=2, num_envs=2,
+                          critic_lr=1e-2, value_pretrain_steps=20, value_pretrain_batches=1)
+    algo.setup(agent)
+    algo._env_kwargs, algo._env_fns = None, env_fns(2)
+    policy = {k: v.clone() for k, v in agent.model.state_dict().items()}
+    critic = {k: v.clone() for k, v in algo.critic.state_dict().items()}
+    m = algo.pretrain_critic("toy", agent, np.random.default_rng(0), 20, 1)
+    assert all(torch.equal(policy[k], v) for k, v in agent.model.state_dict().items())
+    assert any(not torch.equal(critic[k], v) for k, v in algo.critic.state_dict().items())
+    assert m["pretrain_value_loss_last"] < m["pretrain_value_loss_first"]
+    assert m["pretrain_explained_variance"] > -1
+    assert m["pretrain_heldout_ev_after"] == m["pretrain_heldout_ev_after"]  # computed (not NaN)
+    assert m["pretrain_heldout_ev_after"] != m["pretrain_heldout_ev_before"]

@@ -405,14 +405,18 @@ class LMAlgorithm(Algorithm):
 
     def pretrain_critic(self, env_id: str, agent, rng: np.random.Generator, steps: int, batches: int = 2) -> dict:
         """VAPO-style value pre-training (arXiv 2504.05118): roll out the frozen initial policy, regress the critic
-        on Monte-Carlo returns (token GAE with λ = 1, γ = 1) for `steps` critic-only steps."""
+        on Monte-Carlo returns (token GAE with λ = 1, γ = 1) for `steps` critic-only steps.
+
+        One more batch of rollouts is held out and never trained on: its explained variance before and after
+        (``pretrain_heldout_ev_before`` / ``_after``) says whether the critic learned values or memorised returns.
+        """
         from .advantages import token_gae_for_batch
 
         if self.critic is None:
             raise ConfigError(f"{self.name}: value pre-training needs a critic")
         c = self.config
         data = []
-        for _ in range(max(1, batches)):
+        for _ in range(max(1, batches) + 1):
             trajs, _ = LMAlgorithm.collect_batch(self, env_id, agent, -1, rng, env_kwargs=self._env_kwargs,
                                                  env_fns=self._env_fns)
             b = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length).to(c.device)
@@ -424,6 +428,14 @@ class LMAlgorithm(Algorithm):
                     _, _, hid = self._rows_forward(self.model, b.input_ids, b.attention_mask, need_hidden=True,
                                                    positions=torch.zeros_like(b.gen_mask))
             data.append((b, ret, hid))
+        held = data.pop()
+
+        def held_ev() -> float:
+            with torch.no_grad():
+                b, ret, hid = held
+                return explained_variance(self.critic(b.input_ids, b.attention_mask, hidden=hid), ret, b.gen_mask)
+
+        ev_before = held_ev()
         params = [p for p in (self.critic.head.parameters() if self.critic.shared else self.critic.parameters())]
         opt = torch.optim.AdamW(params, lr=c.critic_lr)
         losses = []
@@ -441,7 +453,8 @@ class LMAlgorithm(Algorithm):
             ev = explained_variance(self.critic(b.input_ids, b.attention_mask, hidden=hid), ret, b.gen_mask)
         return {"pretrain_steps": steps, "pretrain_value_loss_first": losses[0] if losses else float("nan"),
                 "pretrain_value_loss_last": losses[-1] if losses else float("nan"),
-                "pretrain_explained_variance": ev}
+                "pretrain_explained_variance": ev, "pretrain_heldout_ev_before": ev_before,
+                "pretrain_heldout_ev_after": held_ev()}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, directory: Path, env_id: str) -> Path:
