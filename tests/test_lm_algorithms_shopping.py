@@ -9,7 +9,7 @@ import torch
 import baselines
 
 ENV = "shopsim/Shopping-v0"
-SMALL = dict(group_size=2, tasks_per_iter=1, eval_episodes=1, num_envs=2, max_new_tokens=6, lr=1e-4,
+SMALL = dict(group_size=2, tasks_per_iter=1, eval_episodes=2, num_envs=2, max_new_tokens=6, lr=1e-4,
              env_kwargs={"max_turns": 2}, task_families=("find_and_buy", "clarify_and_buy"), checkpoint_every=0)
 
 
@@ -33,6 +33,9 @@ def _run(name, mode, tmp_path):
     last = res.history[-1]
     assert torch.isfinite(torch.tensor(last["loss"])) and "dev_success" in last
     assert last["gen_tokens"] > 0
+    # the evaluation splits success by family (families interleave over the fixed dev tasks)
+    per = [last["dev_success/find_and_buy"], last["dev_success/clarify_and_buy"]]
+    assert last["dev_success"] == pytest.approx(sum(per) / 2)
     assert (tmp_path / "checkpoint" / "shopsim_agent.json").is_file()
     # the saved checkpoint reloads as an agent
     import agents

@@ -94,6 +94,16 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def success_by_family(trajs) -> dict[str, float]:
+    """Mean success per task family (``traj.meta["family"]``), for trajectories whose env records one."""
+    fams: dict[str, list[float]] = {}
+    for t in trajs:
+        fam = (t.meta or {}).get("family")
+        if fam is not None:
+            fams.setdefault(str(fam), []).append(float(t.success))
+    return {f: float(np.mean(v)) for f, v in sorted(fams.items())}
+
+
 class LMAlgorithm(Algorithm):
     """Base of the Shopping LM algorithms: the shared loop; subclasses define advantages (and loss tweaks)."""
 
@@ -398,6 +408,7 @@ class LMAlgorithm(Algorithm):
                 out[f"{split}_success"] = float(np.mean([t.success for t in trajs]))
                 out[f"{split}_score"] = float(np.mean([t.score for t in trajs]))
                 out[f"{split}_turns"] = float(np.mean([t.num_turns for t in trajs]))
+                out.update({f"{split}_success/{fam}": v for fam, v in success_by_family(trajs).items()})
         finally:
             if samp is not None and old is not None:
                 samp.greedy = old
