@@ -37,7 +37,7 @@ def _example(name: str) -> Action:
 @pytest.mark.parametrize("name", sorted(TOOLS))
 def test_text_and_json_forms_are_equivalent(name):
     act = _example(name)
-    assert len(act.args) == len(TOOLS[name][0])
+    assert len(act.args) == len(TOOLS[name].arg_names)
     text, js = act.to_text(), act.to_json()
     assert parse(text) == act
     assert parse(js) == act
@@ -50,8 +50,8 @@ def test_text_and_json_forms_are_equivalent(name):
 
 
 def test_bare_actions_accept_empty_brackets_and_json_without_arguments():
-    for name, (args, _) in TOOLS.items():
-        if not args:
+    for name, tool in TOOLS.items():
+        if not tool.arg_names:
             assert parse_text(f"{name}[]") == Action(name)
             assert parse_json(json.dumps({"name": name})) == Action(name)
             assert parse_json(json.dumps({"name": name, "arguments": None})) == Action(name)
@@ -107,5 +107,5 @@ def test_tool_schemas_are_openai_style_and_cover_every_tool():
     for s in schemas:
         assert s["type"] == "function"
         params = s["function"]["parameters"]
-        assert params["type"] == "object" and params["required"] == list(TOOLS[s["function"]["name"]][0])
+        assert params["type"] == "object" and params["required"] == list(TOOLS[s["function"]["name"]].arg_names)
         assert set(params["properties"]) == set(params["required"])

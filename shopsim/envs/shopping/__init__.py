@@ -1,12 +1,14 @@
 """Shopping-v0: a multi-turn shopping assistant with a simulated customer (design.md §3).
 
-Modules: `env` (the Gymnasium env), `actions` (text grammar + JSON tool calls), `tasks` (families, splits),
+Modules: `env` (the Gymnasium env), `tools` (the tool table: name -> schema + handler), `actions` (text grammar +
+JSON tool calls over that table), `tasks` (families, splits),
 `customer` (simulated user), `grading` (reward rules), `orders` (after-sales database), `render` (observations).
 """
 
-from shopsim.envs.shopping.actions import TOOLS, Action, ActionError, parse, tool_schemas
+from shopsim.envs.shopping.actions import Action, parse
 from shopsim.envs.shopping.env import STRATEGIES, ShoppingEnv
 from shopsim.envs.shopping.tasks import FAMILIES, SPLITS, make_task
+from shopsim.envs.shopping.tools import TOOLS, ActionError, Tool, tool_schemas
 
-__all__ = ["FAMILIES", "SPLITS", "STRATEGIES", "TOOLS", "Action", "ActionError", "ShoppingEnv", "make_task",
+__all__ = ["FAMILIES", "SPLITS", "STRATEGIES", "TOOLS", "Action", "ActionError", "ShoppingEnv", "Tool", "make_task",
            "parse", "tool_schemas"]

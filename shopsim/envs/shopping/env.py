@@ -7,14 +7,15 @@ import numpy as np
 from gymnasium import spaces
 
 from shopsim.envs.shopping import render
-from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, ActionError, parse, tool_schemas
+from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, ActionError, parse
 from shopsim.envs.shopping.cache import product as _product
 from shopsim.envs.shopping.cache import row as _row
 from shopsim.envs.shopping.cache import search as _search
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
-from shopsim.envs.shopping.orders import ToolError, apply_gold, grade
+from shopsim.envs.shopping.orders import ToolError, apply_gold
 from shopsim.envs.shopping.tasks import FAMILIES, SPLITS, make_task, split_ids, split_of
+from shopsim.envs.shopping.tools import TOOLS, Tool, tool_schemas
 from shopsim.errors import ConfigError
 
 ACTION_CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -39,10 +40,11 @@ class ShoppingEnv(gym.Env):
     ## Action Space
     `Text(max_length=max_input_chars)`: one action string per step, either the WebShop-compatible text grammar
     (``search[query]``, ``click[target]``, ``ask[...]``, ``answer[...]``, ``buy``, ``checkout``, after-sales tools...)
-    or a JSON tool call ``{"name": ..., "arguments": {...}}``; the table is in `shopsim.envs.shopping.actions` and the
-    OpenAI-style schemas in ``env.tool_schemas``. Anything that does not parse or does not apply to the current page
-    is an *invalid action*: ``info["invalid_action"]`` holds the reason, the observation says it, the reward is
-    ``-invalid_penalty`` and the episode continues.
+    or a JSON tool call ``{"name": ..., "arguments": {...}}`` (`shopsim.envs.shopping.actions`). The tools are one
+    table, ``env.tools`` (a copy of `shopsim.envs.shopping.tools.TOOLS`; `register_tool` adds one to this env), and
+    ``env.tool_schemas`` is its OpenAI-style function list. Anything that does not parse, whose arguments do not fit the
+    tool's schema, or that does not apply to the current page is an *invalid action*: ``info["invalid_action"]`` holds
+    the reason, the observation says it, the reward is ``-invalid_penalty`` and the episode continues.
 
     ## Observation Space
     `Text(max_length=20000, charset=printable ASCII + newline)`: the page rendered as text (`render`): compact
@@ -53,12 +55,12 @@ class ShoppingEnv(gym.Env):
 
     ## Rewards
     Zero until the episode ends (minus ``invalid_penalty`` per invalid action). At the end: find_and_buy and
-    clarify_and_buy use WebShop's partial credit (`grading.score_purchase`); bundle the mean item score times
-    budget satisfied (`grading.score_bundle`); checkout of several lines in a one-item family scores the best line
-    divided by the number of lines; after_sales 1 if the final order database equals the gold one, the
-    agent opened the request's order and answered the customer (`orders.grade`). ``info["score"]`` is that number,
-    ``info["success"]`` is ``score == 1``; ``info["reward_parts"]`` has the components. At every episode end ``info["episode_metrics"]`` has
-    success, score, turns, invalid_actions, questions, turns/chars before the first answer and side-effect counts
+    clarify_and_buy use WebShop's partial credit (`grading.score_purchase`); bundle the mean item score times budget
+    satisfied (`grading.score_bundle`); checkout of several lines in a one-item family scores the best line divided by
+    the number of lines; after_sales 1 if the final order database equals the gold one, the agent opened the request's
+    order and answered the customer (`orders.grade`). ``info["score"]`` is that number, ``info["success"]`` is
+    ``score == 1``; ``info["reward_parts"]`` has the components. At every episode end ``info["episode_metrics"]``
+    has success, score, turns, invalid_actions, questions, turns/chars before the first answer and side-effect counts
     (purchased, wrong_purchase, customer_left; after_sales: writes, wrong_write).
 
     ## Starting State
@@ -77,15 +79,15 @@ class ShoppingEnv(gym.Env):
     so those cut episodes carry no ``episode_metrics``).
 
     ## Arguments
-    ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"|"terse"`` (`render`; terse states the task once
-    per episode and drops SKUs from result lines: the rendering for LM agents that keep the episode in context),
-    ``family=None`` (default mix) or one of `FAMILIES`, ``invalid_penalty=0.0``, ``max_invalid=5``,
-    ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop), ``max_input_chars=1000``,
-    ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None`` (a class or callable ``(task, rng)`` returning a
-    simulated user with the `customer.Customer` interface: the plug-in point for other user simulators, e.g. an
-    LLM-backed one; default: the seeded programmatic `Customer`), ``numbered_results=False`` (prefix each result
-    line with its position on the page, ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]`` instead
-    of copying a 10-character SKU; positional clicks are accepted either way).
+    ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"|"terse"``
+    (`render`; terse states the task once per episode and drops SKUs from result lines: the rendering for LM agents that
+    keep the episode in context), ``family=None`` (default mix) or one of `FAMILIES`, ``invalid_penalty=0.0``,
+    ``max_invalid=5``, ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop),
+    ``max_input_chars=1000``, ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None`` (a class or callable
+    ``(task, rng)`` returning a simulated user with the `customer.Customer` interface: the plug-in point for other user
+    simulators, e.g. an LLM-backed one; default: the seeded programmatic `Customer`), ``numbered_results=False`` (prefix
+    each result line with its position on the page, ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
+    instead of copying a 10-character SKU; positional clicks are accepted either way).
 
     ## Vector envs
     Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
@@ -132,8 +134,20 @@ class ShoppingEnv(gym.Env):
         self._attach_catalog()
         self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
-        self.tool_schemas = tool_schemas()
+        self.tools: dict[str, Tool] = dict(TOOLS)
+        self.tool_schemas = tool_schemas(self.tools)
         self.task = None
+
+    def register_tool(self, tool: Tool, replace: bool = False) -> None:
+        """Add `tool` to this env's table (both action forms, dispatch and ``tool_schemas`` follow from it).
+
+        A name already in the table raises `ConfigError` unless ``replace=True``."""
+        if not isinstance(tool, Tool):
+            raise ConfigError(f"register_tool takes a shopsim.envs.shopping.tools.Tool, got {type(tool).__name__}")
+        if tool.name in self.tools and not replace:
+            raise ConfigError(f"tool {tool.name!r} already exists; pass replace=True to replace it")
+        self.tools = {**self.tools, tool.name: tool}
+        self.tool_schemas = tool_schemas(self.tools)
 
     # ---- catalog sharing / pickling ----------------------------------------------------------------------
     def _attach_catalog(self) -> None:
@@ -210,10 +224,7 @@ class ShoppingEnv(gym.Env):
         invalid, reward = None, 0.0
         text = action if isinstance(action, str) else repr(action)
         try:
-            act = parse(action, self.max_input_chars)
-            if act.name == "answer" and self.first_answer_turn is None:
-                self.first_answer_turn = self.turns - 1
-            self._dispatch(act)
+            self._dispatch(parse(action, self.max_input_chars, self.tools))
         except (ActionError, ToolError) as exc:
             invalid = str(exc)
         if self.first_answer_turn is None:
@@ -260,7 +271,7 @@ class ShoppingEnv(gym.Env):
     def _info(self, invalid: str | None) -> dict:
         t = self.task
         return {
-            "valid_actions": render.valid_actions(self), "invalid_action": invalid,
+            "valid_actions": self._valid_actions(), "invalid_action": invalid,
             "success": bool(self.done and self.score >= 1.0 - 1e-9), "score": float(self.score),
             "family": t.family, "task_id": int(t.task_id), "split": t.split, "strategy": self.strategy,
             "reward_parts": dict(self.parts), "structured": render.structured(self),
@@ -269,6 +280,14 @@ class ShoppingEnv(gym.Env):
             "turns_before_first_answer": self.first_answer_turn if self.first_answer_turn is not None else self.turns,
             "chars_before_first_answer": self.chars_before_answer,
         }
+
+    def _valid_actions(self) -> list[str]:
+        """`render.valid_actions`, then the ``hint`` of each tool that has one and applies to this task."""
+        out = render.valid_actions(self)
+        for tool in self.tools.values():
+            if tool.hint is not None and (tool.available is None or tool.available(self)):
+                out += tool.hint(self)
+        return out
 
     def page_ids(self) -> list[int]:
         start = self.page_num * self.results_per_page
@@ -313,43 +332,13 @@ class ShoppingEnv(gym.Env):
 
     # ---- actions -----------------------------------------------------------------------------------------
     def _dispatch(self, act: Action) -> None:
-        name, args = act.name, act.args
-        shopping = self.task.family != "after_sales"
-        if name == "search":
-            self._search(args[0])
-        elif name == "click":
-            self._click(args[0])
-        elif name == "back":
-            if not self.history:
-                raise ActionError("nothing to go back to")
-            self._restore()
-        elif name in ("next_page", "prev_page"):
-            if self.page != "results":
-                raise ActionError(f"{name} works on a results page")
-            self._click("next >" if name == "next_page" else "< prev")
-        elif name == "ask":
-            reply = self.customer.ask(args[0])
-            self.feedback.append(f"Customer: {reply}")
-            if self.customer.left:
-                self._finish(0.0, {"customer_left": 1.0}, "customer_left")
-        elif name == "answer":
-            self.answered = True
-            self.feedback.append(f"Customer: {self.customer.hear(args[0])}")
-        elif name == "finish":
-            self.feedback.append("Conversation ended.")
-            if shopping:
-                self._finish(0.0, {"purchased": 0.0}, "finish_without_purchase")
-            else:
-                score, parts = grade(self.db, self._gold, self.task.request, self.answered, self.viewed)
-                self._finish(score, parts, "finish")
-        elif name in ("buy", "add_to_cart", "remove_from_cart", "view_cart", "checkout"):
-            if not shopping:
-                raise ActionError("this customer is not buying anything; use the after-sales tools")
-            self._cart_action(name, args)
-        else:  # after-sales tools
-            if shopping:
-                raise ActionError(f"{name} is an after-sales tool; this task has no order history")
-            self._after_sales(name, args)
+        """Run a parsed action through its `Tool`: availability for this task, then the handler."""
+        tool = self.tools[act.name]
+        if tool.available is not None and not tool.available(self):
+            raise ActionError(tool.unavailable.format(name=tool.name))
+        result = tool.handler(self, **dict(zip(tool.arg_names, act.args, strict=True)))
+        if result is not None:
+            self.feedback.append(result)
 
     def _search(self, query: str) -> None:
         hits = _search(self.index, query, self.max_results)  # a shared, immutable tuple
@@ -475,22 +464,3 @@ class ShoppingEnv(gym.Env):
                            for p, c in items)
         self.feedback.append(f"Purchased {bought}. The episode is over.")
         self._finish(score, parts, reason)
-
-    def _after_sales(self, name: str, args: tuple) -> None:
-        db = self.db
-        if name == "list_orders":
-            if self.page != "orders":
-                self._goto("orders")
-        elif name == "get_order":
-            db.order_lines(args[0])  # raises ToolError for an unknown order
-            self._goto("order")
-            self.order_id = args[0].strip().lstrip("#").upper()
-            self.viewed.add(self.order_id)
-        elif name == "cancel_order":
-            self.feedback.append(db.cancel_order(args[0], args[1]))
-        elif name == "return_item":
-            self.feedback.append(db.return_item(args[0], args[1]))
-        elif name == "exchange_item":
-            pid = self.catalog.sku_to_id(args[2].strip().upper())
-            new = None if pid is None else _product(self.catalog, pid)
-            self.feedback.append(db.exchange_item(args[0], args[1], new))
