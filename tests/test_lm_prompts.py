@@ -11,7 +11,7 @@ from agents.lm.prompts import ChatFormat, EpisodeContext, concat_layout
 from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
 from shopsim.rollout import collect
-from tests.lm_toy_env import ToyTextEnv
+from tests.fixtures.toy_lm import ClickWordEnv
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def tok():
 def _run(tok, mode, episodes=3, length=5, **kw):
     model = build_model(tok, size="tiny", seed=0)
     agent = LMAgent(model=model, tokenizer=tok, context_mode=mode, max_new_tokens=10, **kw)
-    trajs = collect("shopsim/Shopping-v0", agent, episodes=episodes, env_fns=[lambda: ToyTextEnv(length)],
+    trajs = collect("shopsim/Shopping-v0", agent, episodes=episodes, env_fns=[lambda: ClickWordEnv(length)],
                     num_envs=2, progress=False)
     return agent, trajs
 
