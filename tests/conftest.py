@@ -28,3 +28,11 @@ def toy_world(tmp_path, monkeypatch):
     from tests.fixtures import leaderboard_toy
 
     return leaderboard_toy.install(tmp_path / "data", monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The shipped LM tokenizer (`agents.lm.tokenizer.load_tokenizer`); read-only in the tests, so shared."""
+    from agents.lm.tokenizer import load_tokenizer
+
+    return load_tokenizer()

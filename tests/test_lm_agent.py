@@ -8,15 +8,9 @@ import agents
 from agents.lm.agent import LMAgent
 from agents.lm.model import build_model
 from agents.lm.parsing import extract_action, is_tool_call
-from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
 from shopsim.rollout import collect
 from tests.fixtures.toy_lm import ClickWordEnv
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -8,15 +8,9 @@ import torch
 from agents.lm.agent import LMAgent
 from agents.lm.model import build_model
 from agents.lm.prompts import ChatFormat, EpisodeContext, concat_layout
-from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
 from shopsim.rollout import collect
 from tests.fixtures.toy_lm import ClickWordEnv
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
 
 
 def _run(tok, mode, episodes=3, length=5, **kw):
