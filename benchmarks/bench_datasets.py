@@ -86,7 +86,7 @@ def main(argv=None) -> None:
 
     # rollout-runner overhead on a toy env
     from shopsim.rollout import collect
-    from tests.fixtures.toy_env import TOY_ID, CountEnv, CountExpert, make_toy
+    from shopsim.testing import COUNT_ID, CountEnv, CountExpert, make_count_env
 
     episodes = 500 if args.quick else 3000
     env, agent = CountEnv(), CountExpert()
@@ -102,7 +102,8 @@ def main(argv=None) -> None:
             done = term or trunc
     t_bare = time.perf_counter() - t0
     t0 = time.perf_counter()
-    trajs = collect(TOY_ID, CountExpert(), env_fns=[make_toy] * 8, num_envs=8, episodes=episodes, progress=False)
+    trajs = collect(COUNT_ID, CountExpert(), env_fns=[make_count_env] * 8, num_envs=8, episodes=episodes,
+                    progress=False)
     t_run = time.perf_counter() - t0
     steps_run = sum(t.num_turns for t in trajs)
     print(f"rollout runner on a toy env ({episodes} episodes):")

@@ -1,5 +1,4 @@
 """The benchmark orchestration on a toy registered env (fast), and the real quick job on the tiny budget (slow)."""
-# ruff: noqa: F811  (the `toy_world` fixture is imported from tests.fixtures and named as an argument)
 
 import json
 import os
@@ -9,7 +8,7 @@ import pytest
 from shopsim.cli import main
 from shopsim.leaderboard.bench import BUDGETS, Budget, budget_for, plan, run_bench, sft_checkpoint
 from shopsim.leaderboard.results import find_results
-from tests.fixtures.leaderboard_toy import FAMILY, TOY_ID, toy_world  # noqa: F401
+from tests.fixtures.leaderboard_toy import FAMILY, TOY_ID
 
 TABLE = {"quick": {TOY_ID: Budget(references=("expert", "random", "missing_agent"),
                                   algos={"toyalgo": 3, "broken": 2, "not_registered": 1},

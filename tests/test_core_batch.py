@@ -8,7 +8,7 @@ from baselines.core.batch import build_batch, detect_mode
 from shopsim.errors import ConfigError
 from shopsim.rollout import collect
 from shopsim.trajectory import Trajectory, Turn
-from tests._toy_lm import ToyLMAgent, env_fns
+from tests.fixtures.toy_lm import ToyLMAgent, env_fns
 
 
 def _hand_concat():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import baselines
-from tests._toy_lm import ToyLMAgent, env_fns
+from tests.fixtures.toy_lm import ToyLMAgent, env_fns
 
 ALGOS = ["reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo"]
 SMALL = dict(group_size=2, tasks_per_iter=2, eval_episodes=2, num_envs=2, lr=1e-3, critic_lr=1e-3)

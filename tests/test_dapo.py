@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from baselines.dapo import DAPO, overlong_penalty
-from tests._toy_lm import ToyLMAgent, env_fns
+from tests.fixtures.toy_lm import ToyLMAgent, env_fns
 
 
 def test_overlong_penalty_hand_values():

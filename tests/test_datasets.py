@@ -17,8 +17,8 @@ from shopsim.datasets import (
 )
 from shopsim.errors import DatasetError
 from shopsim.rollout import collect
+from shopsim.testing import COUNT_ID, CountRandom, make_count_env
 from shopsim.trajectory import Trajectory, Turn
-from tests.fixtures.toy_env import TOY_ID, CountRandom, make_toy
 
 
 def lm_trajectory(i=0):
@@ -63,7 +63,8 @@ def test_loads_with_pandas_and_hf_datasets(tmp_path):
 
 
 def test_streaming_in_small_chunks(tmp_path):
-    trajs = collect(TOY_ID, CountRandom(), env_fns=[make_toy] * 2, num_envs=2, episodes=30, seed=0, progress=False)
+    trajs = collect(COUNT_ID, CountRandom(), env_fns=[make_count_env] * 2, num_envs=2, episodes=30, seed=0,
+                    progress=False)
     path = tmp_path / "s.parquet"
     with DatasetWriter(path, {"x": 1}, chunk_rows=7) as w:
         w.write_all(trajs)
@@ -77,7 +78,7 @@ def test_same_seed_same_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     paths = []
     for name in ("a", "b"):
-        trajs = collect(TOY_ID, CountRandom(), env_fns=[make_toy] * 2, num_envs=2, episodes=10, seed=4,
+        trajs = collect(COUNT_ID, CountRandom(), env_fns=[make_count_env] * 2, num_envs=2, episodes=10, seed=4,
                         progress=False)
         paths.append(write_dataset(tmp_path / f"{name}.parquet", trajs, {"seed": 4}))
     assert paths[0].read_bytes() == paths[1].read_bytes()

@@ -5,8 +5,8 @@ import json
 import pytest
 
 import baselines
+from agents.registry import manifest_env_kwargs
 from shopsim.cli import main
-from shopsim.commands.eval import manifest_env_kwargs
 
 ENV = "shopsim/TwoStageRetrieval-v0"
 

@@ -1,11 +1,11 @@
 """Results files: round trip, schema validation with clear errors, protocol loading, evaluation on a toy env."""
-# ruff: noqa: F811  (the `toy_world` fixture is imported from tests.fixtures and named as an argument)
 
 import json
 
 import pytest
 
 from shopsim.errors import ConfigError, DatasetError
+from shopsim.leaderboard.bench import reference_agent
 from shopsim.leaderboard.evaluate import evaluate
 from shopsim.leaderboard.protocols import Protocol, load_protocol
 from shopsim.leaderboard.results import (
@@ -18,7 +18,7 @@ from shopsim.leaderboard.results import (
     validate_results,
     write_results,
 )
-from tests.fixtures.leaderboard_toy import FAMILY, TEST_IDS, TOY_ID, CoinExpert, CoinPolicy, toy_world  # noqa: F401
+from tests.fixtures.leaderboard_toy import FAMILY, TEST_IDS, TOY_ID, CoinExpert, CoinHalf, CoinPolicy
 
 PROTO = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(1, 2), seeds=(0, 1), tries=4)
 METRICS = {"success_rate": {"mean": 0.5, "std": 0.1, "ci95": [0.4, 0.6], "n": 2, "per_seed": [0.45, 0.55]}}
@@ -119,12 +119,29 @@ def test_evaluate_expert_beats_random_and_is_deterministic(toy_world):
     assert m["turns"]["mean"] == 2.0 and m["episodes"]["mean"] == 24
 
 
+class _Failing(CoinExpert):
+    def act_one(self, slot, observation, info):
+        raise RuntimeError("this reference always fails")
+
+
 def test_evaluate_gap_to_reference(toy_world):
     p = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100, 101), seeds=(0, 1), tries=4, reference="half")
-    ev = evaluate(CoinPolicy(q=0.5), p)  # "half" always plays 1 like the expert
+    ev = evaluate(CoinPolicy(q=0.5), p, reference=CoinHalf())  # "half" always plays 1 like the expert
     ref = evaluate(CoinExpert(), Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100, 101), seeds=(0, 1), tries=4))
-    for s, (mine, theirs) in enumerate(zip(ev.per_seed, ref.per_seed, strict=False)):
+    for mine, theirs in zip(ev.per_seed, ref.per_seed, strict=True):
         assert mine["gap_to_s_S_pct"] == pytest.approx(100 * (mine["cost"] - theirs["cost"]) / theirs["cost"])
+    assert not ev.notes
+    missing = evaluate(CoinPolicy(q=0.5), p)  # the protocol names a reference, the caller gave none
+    assert "gap_to_s_S_pct" not in missing.metrics and "no reference agent" in missing.notes[0]
     broken = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100,), seeds=(0,), tries=1, reference="nope")
-    out = evaluate(CoinExpert(), broken)
+    out = evaluate(CoinExpert(), broken, reference=_Failing())
     assert "gap_to_s_S_pct" not in out.metrics and "reference failed" in out.notes[0]
+    assert out.metrics["success_rate"]["mean"] > 0  # the entry's own metrics survive a broken reference
+
+
+def test_reference_agent_is_the_registered_one_built_once(toy_world):
+    """The app layer (`shopsim.leaderboard.bench`) builds the protocol's reference from the agent registry."""
+    p = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100,), seeds=(0,), tries=1, reference="half")
+    agent = reference_agent(p)
+    assert isinstance(agent, CoinHalf) and reference_agent(p) is agent
+    assert reference_agent(Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100,), seeds=(0,), tries=1)) is None

@@ -6,9 +6,9 @@ from shopsim.cli import main
 from shopsim.datasets import write_dataset
 from shopsim.leaderboard.viewer import render_viewer
 from shopsim.rollout import collect
+from shopsim.testing import COUNT_ID, CountRandom, make_count_env
 from shopsim.trajectory import Trajectory, Turn
 from tests.fixtures.headless import dump_dom
-from tests.fixtures.toy_env import TOY_ID, CountRandom, make_toy
 
 
 def test_viewer_shows_turns_flags_and_escapes_text():
@@ -25,7 +25,8 @@ def test_viewer_shows_turns_flags_and_escapes_text():
 
 
 def test_viewer_page_from_a_dataset_runs_in_chromium(tmp_path):
-    trajs = collect(TOY_ID, CountRandom(), env_fns=[make_toy] * 2, num_envs=2, episodes=5, seed=3, progress=False)
+    trajs = collect(COUNT_ID, CountRandom(), env_fns=[make_count_env] * 2, num_envs=2, episodes=5, seed=3,
+                    progress=False)
     data = write_dataset(tmp_path / "d.parquet", trajs)
     out = tmp_path / "view.html"
     assert main(["view", str(data), "--out", str(out)]) == 0

@@ -8,22 +8,16 @@ import agents
 from agents.lm.agent import LMAgent
 from agents.lm.model import build_model
 from agents.lm.parsing import extract_action, is_tool_call
-from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
 from shopsim.rollout import collect
-from tests.lm_toy_env import ToyTextEnv
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
+from tests.fixtures.toy_lm import ClickWordEnv
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_random_weight_model_of_each_architecture_runs_an_episode(tok, arch):
     model = build_model(tok, arch=arch, size="tiny", seed=0)
     agent = LMAgent(model=model, tokenizer=tok, max_new_tokens=8, record_hidden=True)
-    traj = collect("shopsim/Shopping-v0", agent, episodes=1, env_fns=[lambda: ToyTextEnv(3)], progress=False)[0]
+    traj = collect("shopsim/Shopping-v0", agent, episodes=1, env_fns=[lambda: ClickWordEnv(3)], progress=False)[0]
     assert traj.num_turns == 3
     for turn in traj.turns:
         assert isinstance(turn.action, str)
@@ -39,7 +33,7 @@ def test_checkpoint_round_trip(tok, tmp_path):
     assert (tmp_path / "ckpt" / "model.safetensors").is_file()
     again = agents.load_checkpoint(tmp_path / "ckpt", greedy=True, max_new_tokens=6)
     assert isinstance(again, LMAgent) and again.options["context_mode"] == "concat"
-    runs = [collect("shopsim/Shopping-v0", a, episodes=2, env_fns=[lambda: ToyTextEnv(2)], progress=False)
+    runs = [collect("shopsim/Shopping-v0", a, episodes=2, env_fns=[lambda: ClickWordEnv(2)], progress=False)
             for a in (agent, again)]
     assert [t.action_ids for t in runs[0][0].turns] == [t.action_ids for t in runs[1][0].turns]
 
@@ -47,7 +41,7 @@ def test_checkpoint_round_trip(tok, tmp_path):
 def test_same_seed_same_trajectories(tok):
     model = build_model(tok, size="tiny", seed=0)
     agent = LMAgent(model=model, tokenizer=tok, max_new_tokens=6)
-    runs = [collect("shopsim/Shopping-v0", agent, episodes=2, seed=5, env_fns=[lambda: ToyTextEnv(2)],
+    runs = [collect("shopsim/Shopping-v0", agent, episodes=2, seed=5, env_fns=[lambda: ClickWordEnv(2)],
                     progress=False) for _ in range(2)]
     assert [t.action_ids for t in runs[0][1].turns] == [t.action_ids for t in runs[1][1].turns]
 

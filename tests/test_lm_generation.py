@@ -7,13 +7,7 @@ import torch
 
 from agents.lm.generation import SamplingConfig, _top_p_filter, action_logprobs, left_pad, sample
 from agents.lm.model import build_model
-from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
 
 
 def _prompts(tok):

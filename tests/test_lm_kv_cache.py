@@ -14,17 +14,11 @@ from agents.lm.agent import LMAgent
 from agents.lm.generation import PrefixCache, SamplingConfig, sample, token_logprobs
 from agents.lm.model import build_model
 from agents.lm.prompts import concat_layout
-from agents.lm.tokenizer import load_tokenizer
 from shopsim.rollout import collect
 
 ENV = "shopsim/Shopping-v0"
 ENV_KW = {"catalog_size": 1000, "family": "find_and_buy", "numbered_results": True, "results_per_page": 5,
           "obs_mode": "terse", "max_turns": 6}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
 
 
 def _agent(tok, arch, mode, kv_cache, **kw):

@@ -8,21 +8,15 @@ import torch
 from agents.lm.agent import LMAgent
 from agents.lm.model import build_model
 from agents.lm.prompts import ChatFormat, EpisodeContext, concat_layout
-from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
 from shopsim.rollout import collect
-from tests.lm_toy_env import ToyTextEnv
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
+from tests.fixtures.toy_lm import ClickWordEnv
 
 
 def _run(tok, mode, episodes=3, length=5, **kw):
     model = build_model(tok, size="tiny", seed=0)
     agent = LMAgent(model=model, tokenizer=tok, context_mode=mode, max_new_tokens=10, **kw)
-    trajs = collect("shopsim/Shopping-v0", agent, episodes=episodes, env_fns=[lambda: ToyTextEnv(length)],
+    trajs = collect("shopsim/Shopping-v0", agent, episodes=episodes, env_fns=[lambda: ClickWordEnv(length)],
                     num_envs=2, progress=False)
     return agent, trajs
 

@@ -73,8 +73,7 @@ def test_sft_data_options_reach_the_expert_env_and_manifest(tmp_path):
     cfg = SFTConfig(steps=2, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
                     reset_options=FIND, max_new_tokens=8, env_kwargs=kw)
     agent, _ = train_sft(ENV, trajs, cfg, out_dir=tmp_path, progress=False)
-    from agents.registry import CHECKPOINT_MANIFEST
-    from shopsim.commands.eval import manifest_env_kwargs
+    from agents.registry import CHECKPOINT_MANIFEST, manifest_env_kwargs
 
     assert manifest_env_kwargs(tmp_path / "checkpoint" / CHECKPOINT_MANIFEST) == kw
 

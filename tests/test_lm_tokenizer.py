@@ -7,11 +7,6 @@ import pytest
 from agents.lm.tokenizer import SPECIAL_TOKENS, grammar_texts, load_tokenizer, train_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
-
-
 def test_round_trip_on_catalog_text(tok):
     from shopsim.catalog import load_catalog
 

@@ -129,7 +129,7 @@ def test_config_validates():
 
 def test_turn_ratio_gradient_through_a_model():
     from baselines.core.trainer import forward_policy
-    from tests._toy_lm import tiny_gpt2
+    from tests.fixtures.toy_lm import tiny_gpt2
 
     model = tiny_gpt2(1).double()
     ids = torch.tensor([[11, 3, 4, 5, 2, 6, 7]])

@@ -4,6 +4,7 @@ import agents
 import baselines
 from baselines.base import Algorithm
 from shopsim.errors import ConfigError, UnknownNameError
+from shopsim.testing import CountExpert
 
 
 def test_unknown_algorithm_lists_available():
@@ -71,20 +72,17 @@ def test_unknown_agent_lists_available_for_that_env():
         agents.make("expert", "shopsim/Nope-v0")
 
 
+class Saved(CountExpert):
+    """A checkpoint-loadable agent: `agents.load_checkpoint` finds it by module:qualname in the manifest."""
+
+    @classmethod
+    def from_checkpoint(cls, directory, env_id=None, **kw):
+        agent = cls(env_id=env_id)
+        agent.loaded_from = directory
+        return agent
+
+
 def test_checkpoint_manifest_round_trip(tmp_path):
-    from tests.fixtures.toy_env import CountExpert
-
-    class Saved(CountExpert):
-        @classmethod
-        def from_checkpoint(cls, directory, env_id=None, **kw):
-            agent = cls(env_id=env_id)
-            agent.loaded_from = directory
-            return agent
-
-    import tests.fixtures.toy_env as toy
-
-    toy.Saved = Saved
-    Saved.__module__, Saved.__qualname__ = toy.__name__, "Saved"
     agents.save_manifest(tmp_path, Saved, "shopsim/Shopping-v0", note="x")
     agent = agents.load_checkpoint(tmp_path)
     assert isinstance(agent, Saved) and agent.loaded_from == tmp_path

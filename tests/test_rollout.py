@@ -3,12 +3,12 @@ import pytest
 
 from shopsim.errors import ConfigError
 from shopsim.rollout import collect, plan_episodes, summarize
-from tests.fixtures.toy_env import TOY_ID, CountEnv, CountExpert, CountRandom, make_toy
+from shopsim.testing import COUNT_ID, CountEnv, CountExpert, CountRandom, make_count_env
 
 
 def run(agent, **kw):
     kw.setdefault("progress", False)
-    return collect(TOY_ID, agent, env_fns=[make_toy] * kw.pop("num_envs", 3), num_envs=3, **kw)
+    return collect(COUNT_ID, agent, env_fns=[make_count_env] * kw.pop("num_envs", 3), num_envs=3, **kw)
 
 
 def test_expert_solves_every_episode_in_order():
@@ -38,8 +38,8 @@ def test_same_seed_same_trajectories_and_num_envs_do_not_change_order():
     a = run(CountRandom(), episodes=6, seed=1)
     b = run(CountRandom(), episodes=6, seed=1)
     assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
-    c = collect(TOY_ID, CountExpert(), env_fns=[make_toy], num_envs=1, episodes=6, seed=1, progress=False)
-    d = collect(TOY_ID, CountExpert(), env_fns=[make_toy] * 4, num_envs=4, episodes=6, seed=1, progress=False)
+    c = collect(COUNT_ID, CountExpert(), env_fns=[make_count_env], num_envs=1, episodes=6, seed=1, progress=False)
+    d = collect(COUNT_ID, CountExpert(), env_fns=[make_count_env] * 4, num_envs=4, episodes=6, seed=1, progress=False)
     assert [t.to_dict() for t in c] == [t.to_dict() for t in d]
 
 
@@ -53,7 +53,7 @@ def test_truncation_and_invalid_actions_are_recorded():
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_vector_env_gives_the_same_trajectories(mode):
     ref = run(CountExpert(), episodes=5, seed=3)
-    vec = collect(TOY_ID, CountExpert(), env_fns=[make_toy] * 2, num_envs=2, episodes=5, seed=3,
+    vec = collect(COUNT_ID, CountExpert(), env_fns=[make_count_env] * 2, num_envs=2, episodes=5, seed=3,
                   vector=mode, progress=False)
     assert [t.to_dict() for t in vec] == [t.to_dict() for t in ref]
 

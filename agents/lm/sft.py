@@ -239,11 +239,11 @@ def heldout_loss(model, rows, pad_id: int, batch_size: int = 16) -> float:
 def evaluate(agent, env_id: str, *, episodes: int, split: str = "dev", seed: int = 10_000, num_envs: int = 16,
              reset_options=None, progress: bool = False, env_kwargs=None, families=()) -> dict:
     """Greedy rollouts on `split`: success, score, turns, invalid-action rate and success per task family.
-    With `families`: the first `episodes` tasks of `split` in those families (`baselines.core.tasks.eval_tasks`)."""
+    With `families`: the first `episodes` tasks of `split` in those families (`shopsim.splits.eval_tasks`)."""
     from shopsim.rollout import collect, summarize
 
     if families:
-        from baselines.core.tasks import eval_tasks
+        from shopsim.splits import eval_tasks
 
         tasks = eval_tasks(env_id, split, episodes, families=tuple(families))
         trajs = collect(env_id, agent, tasks=tasks, seeds=[seed + i for i in range(len(tasks))], split=split,

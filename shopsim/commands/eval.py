@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from agents.registry import manifest_env_kwargs  # noqa: F401 (also the public name here)
 from shopsim.commands import positive_int, writable_output
 
 
@@ -39,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import agents
+    from agents.registry import manifest_env_kwargs
     from shopsim.envs import check_env_id
+    from shopsim.leaderboard.bench import reference_agent
     from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
     from shopsim.leaderboard.protocols import load_protocol
     from shopsim.leaderboard.render import fmt_metric
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     used = agent_env_kwargs(agent, protocol)  # what `evaluate` runs on: the agent's rendering stays
     if used:
         config["env_kwargs"] = used
-    ev = evaluate(agent, protocol, progress=not args.no_progress, num_envs=args.num_envs)
+    ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=not args.no_progress,
+                  num_envs=args.num_envs)
     rec = make_results(protocol=protocol, entry=name, kind=kind, metrics=ev.metrics,
                        agent=f"{type(agent).__module__}:{type(agent).__qualname__}", config=config,
                        wall_s=ev.wall_s, extra={"notes": ev.notes} if ev.notes else None)

@@ -16,9 +16,7 @@ the starting stock. The default preset is the HPO paper's inventory setting (anc
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -26,7 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from shopsim.errors import ConfigError, ShopsimError
-from shopsim.paths import data_dir
+from shopsim.splits import load_splits
 
 ENV_ID = "shopsim/Replenishment-v0"
 PAST_DEMANDS = 4  # how many past demands the observation shows
@@ -249,13 +247,9 @@ def step_torch(on_hand, pipeline, order, quantity, demand, holding, backlog, fix
     return StepOut(new_on_hand, new_pipeline, c_h, c_b, c_f, over, total)
 
 
-@lru_cache(maxsize=8)
 def load_split(env_name: str = "Replenishment-v0") -> dict:
-    """The split manifest data/splits/<env_name>.json (train range, dev and test id lists)."""
-    path = data_dir() / "splits" / f"{env_name}.json"
-    if not path.is_file():
-        raise ShopsimError(f"split manifest {path} is missing; it ships with the repository (data/splits/)")
-    return json.loads(path.read_text())
+    """The split manifest data/splits/<env_name>.json (train range, dev and test id lists; `shopsim.splits`)."""
+    return load_splits(env_name)
 
 
 def draw_task(split: str, rng: np.random.Generator, env_name: str = "Replenishment-v0") -> int:

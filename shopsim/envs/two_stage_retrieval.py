@@ -28,7 +28,6 @@ repeated id is an *invalid step*: reward 0.0, the episode ends, ``info["invalid_
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +38,8 @@ import numpy as np
 from gymnasium import spaces
 
 from shopsim.errors import ConfigError, ShopsimError
-from shopsim.paths import data_dir
+from shopsim.splits import load_splits as _load_manifest
+from shopsim.splits import read_manifest
 
 ENV_ID = "shopsim/TwoStageRetrieval-v0"
 LSR_KINDS = ("optimal", "noisy", "uniform", "anti")
@@ -317,10 +317,8 @@ class TwoStageRetrievalSim:
 
 # ---------------------------------------------------------------------- splits
 def load_splits(path: Path | None = None) -> dict:
-    path = path or data_dir() / "splits" / "TwoStageRetrieval-v0.json"
-    if not path.is_file():
-        raise ShopsimError(f"split manifest {path} is missing; restore data/splits/TwoStageRetrieval-v0.json")
-    return json.loads(path.read_text())
+    """The split manifest data/splits/TwoStageRetrieval-v0.json, or the one at `path` (`shopsim.splits`)."""
+    return read_manifest(path) if path is not None else _load_manifest(ENV_ID)
 
 
 def split_ids(split: str, n: int, rng: np.random.Generator, splits: dict | None = None) -> np.ndarray:

@@ -1,11 +1,14 @@
 """The leaderboard (design document §7): evaluation protocols, metrics, results files, rendering, the benchmark.
 
-* `protocols` — per-env evaluation protocol from ``data/splits/<Name-vN>.json`` (test task ids, eval seeds, tries);
+* `protocols` — per-env evaluation protocol from ``data/splits/<Name-vN>.json`` (`shopsim.splits`: test task ids,
+  eval seeds, tries);
 * `metrics` — per-episode records, pass^k / pass@k, 95% t-intervals over seeds;
-* `evaluate` — run an agent through a protocol with `shopsim.rollout.collect`;
+* `evaluate` — run an agent (and the protocol's reference agent, both given by the caller) through a protocol with
+  `shopsim.rollout.collect`;
 * `results` — schema-versioned results JSON (write, read, validate);
 * `render` — Markdown, CSV, static HTML and matplotlib plots; `viewer` — static trajectory viewer;
-* `bench` — ``shopsim bench --quick``: train, evaluate, render.
+* `bench` — ``shopsim bench --quick``: train, evaluate, render. It belongs to the app layer (it builds agents and
+  trainers); the other modules sit below `agents` (``[tool.importlinter]`` in pyproject.toml).
 """
 
 from shopsim.leaderboard.metrics import pass_at_k, pass_hat_k

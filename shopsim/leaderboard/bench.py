@@ -146,6 +146,24 @@ def sft_checkpoint(root: str | Path | None = None) -> Path | None:
     return found[0].parent if found else None
 
 
+_REFERENCE_AGENTS: dict[tuple[str, str], Any] = {}
+
+
+def reference_agent(protocol: Protocol):
+    """The agent ``protocol.reference`` names (None when it names none) for `evaluate`'s gap metric.
+
+    Built once per (name, env) and process, so that `evaluate` runs it once per protocol however many entries are
+    measured against it."""
+    if not protocol.reference:
+        return None
+    key = (protocol.reference, protocol.env_id)
+    if key not in _REFERENCE_AGENTS:
+        import agents
+
+        _REFERENCE_AGENTS[key] = agents.make(*key)
+    return _REFERENCE_AGENTS[key]
+
+
 @dataclass
 class Entry:
     """One leaderboard row to produce: a reference agent, a registered baseline, or a user class."""
@@ -264,7 +282,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                 curve = Path(result.out_dir or seed_dir) / "metrics.csv"
                 if curve.is_file() and "curve" not in info:
                     info["curve"] = str(_relative(curve, res_path.parent))
-                ev = evaluate(agent, protocol, progress=progress, num_envs=budget.num_envs)
+                ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=progress,
+                              num_envs=budget.num_envs)
                 runs.append(ev)
                 if n_train > 1:  # a fresh algorithm object per run: no state carried between seeds
                     algo = baselines.make(entry.algorithm, env_id=entry.env_id, **entry.overrides)
@@ -282,7 +301,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                 extra["notes"] = notes
             rec = make_results(**info, metrics=metrics, wall_s=time.perf_counter() - t0, extra=extra)
         if entry.kind != "trained":
-            ev = evaluate(agent, protocol, progress=progress, num_envs=budget.num_envs)
+            ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=progress,
+                          num_envs=budget.num_envs)
             for note in ev.notes:
                 log(f"  note: {note}")
             extra = {"ci_over": "eval_seeds"}

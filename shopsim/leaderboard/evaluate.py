@@ -3,8 +3,12 @@
 `evaluate(agent, protocol)` runs, for each eval seed, every (test task, try) episode of the protocol with
 `shopsim.rollout.collect` (task ids and reset seeds given explicitly, so two agents see the same episodes), turns
 the trajectories into per-seed summaries (`shopsim.leaderboard.metrics`) and aggregates them over seeds. For a
-family with a reference policy (replenishment: the (s, S) policy, registered as ``("s_S", "inventory")``) the
-reference is evaluated on the same episodes and every entry gets a per-seed ``gap_to_s_S_pct``.
+family with a reference policy (``protocol.reference``; replenishment: the (s, S) policy, registered as
+``("s_S", "inventory")``) the caller passes that agent as ``reference=``; it is evaluated on the same episodes and
+every entry gets a per-seed ``gap_to_s_S_pct``.
+
+The evaluator takes its agents as arguments and never builds one: it sits below `agents` in the layers
+(``[tool.importlinter]`` in pyproject.toml); the CLI and the benchmark runner build them (`agents.make`).
 """
 
 from __future__ import annotations
@@ -75,31 +79,35 @@ def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: in
     return summaries, kept
 
 
-_REFERENCE_CACHE: dict[Any, list[dict]] = {}
+#: (id(reference agent), episodes) -> (the agent, its per-seed summaries); the agent is kept so its id stays unique
+_REFERENCE_CACHE: dict[Any, tuple[Any, list[dict]]] = {}
 
 
-def reference_summaries(protocol: Protocol, *, progress: bool = False, collect: Callable | None = None) -> list[dict]:
-    """Per-seed summaries of the family's reference agent on `protocol` (memoised per process)."""
-    import agents
-
-    key = (protocol.env_id, protocol.split, protocol.task_ids, protocol.seeds, protocol.tries,
-           tuple(sorted(protocol.env_kwargs.items())), protocol.reference)
+def reference_summaries(reference, protocol: Protocol, *, progress: bool = False,
+                        collect: Callable | None = None) -> list[dict]:
+    """Per-seed summaries of the `reference` agent on `protocol` (memoised per process and agent object)."""
+    key = (id(reference), protocol.env_id, protocol.split, protocol.task_ids, protocol.seeds, protocol.tries,
+           tuple(sorted(protocol.env_kwargs.items())))
     if key not in _REFERENCE_CACHE:
-        ref = agents.make(protocol.reference, protocol.env_id)
-        _REFERENCE_CACHE[key] = run_seeds(ref, protocol, progress=progress, collect=collect)[0]
-    return [dict(s) for s in _REFERENCE_CACHE[key]]
+        _REFERENCE_CACHE[key] = (reference, run_seeds(reference, protocol, progress=progress, collect=collect)[0])
+    return [dict(s) for s in _REFERENCE_CACHE[key][1]]
 
 
-def evaluate(agent, protocol: Protocol, *, progress: bool = False, num_envs: int = 8,
+def evaluate(agent, protocol: Protocol, *, reference=None, progress: bool = False, num_envs: int = 8,
              collect: Callable | None = None, keep_trajectories: bool = False) -> Evaluation:
-    """Evaluate `agent` (an `agents.Agent`) on every episode of `protocol`; see module docstring."""
+    """Evaluate `agent` (an `agents.Agent`) on every episode of `protocol`; see module docstring.
+
+    `reference`: the agent named by ``protocol.reference`` (built by the caller), for the gap metric; without it a
+    protocol that names a reference gets a note instead of the gap."""
     t0 = time.perf_counter()
     summaries, trajs = run_seeds(agent, protocol, progress=progress, num_envs=num_envs, collect=collect,
                                  keep=keep_trajectories)
     notes = []
-    if protocol.reference:
+    if protocol.reference and reference is None:
+        notes.append(f"no gap to {protocol.reference}: no reference agent was given to evaluate()")
+    elif protocol.reference:
         try:
-            ref = reference_summaries(protocol, progress=progress, collect=collect)
+            ref = reference_summaries(reference, protocol, progress=progress, collect=collect)
         except Exception as exc:  # noqa: BLE001 - a broken reference must not lose the entry's own metrics
             notes.append(f"no gap to {protocol.reference}: the reference failed ({type(exc).__name__}: {exc})")
         else:

@@ -17,12 +17,11 @@ the episodes produced, so a table can be re-rendered with other columns later.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shopsim.errors import ConfigError, DatasetError
-from shopsim.paths import data_dir
+from shopsim.splits import load_splits, splits_path
 
 #: default episodes per (task, eval seed); pass^k is reported for k = 1..min(4, tries)
 DEFAULT_TRIES = 4
@@ -42,12 +41,6 @@ DEFAULT_METRICS: tuple[str, ...] = ("success_rate", "score", "return", "pass^1",
 LOWER_IS_BETTER = frozenset({"cost", "gap_to_s_S_pct", "turns", "tokens", "invalid_rate", "regret"})
 #: family -> the reference agent whose per-seed cost every entry's gap is measured against (same episodes)
 FAMILY_REFERENCE: dict[str, str] = {"inventory": "s_S"}
-
-
-def splits_path(env_id: str, root: str | Path | None = None) -> Path:
-    """``data/splits/<Name-vN>.json`` for ``shopsim/<Name-vN>``."""
-    name = env_id.split("/")[-1]
-    return Path(root if root is not None else data_dir()) / "splits" / f"{name}.json"
 
 
 @dataclass(frozen=True)
@@ -128,12 +121,7 @@ def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None =
     if not path.is_file():
         raise DatasetError(f"no evaluation split for {env_id}: expected {path} with "
                            '{"env_id", "train", "dev", "test", "eval_seeds"} (the env issue ships it)')
-    try:
-        spec = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{path} is not valid JSON ({exc}); fix or regenerate it") from exc
-    if not isinstance(spec, dict):
-        raise DatasetError(f"{path} must hold a JSON object with 'test' and 'eval_seeds' keys")
+    spec = load_splits(env_id, root)
     if spec.get("env_id", env_id) != env_id:
         raise DatasetError(f"{path} is for {spec.get('env_id')!r}, not {env_id!r}")
     if split not in ("test", "dev"):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -11,14 +9,15 @@ from gymnasium import spaces
 from shopsim.envs.proactive_rec.scoring import INVALID, STOP, PathScorer, RewardWeights
 from shopsim.envs.proactive_rec.world import DEFAULT_CATALOG_SIZE, HISTORY_LEN, L_MAX, World, get_world
 from shopsim.errors import ConfigError
-from shopsim.paths import data_dir
+from shopsim.splits import load_splits
 
 SPLITS = ("train", "dev", "test")
 SEQ_LEN = HISTORY_LEN + L_MAX
 
 
 def load_split(name: str = "ProactiveRec-v0") -> dict:
-    return json.loads((data_dir() / "splits" / f"{name}.json").read_text())
+    """The split manifest data/splits/<name>.json (`shopsim.splits`)."""
+    return load_splits(name)
 
 
 class ProactiveRecEnv(gym.Env):
