@@ -168,7 +168,7 @@ def test_critic_loss_weighs_turn_starts_and_the_rest_equally():
     from baselines.core.losses import value_loss
     from baselines.mpo import critic_groups
     from shopsim.rollout import collect
-    from tests._toy_lm import ToyLMAgent, env_fns
+    from tests.fixtures.toy_lm import ToyLMAgent, env_fns
 
     agent = ToyLMAgent()
     algo = baselines.make("mpo", env_id="shopsim/Shopping-v0", group_size=2, minibatches=1, update_epochs=1,

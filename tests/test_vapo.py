@@ -95,7 +95,7 @@ def test_value_pretraining_trains_only_the_critic_and_reports_held_out_ev():
     import numpy as np
 
     import baselines
-    from tests._toy_lm import ToyLMAgent, env_fns
+    from tests.fixtures.toy_lm import ToyLMAgent, env_fns
 
     agent = ToyLMAgent()
     algo = baselines.make("vapo", env_id="shopsim/Shopping-v0", group_size=2, tasks_per_iter=2, num_envs=2,
