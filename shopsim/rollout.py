@@ -286,14 +286,19 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     return [results[i] for i in range(len(specs))]
 
 
-def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Mean success, score, return, turns and generated tokens of a list of trajectories."""
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
+    """Mean success, score, return, turns and generated tokens of a list of trajectories.
+
+    ``success`` is None when no episode's final info reports one: a cost env (Replenishment) has no notion of
+    success, and a rate of 0 would read as a failing policy.
+    """
     if not trajectories:
         return {"episodes": 0}
     arr = lambda f: np.array([f(t) for t in trajectories], dtype=float)  # noqa: E731
+    defined = any("success" in t.final_info for t in trajectories)
     return {
         "episodes": len(trajectories),
-        "success": float(arr(lambda t: t.success).mean()),
+        "success": float(arr(lambda t: t.success).mean()) if defined else None,
         "score": float(arr(lambda t: t.score).mean()),
         "return": float(arr(lambda t: t.total_reward).mean()),
         "turns": float(arr(lambda t: t.num_turns).mean()),

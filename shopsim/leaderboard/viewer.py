@@ -82,7 +82,8 @@ def _episode_section(i: int, t: Trajectory, max_chars: int) -> str:
     head = (f"<h2>episode {i}: {esc(str(t.env_id))} · task {esc(str(t.task_id))}</h2>"
             f'<p class="muted">split {esc(str(t.split))} · seed {t.seed} · group {esc(str(t.group_id))} · '
             f"strategy {esc(str(t.strategy or '—'))} · agent {esc(str(t.agent))} · "
-            f"success {t.success} · score {t.score:.4g} · return {t.total_reward:.4g}</p>")
+            f"success {t.success if 'success' in t.final_info else '—'} · score {t.score:.4g} · "
+            f"return {t.total_reward:.4g}</p>")
     if metrics:
         head += f'<p class="muted">episode metrics: {_text(metrics, 2000)}</p>'
     cols = "".join(f'<col class="{c}">' for c in ("n", "obs", "act", "rew", "inv", "end", "info"))
@@ -99,11 +100,12 @@ def render_viewer(trajectories: Sequence[Trajectory], *, title: str = "shopsim t
     trajs = list(trajectories)[: max_episodes or None]
     items, sections = [], []
     for i, t in enumerate(trajs):
-        cls = "win" if t.success else "fail"
+        # a cost env (Replenishment) reports no success: "—", and the episode is no failure
+        cls, ok = ("win", "yes") if t.success else ("fail", "no") if "success" in t.final_info else ("", "—")
         items.append(
             f'<tr class="ep {cls}" data-i="{i}"><td>{i}</td><td>{esc(str(t.task_id))}</td><td>{t.seed}</td>'
             f"<td>{esc(str(t.strategy or ''))}</td><td>{esc(str(t.agent or ''))}</td><td>{t.num_turns}</td>"
-            f'<td>{t.total_reward:.4g}</td><td>{t.score:.4g}</td><td class="ok">{"yes" if t.success else "no"}</td></tr>')
+            f'<td>{t.total_reward:.4g}</td><td>{t.score:.4g}</td><td class="ok">{ok}</td></tr>')
         sections.append(_episode_section(i, t, max_chars))
     envs = sorted({str(t.env_id) for t in trajs})
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
