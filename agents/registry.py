@@ -129,6 +129,9 @@ def read_manifest(directory) -> dict:
 
     directory = Path(directory)
     manifest = directory / CHECKPOINT_MANIFEST
+    if directory.is_file():
+        raise UnknownNameError(f"{directory} is a file, not a shopsim checkpoint folder; pass the folder a training "
+                               "run wrote (OUT/checkpoint)")
     if not directory.is_dir():
         hint = _similar_checkpoints(directory)
         raise UnknownNameError(f"{directory} is not a shopsim checkpoint: no such folder"
@@ -195,7 +198,11 @@ def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
             raise ConfigError(f"{directory} is a checkpoint for {saved_env} ({payload['class']}), not for "
                               f"{env_id}; use --env {saved_env}")
     cls = _load(payload["class"])
-    agent = cls.from_checkpoint(directory, env_id=env_id or saved_env, **kwargs)
+    try:
+        agent = cls.from_checkpoint(directory, env_id=env_id or saved_env, **kwargs)
+    except FileNotFoundError as exc:  # a manifest without its weights: an interrupted copy or save
+        raise ShopsimError(f"{directory} is an incomplete checkpoint ({Path(exc.filename or '?').name} is missing); "
+                           "copy or save it again") from None
     agent.name = getattr(agent, "name", None) or cls.__name__
     agent.env_kwargs = manifest_env_kwargs(directory / CHECKPOINT_MANIFEST)
     return agent

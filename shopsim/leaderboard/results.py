@@ -189,7 +189,7 @@ def _is_checkpoint_file(path: Path, root: Path) -> bool:
 
 
 def find_results(directory: str | Path) -> list[dict]:
-    """Every results file under `directory` (recursively, ``*.json``), validated.
+    """Every results file under `directory` (recursively, ``*.json``), validated; `directory` may also be one file.
 
     Every ``.json`` there must be a results file: an empty, truncated or foreign JSON file raises `DatasetError`
     naming it, so that a broken file never silently drops its entry (and an env's whole table) from the
@@ -197,6 +197,8 @@ def find_results(directory: str | Path) -> list[dict]:
     `CHECKPOINT_MANIFEST`), so a folder with training runs next to the results can be rendered too.
     """
     directory = Path(directory)
+    if directory.is_file():  # one results file
+        return [read_results(directory)]
     if not directory.is_dir():
         raise DatasetError(f"{directory}: no such folder of results files")
     out = []
