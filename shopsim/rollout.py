@@ -227,8 +227,9 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     def start(slot: int) -> None:
         spec = queue.pop()
         obs, info = pool.reset(slot, spec.seed, dict(spec.options))
-        traj = Trajectory(env_id=env_id, task_id=info.get("task_id", spec.task_id), split=info.get("split", spec.options.get("split")),
-                          seed=spec.seed, group_id=spec.group_id, strategy=info.get("strategy", spec.options.get("strategy")),
+        traj = Trajectory(env_id=env_id, task_id=info.get("task_id", spec.task_id),
+                          split=info.get("split", spec.options.get("split")), seed=spec.seed, group_id=spec.group_id,
+                          strategy=info.get("strategy", spec.options.get("strategy")),
                           traj_id=spec.index, agent=agent_name,
                           meta={k: info[k] for k in ("family",) if k in info})
         active[slot] = {"spec": spec, "traj": traj, "obs": obs, "info": info, "steps": 0}

@@ -129,7 +129,7 @@ def test_evaluate_gap_to_reference(toy_world):
     p = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100, 101), seeds=(0, 1), tries=4, reference="half")
     ev = evaluate(CoinPolicy(q=0.5), p)  # "half" always plays 1 like the expert
     ref = evaluate(CoinExpert(), Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100, 101), seeds=(0, 1), tries=4))
-    for s, (mine, theirs) in enumerate(zip(ev.per_seed, ref.per_seed, strict=False)):
+    for mine, theirs in zip(ev.per_seed, ref.per_seed, strict=True):
         assert mine["gap_to_s_S_pct"] == pytest.approx(100 * (mine["cost"] - theirs["cost"]) / theirs["cost"])
     broken = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100,), seeds=(0,), tries=1, reference="nope")
     out = evaluate(CoinExpert(), broken)
