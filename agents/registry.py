@@ -165,14 +165,16 @@ def _similar_checkpoints(directory) -> list:
 
 def manifest_families(directory) -> list[str] | None:
     """The task families a checkpoint was trained on, if its manifest records them (an SFT run's ``sft.families``,
-    a trainer's ``config.families`` / ``config.family``, or a ``family`` env option); None if it records none."""
+    a trainer's ``config.families`` / ``config.family``, a ``family`` reset option or env option); None if it
+    records none."""
     payload = read_manifest(directory)
     for section in (payload, payload.get("sft"), payload.get("config")):
         if not isinstance(section, dict):
             continue
         fams = section.get("families", section.get("family"))
-        if fams is None and isinstance(section.get("env_kwargs"), dict):
-            fams = section["env_kwargs"].get("family")
+        for options in ("reset_options", "env_kwargs"):  # an LM trainer's task choice, an env option
+            if fams is None and isinstance(section.get(options), dict):
+                fams = section[options].get("family")
         if isinstance(fams, str):
             return [fams]
         if isinstance(fams, list) and fams and all(isinstance(f, str) for f in fams):

@@ -320,3 +320,16 @@ def test_readme_commands_parse_and_their_checkpoint_paths_match():
         if args.command in ("train", "sft"):
             out = args.out or f"runs/{args.algo.replace(':', '_')}-seed{args.seed}"
             written.add(Path(out) / "checkpoint")
+
+
+@pytest.mark.parametrize(("manifest", "families"), [
+    ({"sft": {"families": ["find_and_buy"]}}, ["find_and_buy"]),  # `shopsim sft`
+    ({"config": {"reset_options": {"family": "bundle"}}}, ["bundle"]),  # an LM trainer's task choice
+    ({"env_kwargs": {"family": "after_sales"}}, ["after_sales"]),  # an env option
+    ({"config": {"env_kwargs": {}}}, None),  # nothing recorded: the env's mix
+])
+def test_manifest_families(tmp_path, manifest, families):
+    from agents.registry import manifest_families
+
+    (tmp_path / "shopsim_agent.json").write_text(json.dumps({"class": "m:C", **manifest}))
+    assert manifest_families(tmp_path) == families
