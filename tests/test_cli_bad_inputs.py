@@ -33,7 +33,7 @@ def retrieval_run(tmp_path_factory):
     import baselines
 
     run = tmp_path_factory.mktemp("ckpt") / "runs" / "capg-seed0"
-    algo = baselines.make("capg", env_id=RETRIEVAL, steps_per_iteration=2, n_users=50, eval_contexts=50)
+    algo = baselines.make("capg", env_id=RETRIEVAL)
     result = algo.train(RETRIEVAL, iterations=1, seed=0, out_dir=run, progress=False)
     return Path(result.checkpoint)
 
