@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from shopsim.envs import family_of
-from shopsim.errors import UnknownNameError
+from shopsim.errors import ConfigError, ShopsimError, UnknownNameError
 
 #: (name, family) -> "module:Class"
 _REGISTRY: dict[tuple[str, str], str] = {
@@ -121,19 +121,90 @@ def manifest_env_kwargs(path) -> dict:
     return dict(kw or {})
 
 
-def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
-    """Rebuild the agent saved in a checkpoint folder (see `save_manifest`)."""
+def read_manifest(directory) -> dict:
+    """The manifest of a checkpoint folder (`save_manifest`); raise a `ShopsimError` that says what to pass if the
+    folder is missing, is not a checkpoint, or its manifest is unreadable."""
     import json
     from pathlib import Path
 
     directory = Path(directory)
     manifest = directory / CHECKPOINT_MANIFEST
+    if directory.is_file():
+        raise UnknownNameError(f"{directory} is a file, not a shopsim checkpoint folder; pass the folder a training "
+                               "run wrote (OUT/checkpoint)")
+    if not directory.is_dir():
+        hint = _similar_checkpoints(directory)
+        raise UnknownNameError(f"{directory} is not a shopsim checkpoint: no such folder"
+                               + (f"; did you mean {' or '.join(map(str, hint))}?" if hint else
+                                  "; pass the folder a training run wrote (OUT/checkpoint)"))
     if not manifest.is_file():
         raise UnknownNameError(f"{directory} is not a shopsim checkpoint (no {CHECKPOINT_MANIFEST}); "
                                "pass the folder a training run wrote (OUT/checkpoint)")
-    payload = json.loads(manifest.read_text())
+    try:
+        payload = json.loads(manifest.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShopsimError(f"{manifest}: not valid JSON ({exc}); re-save the checkpoint") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("class"), str):
+        raise ShopsimError(f"{manifest}: no \"class\" entry; re-save the checkpoint")
+    return payload
+
+
+def _similar_checkpoints(directory) -> list:
+    """Checkpoint folders of sibling runs whose name starts with the missing run's name (``runs/hpo/checkpoint``
+    missing but ``runs/hpo-seed0/checkpoint`` there: `shopsim train`'s default ``--out`` is ``runs/<algo>-seed<S>``)."""
+    run, leaf = (directory.parent, directory.name) if directory.name == "checkpoint" else (directory, None)
+    if not run.parent.is_dir() or not run.name:
+        return []
+    found = []
+    for cand in sorted(run.parent.glob(f"{run.name}*")):
+        ckpt = cand / leaf if leaf else cand
+        if cand != run and (ckpt / CHECKPOINT_MANIFEST).is_file():
+            found.append(ckpt)
+    return found[:3]
+
+
+def manifest_families(directory) -> list[str] | None:
+    """The task families a checkpoint was trained on, if its manifest records them (an SFT run's ``sft.families``,
+    a trainer's ``config.families`` / ``config.family``, a ``family`` reset option or env option); None if it
+    records none."""
+    payload = read_manifest(directory)
+    for section in (payload, payload.get("sft"), payload.get("config")):
+        if not isinstance(section, dict):
+            continue
+        fams = section.get("families", section.get("family"))
+        for options in ("reset_options", "env_kwargs"):  # an LM trainer's task choice, an env option
+            if fams is None and isinstance(section.get(options), dict):
+                fams = section[options].get("family")
+        if isinstance(fams, str):
+            return [fams]
+        if isinstance(fams, list) and fams and all(isinstance(f, str) for f in fams):
+            return list(fams)
+    return None
+
+
+def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
+    """Rebuild the agent saved in a checkpoint folder (see `save_manifest`) for `env_id` (default: the env it was
+    saved for); a checkpoint of another env family (a retrieval policy asked to shop) raises a `ConfigError`
+    naming the checkpoint's env."""
+    from pathlib import Path
+
+    directory = Path(directory)
+    payload = read_manifest(directory)
+    saved_env = payload.get("env_id")
+    if env_id is not None and isinstance(saved_env, str) and saved_env != env_id:
+        try:
+            other_family = family_of(saved_env) != family_of(env_id)
+        except UnknownNameError:  # an env registered only where it was saved (a test env): let the class decide
+            other_family = False
+        if other_family:
+            raise ConfigError(f"{directory} is a checkpoint for {saved_env} ({payload['class']}), not for "
+                              f"{env_id}; use --env {saved_env}")
     cls = _load(payload["class"])
-    agent = cls.from_checkpoint(directory, env_id=env_id or payload["env_id"], **kwargs)
+    try:
+        agent = cls.from_checkpoint(directory, env_id=env_id or saved_env, **kwargs)
+    except FileNotFoundError as exc:  # a manifest without its weights: an interrupted copy or save
+        raise ShopsimError(f"{directory} is an incomplete checkpoint ({Path(exc.filename or '?').name} is missing); "
+                           "copy or save it again") from None
     agent.name = getattr(agent, "name", None) or cls.__name__
-    agent.env_kwargs = manifest_env_kwargs(manifest)
+    agent.env_kwargs = manifest_env_kwargs(directory / CHECKPOINT_MANIFEST)
     return agent

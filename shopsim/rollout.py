@@ -227,8 +227,9 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     def start(slot: int) -> None:
         spec = queue.pop()
         obs, info = pool.reset(slot, spec.seed, dict(spec.options))
-        traj = Trajectory(env_id=env_id, task_id=info.get("task_id", spec.task_id), split=info.get("split", spec.options.get("split")),
-                          seed=spec.seed, group_id=spec.group_id, strategy=info.get("strategy", spec.options.get("strategy")),
+        traj = Trajectory(env_id=env_id, task_id=info.get("task_id", spec.task_id),
+                          split=info.get("split", spec.options.get("split")), seed=spec.seed, group_id=spec.group_id,
+                          strategy=info.get("strategy", spec.options.get("strategy")),
                           traj_id=spec.index, agent=agent_name,
                           meta={k: info[k] for k in ("family",) if k in info})
         active[slot] = {"spec": spec, "traj": traj, "obs": obs, "info": info, "steps": 0}
@@ -286,14 +287,19 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     return [results[i] for i in range(len(specs))]
 
 
-def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Mean success, score, return, turns and generated tokens of a list of trajectories."""
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
+    """Mean success, score, return, turns and generated tokens of a list of trajectories.
+
+    ``success`` is None when no episode's final info reports one: a cost env (Replenishment) has no notion of
+    success, and a rate of 0 would read as a failing policy.
+    """
     if not trajectories:
         return {"episodes": 0}
     arr = lambda f: np.array([f(t) for t in trajectories], dtype=float)  # noqa: E731
+    defined = any("success" in t.final_info for t in trajectories)
     return {
         "episodes": len(trajectories),
-        "success": float(arr(lambda t: t.success).mean()),
+        "success": float(arr(lambda t: t.success).mean()) if defined else None,
         "score": float(arr(lambda t: t.score).mean()),
         "return": float(arr(lambda t: t.total_reward).mean()),
         "turns": float(arr(lambda t: t.num_turns).mean()),

@@ -80,7 +80,13 @@ def test_malformed_files_name_the_file(tmp_path):
     rec = good()
     rec["schema_version"] = 0
     old.write_text(json.dumps(rec))
-    (tmp_path / "other.json").write_text(json.dumps({"class": "m:C"}))  # not a results file: ignored
+    ckpt = tmp_path / "runs" / "hpo" / "checkpoint"  # a checkpoint's JSON files are not results: skipped
+    (ckpt / "tokenizer").mkdir(parents=True)
+    (ckpt / "shopsim_agent.json").write_text(json.dumps({"class": "m:C"}))
+    (ckpt / "tokenizer" / "vocab.json").write_text("{}")
+    with pytest.raises(DatasetError, match="bad.json: not valid JSON"):  # a broken file is never skipped
+        find_results(tmp_path)
+    bad.unlink()
     with pytest.raises(DatasetError, match="old.json: results schema_version 0"):
         find_results(tmp_path)
     with pytest.raises(DatasetError, match="no such folder"):

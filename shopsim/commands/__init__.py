@@ -8,19 +8,38 @@ from pathlib import Path
 from shopsim.errors import ShopsimError
 
 
-def writable_output(path: str | os.PathLike, *, is_dir: bool = False) -> Path:
-    """Check early that `path` (a file, or a folder if `is_dir`) can be written; raise a ShopsimError if not."""
-    p = Path(path)
-    parent = p if is_dir else p.parent
+def writable_output(path: str | os.PathLike, *, is_dir: bool = False, flag: str = "--out") -> Path:
+    """Check, before any work, that `path` (a file, or a folder if `is_dir`) can be written; return it as a Path.
+
+    Creates the missing parent folders (the folder itself if `is_dir`), then creates and removes a probe file where
+    the command will write: a permission bit, a read-only or pseudo file system (``/proc``), a name too long for
+    the file system or a file where a folder is needed all show up here, as a `ShopsimError` naming `flag`, rather
+    than as a traceback after the work is done. The probe for a file is the temporary sibling that the atomic
+    writers use (`shopsim.paths.atomic_path`), so its name is as long as any name the command will create.
+    """
+    from shopsim.paths import atomic_path
+
+    if not str(path).strip():
+        raise ShopsimError(f"{flag} is empty; give a {'folder' if is_dir else 'file'} path")
+    p = Path(path).expanduser()
+    want = "folder" if is_dir else "file"
+    folder = p if is_dir else p.parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        if p.exists() and p.is_dir() != is_dir:
+            raise ShopsimError(f"{flag} {p} is {'a folder' if p.is_dir() else 'a file'}; give a {want} path")
+        blocker = next((a for a in (folder, *folder.parents) if a.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise ShopsimError(f"{flag} {p}: {blocker} is a file, not a folder; choose a writable path")
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".shopsim-probe-{os.getpid()}" if is_dir else atomic_path(p)
+        with open(probe, "xb"):
+            pass
+        probe.unlink()
+    except FileExistsError:  # a leftover probe or temporary file of an interrupted run: overwritten later
+        pass
     except OSError as exc:
-        raise ShopsimError(f"cannot create folder {parent}: {exc.strerror}; choose a writable path") from exc
-    if not os.access(parent, os.W_OK):
-        raise ShopsimError(f"folder {parent} is not writable; choose a writable path")
-    if p.exists() and p.is_dir() != is_dir:
-        kind = "a folder" if p.is_dir() else "a file"
-        raise ShopsimError(f"{p} is {kind}; give a {'folder' if is_dir else 'file'} path")
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise ShopsimError(f"{flag} {p} cannot be written ({reason}); choose a writable path") from None
     return p
 
 

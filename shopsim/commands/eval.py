@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from shopsim.commands import positive_int, writable_output
 
@@ -35,8 +36,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     import agents
     from agents.registry import manifest_env_kwargs
     from shopsim.envs import check_env_id
@@ -59,16 +58,19 @@ def run(args: argparse.Namespace) -> int:
     env_kwargs = _parse_env_kwargs(args.env_kwargs)
     if args.checkpoint:
         agent = agents.load_checkpoint(args.checkpoint, env_id=args.env)
-        name, kind = args.name or Path(args.checkpoint).resolve().name, "checkpoint"
-        config = {"checkpoint": str(args.checkpoint)}
         manifest = Path(args.checkpoint) / agents.registry.CHECKPOINT_MANIFEST
-        config["manifest"] = manifest.read_text() if manifest.is_file() else None
+        payload = agents.registry.read_manifest(args.checkpoint)
+        name, kind = args.name or checkpoint_entry_name(args.checkpoint, payload), "checkpoint"
+        algorithm = payload.get("algorithm") if isinstance(payload.get("algorithm"), str) else None
+        budget = checkpoint_budget(args.checkpoint, payload)
+        config = {"checkpoint": str(args.checkpoint), "manifest": manifest.read_text()}
         if env_kwargs is None:  # evaluate on the env the policy was trained on
             env_kwargs = manifest_env_kwargs(manifest)
     else:
         agent = agents.make(args.agent, args.env)
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")
         config = {"agent": args.agent}
+        algorithm = budget = None
     if env_kwargs:
         from dataclasses import replace
 
@@ -79,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=not args.no_progress,
                   num_envs=args.num_envs)
     rec = make_results(protocol=protocol, entry=name, kind=kind, metrics=ev.metrics,
-                       agent=f"{type(agent).__module__}:{type(agent).__qualname__}", config=config,
-                       wall_s=ev.wall_s, extra={"notes": ev.notes} if ev.notes else None)
+                       agent=f"{type(agent).__module__}:{type(agent).__qualname__}", algorithm=algorithm,
+                       config=config, budget=budget, wall_s=ev.wall_s, extra={"notes": ev.notes} if ev.notes else None)
     write_results(out, rec)
     for note in ev.notes:
         print(f"note: {note}")
@@ -90,6 +92,48 @@ def run(args: argparse.Namespace) -> int:
     for m in shown:
         print(f"  {m:>16}: {fmt_metric(ev.metrics[m])}")
     return 0
+
+
+def _run_dir(checkpoint) -> Path:
+    """The training run a checkpoint folder belongs to: ``OUT`` for ``OUT/checkpoint``, else the folder itself."""
+    path = Path(checkpoint).resolve()
+    return path.parent if path.name == "checkpoint" else path
+
+
+def checkpoint_entry_name(checkpoint, manifest: dict) -> str:
+    """A leaderboard name for a checkpoint evaluated without ``--name``: its run folder, prefixed with the
+    algorithm the manifest records unless the folder's name already says it (``runs/hpo-seed0/checkpoint`` ->
+    ``hpo-seed0``, ``runs/a/checkpoint`` trained by hpo -> ``hpo/a``)."""
+    run = _run_dir(checkpoint).name
+    algo = manifest.get("algorithm")
+    if not isinstance(algo, str) or not algo:
+        return run
+    return run if algo.lower() in run.lower() else f"{algo}/{run}"
+
+
+def checkpoint_budget(checkpoint, manifest: dict) -> dict | None:
+    """The training budget of a checkpoint for the leaderboard's budget column: the manifest's ``budget`` (or
+    ``iterations``) if recorded, else the number of iterations in the run's ``metrics.csv`` next to the checkpoint;
+    plus the training seed. None if neither records it."""
+    import csv
+
+    budget = dict(manifest["budget"]) if isinstance(manifest.get("budget"), dict) else {}
+    if "iterations" not in budget and isinstance(manifest.get("iterations"), int):
+        budget["iterations"] = manifest["iterations"]
+    log = _run_dir(checkpoint) / "metrics.csv"
+    if "iterations" not in budget and log.is_file():
+        try:
+            with log.open(newline="") as f:
+                done = {row["iteration"] for row in csv.DictReader(f) if row.get("iteration") not in (None, "")}
+        except (OSError, csv.Error, KeyError, UnicodeDecodeError):
+            done = set()
+        if done:
+            budget["iterations"] = len(done)
+    if not budget:
+        return None
+    if isinstance(manifest.get("seed"), int):
+        budget.setdefault("train_seed", manifest["seed"])
+    return budget
 
 
 def _parse_env_kwargs(text: str | None) -> dict | None:

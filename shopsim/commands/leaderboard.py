@@ -11,7 +11,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("leaderboard", help="render results files into a leaderboard (md, csv, html, plots)",
                        description="Read every results JSON under --results (recursively) and write "
                                    "leaderboard.md, leaderboard.csv, index.html and plots/ into --out.")
-    p.add_argument("--results", required=True, help="folder of results files (from shopsim eval / bench)")
+    p.add_argument("--results", required=True, help="folder of results files (from shopsim eval / bench), or one file")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--no-plots", action="store_true", help="skip the matplotlib plots")
     p.set_defaults(func=run)

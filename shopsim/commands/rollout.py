@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from shopsim.commands import positive_int, writable_output
 
 
 def add_parser(sub) -> None:
+    from shopsim.envs.shopping.tasks import FAMILIES
+
     p = sub.add_parser("rollout", help="run an agent for N episodes and write a Parquet dataset",
-                       description="Run an agent on an env and stream its trajectories to a Parquet file.")
+                       description="Run an agent on an env and stream its trajectories to a Parquet file. A "
+                                   "checkpoint (--checkpoint, or the shipped SFT model behind --agent lm) runs on "
+                                   "the env options its manifest records, e.g. the observation rendering it was "
+                                   "trained on.")
     p.add_argument("--env", required=True, help="env id, e.g. shopsim/Shopping-v0")
     p.add_argument("--agent", required=True, help="agent name (expert, random, lm, ...) or module:Class")
     p.add_argument("--checkpoint", default=None, help="load the agent from a checkpoint folder instead")
@@ -17,6 +23,10 @@ def add_parser(sub) -> None:
     p.add_argument("--group-size", type=positive_int, default=1, help="rollouts per task sharing the initial state")
     p.add_argument("--seed", type=int, default=0, help="base seed: episode i uses seed+i")
     p.add_argument("--split", default="train", choices=["train", "dev", "test"])
+    p.add_argument("--family", nargs="+", default=None, metavar="FAMILY",
+                   help=f"Shopping task family ({', '.join(FAMILIES)}); several alternate episode by episode. "
+                        "Default: the families the checkpoint was trained on if its manifest records them (the "
+                        "shipped SFT model behind --agent lm: find_and_buy), else the env's mix of all four")
     p.add_argument("--num-envs", type=positive_int, default=8, help="env copies stepped together")
     p.add_argument("--vector", choices=["sync", "async"], default=None, help="use a gymnasium vector env")
     p.add_argument("--out", required=True, help="output Parquet file")
@@ -24,23 +34,66 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _check_families(families: list[str] | None, env_id: str) -> list[str] | None:
+    from shopsim.envs import family_of
+    from shopsim.envs.shopping.tasks import FAMILIES
+    from shopsim.errors import ConfigError
+
+    if families is None:
+        return None
+    if family_of(env_id) != "shopping":
+        raise ConfigError(f"--family chooses Shopping tasks; {env_id} has no task families, drop --family")
+    bad = [f for f in families if f not in FAMILIES]
+    if bad:
+        raise ConfigError(f"--family {bad[0]!r} is not a Shopping task family; choose from {', '.join(FAMILIES)}")
+    return list(families)
+
+
+def _checkpoint_dir(args: argparse.Namespace, agent) -> Path | None:
+    """The checkpoint folder the agent was loaded from: --checkpoint, or the shipped SFT model `agents.make("lm")`
+    loads when given no checkpoint."""
+    if args.checkpoint:
+        return Path(args.checkpoint)
+    if getattr(agent, "checkpoint", None):
+        return Path(agent.checkpoint)
+    if args.agent == "lm":
+        from agents.lm.agent import default_checkpoint_dir
+
+        return default_checkpoint_dir()
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     import agents
+    from agents.registry import CHECKPOINT_MANIFEST, manifest_env_kwargs, manifest_families
     from shopsim.datasets import DatasetWriter
-    from shopsim.envs import check_env_id
+    from shopsim.envs import check_env_id, family_of
     from shopsim.rollout import collect, summarize
 
     check_env_id(args.env)
+    families = _check_families(args.family, args.env)
     out = writable_output(args.out)
     agent = (agents.load_checkpoint(args.checkpoint, env_id=args.env) if args.checkpoint
              else agents.make(args.agent, args.env))
+    ckpt = _checkpoint_dir(args, agent)
+    has_manifest = ckpt is not None and (ckpt / CHECKPOINT_MANIFEST).is_file()
+    env_kwargs = manifest_env_kwargs(ckpt) if has_manifest else {}  # the env the policy was trained on
+    if families is None and has_manifest and family_of(args.env) == "shopping":
+        families = manifest_families(ckpt)
+        if families:
+            print(f"note: {' and '.join(families)} tasks, the families {ckpt} was trained on (--family to change)")
+    options = None
+    if families:
+        options = lambda index, group: {"family": families[group % len(families)]}  # noqa: E731
     meta = {"env_id": args.env, "agent": args.agent, "checkpoint": args.checkpoint, "seed": args.seed,
-            "split": args.split, "episodes": args.episodes, "group_size": args.group_size}
+            "split": args.split, "episodes": args.episodes, "group_size": args.group_size, "families": families,
+            "env_kwargs": env_kwargs}
     with DatasetWriter(out, metadata=meta) as writer:
         trajs = collect(args.env, agent, episodes=args.episodes, seed=args.seed, split=args.split,
                         group_size=args.group_size, num_envs=args.num_envs, vector=args.vector, writer=writer,
-                        progress=not args.no_progress)
+                        env_kwargs=env_kwargs, reset_options=options, progress=not args.no_progress)
     s = summarize(trajs)
-    print(f"wrote {out} ({writer.num_episodes} episodes, {writer.num_turns} turns): success {s['success']:.3f}, "
+    success = "" if s["success"] is None else f"success {s['success']:.3f}, "
+    print(f"wrote {out} ({writer.num_episodes} episodes, {writer.num_turns} turns): {success}"
           f"score {s['score']:.3f}, mean turns {s['turns']:.1f}")
     return 0

@@ -2,7 +2,8 @@
 
 The pipeline is episodes → one summary per eval seed → mean and interval over seeds:
 
-1. `episode_record(traj)` reads what an episode produced: ``success`` (``info["success"]`` at the last turn),
+1. `episode_record(traj)` reads what an episode produced: ``success`` (``info["success"]`` at the last turn; None
+   where the env defines no success, as the cost envs do, which then get no success_rate or pass^k),
    ``score`` (``info["score"]``, else the return), ``return``, ``turns``, ``tokens`` (generated tokens),
    ``invalid_rate`` (share of turns whose ``info["invalid_action"]`` is set) and every number the env put in
    ``info["episode_metrics"]`` (design contract: shopping success/score/turns, replenishment cost, rec IoI/IoR/CTR,
@@ -78,7 +79,8 @@ def episode_record(traj) -> dict:
     turns = len(traj.turns)
     rec = {
         "task_id": traj.task_id,
-        "success": float(bool(info.get("success", False))),
+        # None where the env reports no success (cost envs: Replenishment): no success rate or pass^k then
+        "success": float(bool(info["success"])) if "success" in info else None,
         "score": float(traj.score),
         "return": float(traj.total_reward),
         "turns": float(turns),
@@ -103,10 +105,14 @@ def seed_summary(records: Sequence[Mapping], tries: int | None = None, max_k: in
         vals = [float(r[key]) for r in records if key in r and r[key] is not None and not math.isnan(float(r[key]))]
         if vals:
             out[key] = float(np.mean(vals))
-    out["success_rate"] = float(np.mean([r["success"] for r in records]))
+    if all(r.get("success") is None for r in records):
+        out["episodes"] = float(len(records))
+        return out  # an env without success (cost envs): success_rate and pass^k are not applicable
+    success = [float(r.get("success") or 0.0) for r in records]  # an episode that reports none did not succeed
+    out["success"] = out["success_rate"] = float(np.mean(success))
     by_task: dict = defaultdict(list)
-    for r in records:
-        by_task[r["task_id"]].append(r["success"])
+    for r, ok in zip(records, success, strict=True):
+        by_task[r["task_id"]].append(ok)
     counts = [(int(sum(v)), len(v)) for v in by_task.values()]
     n_min = min(n for _, n in counts)
     for k in range(1, min(max_k, n_min if tries is None else min(tries, n_min)) + 1):

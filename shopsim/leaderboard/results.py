@@ -101,10 +101,10 @@ def validate_results(data: Any, source: str = "results") -> dict:
     """Check a results record; raise `DatasetError` naming the file and what to change."""
     if not isinstance(data, dict):
         raise DatasetError(f"{source}: not a shopsim results file (expected a JSON object, got "
-                           f"{type(data).__name__}); write it with `shopsim eval`")
+                           f"{type(data).__name__}); write it with `shopsim eval` or move it elsewhere")
     if data.get("schema") != SCHEMA:
         raise DatasetError(f"{source}: not a shopsim results file (missing \"schema\": \"{SCHEMA}\"); "
-                           "write it with `shopsim eval`")
+                           "write it with `shopsim eval` or move it elsewhere")
     version = data.get("schema_version")
     if not isinstance(version, int):
         raise DatasetError(f"{source}: 'schema_version' must be an integer, got {version!r}")
@@ -152,35 +152,60 @@ def write_results(path: str | Path, data: dict) -> Path:
 
 
 def read_results(path: str | Path) -> dict:
+    """Read and validate one results file; a missing, empty, truncated or non-results file raises `DatasetError`
+    naming the file."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such results file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path}: not valid JSON ({exc}); regenerate it with `shopsim eval`") from exc
+    except UnicodeDecodeError:
+        raise DatasetError(f"{path}: not a text file; a results file is JSON written by `shopsim eval`") from None
+    if not text.strip():
+        raise DatasetError(f"{path}: empty file, not a results file; regenerate it with `shopsim eval` or delete it")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}: not valid JSON ({exc}), e.g. a truncated write; regenerate it with "
+                           "`shopsim eval` or delete it") from None
     data = validate_results(data, str(path))
     data["_path"] = str(path)
     return data
 
 
-def find_results(directory: str | Path) -> list[dict]:
-    """Every results file under `directory` (recursively, ``*.json`` with the results schema marker).
+#: the manifest that marks a checkpoint folder (`agents.registry.CHECKPOINT_MANIFEST`); JSON files in such a folder
+#: (manifest, model config, tokenizer) are a checkpoint's, not results
+CHECKPOINT_MANIFEST = "shopsim_agent.json"
 
-    JSON files that are not results files (no "schema" key, e.g. a checkpoint manifest) are ignored; a file that
-    claims to be one but is malformed or of another schema version raises `DatasetError`.
+
+def _is_checkpoint_file(path: Path, root: Path) -> bool:
+    folder = path.parent
+    while True:
+        if (folder / CHECKPOINT_MANIFEST).is_file():
+            return True
+        if folder == root or folder == folder.parent:
+            return False
+        folder = folder.parent
+
+
+def find_results(directory: str | Path) -> list[dict]:
+    """Every results file under `directory` (recursively, ``*.json``), validated; `directory` may also be one file.
+
+    Every ``.json`` there must be a results file: an empty, truncated or foreign JSON file raises `DatasetError`
+    naming it, so that a broken file never silently drops its entry (and an env's whole table) from the
+    leaderboard. Exempt are hidden files and folders and the files of checkpoint folders (those holding
+    `CHECKPOINT_MANIFEST`), so a folder with training runs next to the results can be rendered too.
     """
     directory = Path(directory)
+    if directory.is_file():  # one results file
+        return [read_results(directory)]
     if not directory.is_dir():
         raise DatasetError(f"{directory}: no such folder of results files")
     out = []
     for path in sorted(directory.rglob("*.json")):
-        try:
-            head = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if path.suffix == ".json" and path.name.endswith(".results.json"):
-                raise DatasetError(f"{path}: not valid JSON ({exc})") from exc
+        if any(part.startswith(".") for part in path.relative_to(directory).parts):
             continue
-        if isinstance(head, dict) and ("schema" in head or "schema_version" in head and "metrics" in head):
-            out.append(read_results(path))
+        if _is_checkpoint_file(path, directory):
+            continue
+        out.append(read_results(path))
     return out

@@ -22,9 +22,11 @@ from shopsim.trajectory import Trajectory, to_jsonable
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:0;display:flex;height:100vh;color:#222}
 #list{width:38%;overflow:auto;border-right:1px solid #ccc;padding:.6em}#detail{flex:1;overflow:auto;padding:.8em}
-table{border-collapse:collapse;width:100%}th,td{border:1px solid #ddd;padding:.2em .4em;font-size:.82em;vertical-align:top}
+table{border-collapse:collapse;width:100%}
+th,td{border:1px solid #ddd;padding:.2em .4em;font-size:.82em;vertical-align:top}
 th{background:#eee;cursor:pointer}tr.ep{cursor:pointer}tr.ep:hover{background:#eef3fb}tr.ep.sel{background:#d6e4f7}
-tr.fail td.ok{color:#b00}tr.win td.ok{color:#070}pre{white-space:pre-wrap;margin:0;font-size:.95em;max-height:22em;overflow:auto}
+tr.fail td.ok{color:#b00}tr.win td.ok{color:#070}
+pre{white-space:pre-wrap;margin:0;font-size:.95em;max-height:22em;overflow:auto}
 td.invalid{background:#fdecec}.cut{color:#a60}.muted{color:#777}input{width:60%}
 section.episode table{table-layout:fixed}section.episode pre{word-break:break-word}
 col.n{width:3%}col.obs{width:40%}col.act{width:16%}col.rew{width:8%}col.inv{width:9%}col.end{width:7%}col.info{width:17%}"""
@@ -33,9 +35,11 @@ _JS = """window.addEventListener('error',function(e){document.body.dataset.jsErr
 function show(i){document.querySelectorAll('section.episode').forEach(function(s){s.hidden=(s.dataset.i!==String(i))});
 document.querySelectorAll('tr.ep').forEach(function(r){r.classList.toggle('sel',r.dataset.i===String(i))})}
 function filt(){var q=document.getElementById('q').value.toLowerCase(),f=document.getElementById('fails').checked;
-document.querySelectorAll('tr.ep').forEach(function(r){var ok=(!q||r.textContent.toLowerCase().indexOf(q)>=0)&&(!f||r.classList.contains('fail'));
+document.querySelectorAll('tr.ep').forEach(function(r){var ok=(!q||r.textContent.toLowerCase().indexOf(q)>=0)&&
+(!f||r.classList.contains('fail'));
 r.hidden=!ok})}
-function sortBy(th){var t=th.closest('table'),i=Array.prototype.indexOf.call(th.parentNode.children,th),asc=th.dataset.dir!=='asc';
+function sortBy(th){var t=th.closest('table'),
+i=Array.prototype.indexOf.call(th.parentNode.children,th),asc=th.dataset.dir!=='asc';
 th.dataset.dir=asc?'asc':'desc';var b=t.tBodies[0],rows=Array.prototype.slice.call(b.rows);rows.sort(function(x,y){
 var a=x.cells[i].textContent,c=y.cells[i].textContent,na=parseFloat(a),nc=parseFloat(c);
 var d=(!isNaN(na)&&!isNaN(nc))?na-nc:a.localeCompare(c);return asc?d:-d});rows.forEach(function(r){b.appendChild(r)})}
@@ -82,7 +86,8 @@ def _episode_section(i: int, t: Trajectory, max_chars: int) -> str:
     head = (f"<h2>episode {i}: {esc(str(t.env_id))} · task {esc(str(t.task_id))}</h2>"
             f'<p class="muted">split {esc(str(t.split))} · seed {t.seed} · group {esc(str(t.group_id))} · '
             f"strategy {esc(str(t.strategy or '—'))} · agent {esc(str(t.agent))} · "
-            f"success {t.success} · score {t.score:.4g} · return {t.total_reward:.4g}</p>")
+            f"success {t.success if 'success' in t.final_info else '—'} · score {t.score:.4g} · "
+            f"return {t.total_reward:.4g}</p>")
     if metrics:
         head += f'<p class="muted">episode metrics: {_text(metrics, 2000)}</p>'
     cols = "".join(f'<col class="{c}">' for c in ("n", "obs", "act", "rew", "inv", "end", "info"))
@@ -99,11 +104,12 @@ def render_viewer(trajectories: Sequence[Trajectory], *, title: str = "shopsim t
     trajs = list(trajectories)[: max_episodes or None]
     items, sections = [], []
     for i, t in enumerate(trajs):
-        cls = "win" if t.success else "fail"
+        # a cost env (Replenishment) reports no success: "—", and the episode is no failure
+        cls, ok = ("win", "yes") if t.success else ("fail", "no") if "success" in t.final_info else ("", "—")
         items.append(
             f'<tr class="ep {cls}" data-i="{i}"><td>{i}</td><td>{esc(str(t.task_id))}</td><td>{t.seed}</td>'
             f"<td>{esc(str(t.strategy or ''))}</td><td>{esc(str(t.agent or ''))}</td><td>{t.num_turns}</td>"
-            f'<td>{t.total_reward:.4g}</td><td>{t.score:.4g}</td><td class="ok">{"yes" if t.success else "no"}</td></tr>')
+            f'<td>{t.total_reward:.4g}</td><td>{t.score:.4g}</td><td class="ok">{ok}</td></tr>')
         sections.append(_episode_section(i, t, max_chars))
     envs = sorted({str(t.env_id) for t in trajs})
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
