@@ -1,4 +1,4 @@
-"""VAPO pieces (algorithms.md §6): length-adaptive λ and decoupled GAE."""
+"""VAPO pieces (docs/algorithms/vapo.md): length-adaptive λ and decoupled GAE."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""The leaderboard (design document §7): evaluation protocols, metrics, results files, rendering, the benchmark.
+"""The leaderboard (docs/leaderboard.md): evaluation protocols, metrics, results files, rendering, the benchmark.
 
 * `protocols` — per-env evaluation protocol from ``data/splits/<Name-vN>.json`` (test task ids, eval seeds, tries);
 * `metrics` — per-episode records, pass^k / pass@k, 95% t-intervals over seeds;

@@ -1,4 +1,4 @@
-"""Shopping-v0: a multi-turn shopping assistant with a simulated customer (design.md §3).
+"""Shopping-v0: a multi-turn shopping assistant with a simulated customer (docs/envs.md).
 
 Modules: `env` (the Gymnasium env), `actions` (text grammar + JSON tool calls), `tasks` (families, splits),
 `customer` (simulated user), `grading` (reward rules), `orders` (after-sales database), `render` (observations).
