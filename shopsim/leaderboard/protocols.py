@@ -1,6 +1,6 @@
 """Evaluation protocols: which tasks, seeds and tries an env is scored on, and which metrics its table shows.
 
-Design document §7: an evaluation split is a fixed list of task ids in ``data/splits/<Name-vN>.json`` that training
+An evaluation split is a fixed list of task ids in ``data/splits/<Name-vN>.json`` that training
 never samples. The file is shared with the env (which resolves ``reset(options={"split": ..., "task_id": ...})``)::
 
     {"env_id": "shopsim/Shopping-v0", "train": {"range": [lo, hi]}, "dev": [...], "test": [...],
