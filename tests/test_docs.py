@@ -145,3 +145,14 @@ def test_nothing_refers_to_files_outside_the_repository():
             low = line.lower()
             hits += [f"{name}:{n}: {pat}" for pat in OUTSIDE if pat in low]
     assert not hits, "references to documents outside the repository:\n" + "\n".join(hits)
+
+
+def test_docs_pages_cited_in_code_exist():
+    """Docstrings point readers at docs/ pages; each cited page must exist."""
+    cited = set()
+    for folder in ("agents", "baselines", "shopsim", "benchmarks", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            cited |= {(path, m) for m in re.findall(r"docs/[\w/.-]*\w", path.read_text())}
+    assert cited, "no docs/ page is cited in the code"
+    missing = sorted(f"{path.relative_to(ROOT)}: {ref}" for path, ref in cited if not (ROOT / ref).exists())
+    assert not missing, "docs pages cited in code but missing:\n" + "\n".join(missing)
