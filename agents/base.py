@@ -1,4 +1,4 @@
-"""The agent protocol (design document §5).
+"""The agent protocol (docs/design.md, docs/agents.md).
 
 An agent acts on a *batch* of observations, one per env slot. The rollout runner calls
 

@@ -1,4 +1,4 @@
-"""Torch networks for the hybrid inventory policies (HybridPPO and HPO, algorithms.md §2 and §17).
+"""Torch networks for the hybrid inventory policies (docs/algorithms/hybrid_ppo.md, docs/algorithms/hpo.md).
 
 The policy is applied per SKU with shared weights: every SKU's features (its stock and pipeline normalised by
 its mean demand, its cost parameters, recent demand, the period) go through the same MLP. That makes one set of

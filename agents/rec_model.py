@@ -258,7 +258,7 @@ def sft_train(model, vocab: SidVocab, prompts: torch.Tensor, targets: torch.Tens
 @torch.no_grad()
 def beam_search(model, vocab: SidVocab, prompts: torch.Tensor, *, beams: int = 10,
                 length_penalty: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Constrained beam search, ProRL's evaluation decoder (card §15: 10 beams, Metric@K over the top-K beams).
+    """Constrained beam search, ProRL's evaluation decoder (10 beams, Metric@K over the top-K beams).
 
     Follows the Hugging Face beam-search rule that ProRL's `generate(num_beams=10)` uses: at each position the
     2·beams best continuations (by summed log-prob) are examined in order, a continuation ending in EOS becomes a

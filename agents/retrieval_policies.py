@@ -1,8 +1,8 @@
-"""Early-stage retrievers for TwoStageRetrieval-v0 (CA-PG card §16, arXiv 2605.26385 §3).
+"""Early-stage retrievers for TwoStageRetrieval-v0 (CA-PG, arXiv 2605.26385 §3; docs/algorithms/capg.md).
 
 * `PLRetriever`: Plackett–Luce two-tower retriever, scores s_θ(x, a) = u_x · e_a with u_x = W x (no bias) and a
-  learned item table e (dimension 10, as the card); sampling is Gumbel-top-K (exactly a PL draw without replacement),
-  evaluation is deterministic top-K.
+  learned item table e (dimension 10, as in the released code); sampling is Gumbel-top-K (exactly a PL draw without
+  replacement), evaluation is deterministic top-K.
 * `MoERetriever`: M such towers ("experts"); expert m fills K_m = ⌊K/M⌋ slots (the first K mod M experts one more),
   experts pick in turn (expert 0 first) and items taken earlier are masked.
 * `OracleRetriever`: the registered "expert": top-K by true expected reward (reads the env's privileged
@@ -106,7 +106,7 @@ def gumbel_top_k(scores: torch.Tensor, owners: np.ndarray, gumbel: torch.Tensor 
 
 def pl_log_prob(scores: torch.Tensor, ids: torch.Tensor, owners: np.ndarray, numerics: str = "stable"
                 ) -> torch.Tensor:
-    """log π(S | x) = Σ_k [ s_{o(k)}(a_k) − log Σ_{a ∉ {a_1..a_{k−1}}} exp s_{o(k)}(a) ]  (card §16, v-pg term).
+    """log π(S | x) = Σ_k [ s_{o(k)}(a_k) − log Σ_{a ∉ {a_1..a_{k−1}}} exp s_{o(k)}(a) ]  (the v-pg term).
 
     numerics="stable": log of the remaining mass computed in float64, falling back to an exact logsumexp over the
     items still available where even that cancels (finite whenever the scores are).
@@ -146,7 +146,7 @@ def pl_log_prob(scores: torch.Tensor, ids: torch.Tensor, owners: np.ndarray, num
 
 
 class PLRetriever(Agent):
-    """Plackett–Luce two-tower retriever (card §16). Samples with Gumbel-top-K, or acts greedily (`greedy=True`)."""
+    """Plackett–Luce two-tower retriever. Samples with Gumbel-top-K, or acts greedily (`greedy=True`)."""
 
     name = "pl_retriever"
     learns = True
@@ -215,7 +215,7 @@ class PLRetriever(Agent):
 
 
 class MoERetriever(PLRetriever):
-    """Mixture-of-experts PL retriever: M two-tower experts fill the K slots in turn (card §16, default M = 5)."""
+    """Mixture-of-experts PL retriever: M two-tower experts fill the K slots in turn (default M = 5)."""
 
     name = "moe_retriever"
     default_experts = 5

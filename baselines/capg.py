@@ -1,7 +1,7 @@
-"""The CA-PG family for early-stage retrieval: v-pg, v-pg-swr, ca-pg, ca-pg-swr, top1-pg (algorithm card §16).
+"""The CA-PG family for early-stage retrieval: v-pg, v-pg-swr, ca-pg, ca-pg-swr, top1-pg (docs/algorithms/capg.md).
 
 Kiyohara et al., "Credit-assigned Policy Gradient for Early Stage Retrieval in Two-stage Ranking", arXiv 2605.26385
-(ICML 2026), §3-§4; defaults from the released code as the card records them. One trainer, five estimators that
+(ICML 2026), §3-§4; defaults from the released code. One trainer, five estimators that
 differ only in the differentiable term w_ℓ of the loss
 
     loss = −mean_batch mean_ℓ [ w_ℓ · r_ℓ ]           (no baseline; r_ℓ = observed reward at shown position ℓ)
@@ -11,7 +11,7 @@ differ only in the differentiable term w_ℓ of the loss
 * ``capg``     w = log P̂_θ(y_ℓ ∈ S | x) with the released approximation (see `capg_log_inclusion`)
 * ``top1``     w = log softmax(s)(y_ℓ)   (M = 1)
 * ``capg_swr`` w = logsumexp_m (K_m · log softmax(s_m)(y_ℓ))  (the released MoE term; default M = 5 [derived]);
-  ``swr_inclusion="literal"`` uses log(1 − Π_m (1 − p_m(y))^{K_m}) instead (the card's alternative reading)
+  ``swr_inclusion="literal"`` uses log(1 − Π_m (1 − p_m(y))^{K_m}) instead (an alternative reading of the paper)
 
 Optimiser Adagrad; lr 0.1 (vpg, vpg_swr), 0.01 (capg, top1, capg_swr); batch 128 contexts; 10 steps per iteration
 ("epoch"); evaluation on fresh contexts with deterministic top-K and deterministic LSR. A NaN/Inf gradient stops the

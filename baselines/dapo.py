@@ -1,4 +1,4 @@
-"""DAPO for the Shopping LM agent (algorithms.md §4).
+"""DAPO for the Shopping LM agent (docs/algorithms/dapo.md).
 
 "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476 (defaults of the verl DAPO
 recipe). Four changes to GRPO:

@@ -1,4 +1,4 @@
-"""GiGPO for the Shopping LM agent (algorithms.md §5).
+"""GiGPO for the Shopping LM agent (docs/algorithms/gigpo.md).
 
 Feng, Xue, Liu, An, "Group-in-Group Policy Optimization for LLM Agent Training", arXiv 2505.10978 (NeurIPS 2025),
 §3 (episode-level and step-level relative advantages); reference code langfengQ/verl-agent ``core_gigpo.py``.

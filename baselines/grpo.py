@@ -1,4 +1,4 @@
-"""GRPO for the Shopping LM agent (algorithms.md §3).
+"""GRPO for the Shopping LM agent (docs/algorithms/grpo.md).
 
 Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
 arXiv 2402.03300, §4.1 (outcome supervision); Dr.GRPO (no std division): arXiv 2503.20783.

@@ -1,11 +1,11 @@
-"""HPO: hybrid policy optimisation with mixed (pathwise + score-function) gradients (algorithms.md §17).
+"""HPO: hybrid policy optimisation with mixed (pathwise + score-function) gradients (docs/algorithms/hpo.md).
 
 Alvo, Russo, Kanoria, "Policy Optimization in Hybrid Discrete-Continuous Action Spaces via Mixed Gradients",
 arXiv 2605.14297 (code: MatiasAlvo/hybrid-rl, `HybridAgent`). In a piecewise-smooth MDP the continuous controls get
 pathwise gradients through a differentiable simulator (`shopsim.envs.replenishment.step_torch`, with the demand
 noise fixed and the discrete choices held fixed), the discrete choices get PPO's clipped score-function gradient.
 
-Per update (the card's implementation steps):
+Per update:
 1. roll out `batch_scenarios` scenarios for the horizon through `step_torch`, keeping the graph; r = −cost;
    the continuous head is deterministic, u = μ_θ(s), quantity = mean·softplus(u + shift);
 2. GAE(γ, λ) with a separate value net (rewards scaled by their batch std);
@@ -17,7 +17,7 @@ Per update (the card's implementation steps):
 5. epochs 1..E−1: standard PPO on `minibatches` minibatches (discrete head and value);
 6. early stop on approx-KL > target_kl; gradient norms clipped per component (order head, quantity head, value).
 
-Defaults: the paper-matching config of the card (lr 0.003, clip 0.16, γ 0.93, λ 0.96, 5 epochs, 4 minibatches,
+Defaults: the configuration that matches the paper (lr 0.003, clip 0.16, γ 0.93, λ 0.96, 5 epochs, 4 minibatches,
 vf 0.13, pathwise_coef 10, buffer 20, max_grad_norm 5, target_kl 0.015, policy [512, 512], value [64, 64]).
 The per-SKU shared-weight policy net is our [derived] reading (see `agents.inventory_nets`).
 """

@@ -1,8 +1,8 @@
-"""Gaussian hybrid PPO for Replenishment-v0 and multi_warehouse (algorithms.md §2, numeric flavour).
+"""Gaussian hybrid PPO for Replenishment-v0 and multi_warehouse (docs/algorithms/hybrid_ppo.md).
 
 PPO (Schulman et al., arXiv 1707.06347) with GAE (arXiv 1506.02438) on the hybrid action: a Bernoulli order head per
 SKU and a Gaussian quantity head (fixed σ), both trained by the score function; the joint log-prob of an agent's
-action is Σ_i [log π_d(d_i|s) + d_i·log N(u_i; μ_i(s), σ²)] (the card's formula; the Gaussian term only counts where
+action is Σ_i [log π_d(d_i|s) + d_i·log N(u_i; μ_i(s), σ²)] (the Gaussian term only counts where
 an order is placed, since u_i has no effect otherwise). Defaults: the HPO repository's Gaussian PPO template
 (`gaussian_ppo_main`: lr 3e-4, clip 0.2, γ 0.99, λ 0.95, 5 epochs, vf 0.5, entropy 0, fixed std, [64, 64] tanh).
 

@@ -1,8 +1,9 @@
-"""MPO — multi-scale policy optimisation for long-horizon LLM agents (algorithms.md §7, a [derived] design).
+"""MPO — multi-scale policy optimisation for long-horizon LLM agents (docs/algorithms/mpo.md, a [derived] design).
 
-Source: "Multi-scale policy optimization for long-horizon LLM agents" as titled by the seed digest (Peking
-University, IQuest Research, Tsinghua, Renmin, HKU). No arXiv id, paper text or code was available; everything
-beyond the digest follows the card's reading, and the card's open choices are config options.
+Source: "Multi-scale policy optimization for long-horizon LLM agents" (Peking University, IQuest Research,
+Tsinghua, Renmin, HKU), known here only from a short summary: no arXiv id, paper text or code was available. Every
+step below beyond that summary is our reading ([derived]), and the choices the summary leaves open are config
+options.
 
 Per trajectory, turns k (one env action each) with generated tokens t = 0..T_k−1, critic value V_{k,t} before
 token y_{k,t}, turn value V_k := V_{k,0} (``turn_value="first"``), V_K = 0 (terminated) or the bootstrap:
@@ -19,7 +20,7 @@ token y_{k,t}, turn value V_k := V_{k,0} (``turn_value="first"``), V_K = 0 (term
    loss ½·[mean over turn starts + mean over the other tokens] (`critic_groups`)
 
 Diagnostic: the between-turn share of critic value variance, Σ_k T_k (V̄_k − V̄)² / Σ_{k,t} (V_{k,t} − V̄)²
-(the digest quotes 89.5%).
+(the summary quotes 89.5%).
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def turn_ratio(logp: torch.Tensor, old_logp: torch.Tensor, turn_index: torch.Ten
 
 
 class MPO(LMAlgorithm):
-    """Turn-level GAE + mean-preserving within-turn token credit + complete-turn importance ratio (§7)."""
+    """Turn-level GAE + mean-preserving within-turn token credit + complete-turn importance ratio."""
 
     name = "mpo"
     Config = MPOConfig

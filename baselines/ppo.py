@@ -1,4 +1,4 @@
-"""PPO for the Shopping LM agent, token-level GAE with a critic (algorithms.md §2, LM flavour).
+"""PPO for the Shopping LM agent, token-level GAE with a critic (docs/algorithms/ppo.md).
 
 Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347, eq. 7 (clipped surrogate) and eq. 9
 (combined loss); GAE: Schulman et al., arXiv 1506.02438, eq. 16. Multi-turn token GAE as in verl: every generated

@@ -1,4 +1,4 @@
-"""ProRL and its two controls on ProactiveRec-v0 (algorithm cards §15 prorl, §1 reinforce, §3 grpo).
+"""ProRL and its two controls on ProactiveRec-v0 (docs/algorithms/prorl.md).
 
 Hou et al., "ProRL: Effective Reinforcement Learning for Proactive Recommendation via Rectified Policy Gradient
 Estimation", arXiv 2605.28293 (code: hongruhou89/ProRL). Three registered algorithms share one on-policy loop
@@ -14,20 +14,19 @@ papers differ:
 | `ProRL` ("prorl") | per-component centred + normalised step rewards (running stats frozen after RL epoch 1) | position-specific: A_{i,k} = G_{i,k} − b_k over the group's rollouts active at k | mean of its 4 tokens | K1, β = 0.01 |
 
 Raw fused reward (env reward): w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items; invalid items use the env's fixed
-penalties for the raw arms and ProRL's batch-min rule for ProRL (card §15). One RL *epoch* is a pass over
+penalties for the raw arms and ProRL's batch-min rule for ProRL. One RL *epoch* is a pass over
 `num_train_prompts` fixed train scenarios. The sampled policy runs with dropout off, so the update is exactly
 on-policy (no importance ratio; GRPO's clip is then inactive and kept only for form).
 
-Audit against card §15 (2026-12-02), line by line: Welford statistics over real (valid, non-duplicate) items,
-updated during RL epoch 1 only, then frozen ✓; r_k fused as w_ctr·r̃_CTR/L_max + w_ioi·r̃_IoI + w_ior·r̃_IoR with
-σ floored at mo_min_std ✓; G with γ = 1, G = 0 at the EOS position ✓; b_k over the same prompt's rollouts active at
-k (an item at k, or the first EOS at k) ✓; A = 0 when inactive ✓; ℓ_k = mean of the 4 token log-probs, ℓ_eos = the
-first EOS's log-prob (0 when forced after L_max items, so it carries no gradient) ✓; K1 KL on sampled items + EOS,
-β = 0.01 ✓; AdamW wd 0.05, 5 % warm-up then constant, grad clip 1.0 ✓; invalid item CTR −1 and IoI/IoR = batch min
-of valid − 1, duplicate CTR 0 ✓. One formal difference: the loss is divided by the number of rollouts B instead of
-N_valid (rollouts with a valid structure); decoding here is structurally constrained (4 code tokens per item, EOS
-only at item boundaries), so every rollout parses and N_valid = B. No other discrepancy was found; the failure of
-the first reproduction came from the world and the SFT start (see benchmarks/repro_prorl.py).
+ProRL details as implemented: Welford statistics over real (valid, non-duplicate) items, updated during RL
+epoch 1 only, then frozen; r_k fused as w_ctr·r̃_CTR/L_max + w_ioi·r̃_IoI + w_ior·r̃_IoR with σ floored at
+`min_std`; G with γ = 1, G = 0 at the EOS position; b_k over the same prompt's rollouts active at k (an item at k,
+or the first EOS at k); A = 0 when inactive; ℓ_k = mean of the 4 token log-probs, ℓ_eos = the first EOS's log-prob
+(0 when forced after L_max items, so it carries no gradient); K1 KL on sampled items + EOS, β = 0.01; AdamW wd 0.05,
+5 % warm-up then constant, grad clip 1.0; invalid item CTR −1 and IoI/IoR = batch min of valid − 1, duplicate
+CTR 0. The loss is divided by the number of rollouts B where the paper divides by N_valid (rollouts with a valid
+structure): decoding here is structurally constrained (4 code tokens per item, EOS only at item boundaries), so
+every rollout parses and N_valid = B.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from shopsim.errors import UnknownNameError
 
 #: (name, family) -> "module:Class". Imported only when made.
 _REGISTRY: dict[tuple[str, str], str] = {
-    # language agent on Shopping-v0 (design §6)
+    # language agent on Shopping-v0
     ("reinforce", "shopping"): "baselines.reinforce:Reinforce",
     ("ppo", "shopping"): "baselines.ppo:PPO",
     ("grpo", "shopping"): "baselines.grpo:GRPO",

@@ -1,4 +1,4 @@
-"""REINFORCE for the Shopping LM agent (algorithms.md §1).
+"""REINFORCE for the Shopping LM agent (docs/algorithms/reinforce.md).
 
 Williams, "Simple statistical gradient-following algorithms for connectionist reinforcement learning", Machine
 Learning 8, 1992; leave-one-out baseline: Kool, van Hoof & Welling, "Buy 4 REINFORCE samples, get a baseline for

@@ -1,4 +1,4 @@
-"""VAPO for the Shopping LM agent (algorithms.md §6).
+"""VAPO for the Shopping LM agent (docs/algorithms/vapo.md).
 
 "VAPO: Efficient and Reliable Reinforcement Learning for Advanced Reasoning Tasks", arXiv 2504.05118 (ByteDance
 Seed; no code). PPO with a critic plus:

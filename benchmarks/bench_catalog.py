@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.bench_catalog --quick     # 10k and 100k products
     .venv/bin/python -m benchmarks.bench_catalog             # adds 1M
 
-Each catalog size runs in a fresh subprocess so that peak RSS (``ru_maxrss``) is that size's own. Targets from
-issue 2: 100k build < 60 s, 1M < 10 min, cached reload of 1M < 10 s, 1M in memory < 2 GB, p50 query < 1 ms on
+Each catalog size runs in a fresh subprocess so that peak RSS (``ru_maxrss``) is that size's own. Targets:
+100k build < 60 s, 1M < 10 min, cached reload of 1M < 10 s, 1M in memory < 2 GB, p50 query < 1 ms on
 100k. Ratios are against references measured in the same run (the build time for the reload, tantivy for bm25s).
 """
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="shopsim-bench-") as cache:
         for size in sizes:
-            # bm25s at 1M is slow and memory hungry; compare backends at <= 100k where the issue asks for it
+            # bm25s at 1M is slow and memory hungry; compare backends at <= 100k, the size of the latency target
             r = _run_child(size, args, backends if size <= 100_000 else ["tantivy"], cache)
             results.append(r)
             target = TARGETS.get(size)

@@ -6,7 +6,7 @@ Prints turns/s for `shopsim.datasets.DatasetWriter` (streaming, atomic, zstd) on
 text, action, 64 prompt ids, 16 action ids and log-probs, a small info dict), the same rows written by
 `pandas.DataFrame.to_parquet` in one go and as JSON lines (references measured in the same run), the streaming
 read-back rate, and the rollout runner's per-step overhead against a bare `env.step` loop on a toy env.
-Target (issue 2): at least 50k turns/s to Parquet.
+Target: at least 50k turns/s to Parquet.
 """
 
 from __future__ import annotations

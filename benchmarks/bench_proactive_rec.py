@@ -7,7 +7,7 @@ run on the same random paths (lengths 1..10): absolute steps/s of `PathScorer.sc
 `PathScorer.score_reference` (the first implementation, kept as the reference), and of the per-step Gymnasium loop;
 the speed-up over the reference, the ratio to the per-step env, and the largest difference between the two batched
 implementations' step rewards (must be <= 1e-5). The two batched scorers are timed alternately, so CPU contention
-hits both alike. Target (issue 4): >= 20k steps/s batched with SASRec.
+hits both alike. Target: >= 20k steps/s batched with SASRec.
 """
 
 from __future__ import annotations

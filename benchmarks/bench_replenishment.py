@@ -1,4 +1,4 @@
-"""Throughput of Replenishment-v0 in SKU-steps/s, side by side with or-gym's InvManagement-v0 (anchors.md §4.1).
+"""Throughput of Replenishment-v0 in SKU-steps/s, side by side with or-gym's InvManagement-v0.
 
     .venv/bin/python -m benchmarks.bench_replenishment [--quick] [--skus 1000] [--orgym-python PATH]
 

@@ -5,7 +5,7 @@
 Measures `TwoStageRetrievalSim.step_batch` (contexts from task ids, validation, LSR, noisy rewards) on batches of
 contexts, and three references in the same run: the same model evaluated one context at a time in a Python loop
 (naive per-context numpy), the Gymnasium env's reset+step loop, and the PL retriever's Gumbel-top-K sampling
-(torch) on the same batch. Target (issue 4): at least 100k contexts/s for catalog 1000 and K = 20.
+(torch) on the same batch. Target: at least 100k contexts/s for catalog 1000 and K = 20.
 """
 
 from __future__ import annotations

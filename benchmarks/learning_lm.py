@@ -1,4 +1,10 @@
-"""Learning benchmark for the Shopping LM algorithms (issue: baselines core + REINFORCE/PPO/GRPO/DAPO/GiGPO/VAPO/MPO).
+"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo) at one budget.
+
+    python -m benchmarks.learning_lm [--algos grpo mpo ...] [--seeds 0 1 2] [--jobs 2] [--init CKPT] [--out DIR]
+    python -m benchmarks.learning_lm --quick      # grpo + mpo, 1 seed, 3 iterations: a few CPU minutes
+
+It reproduces no paper table: it checks that each algorithm raises the success of a weak LM agent on Shopping-v0
+when all of them get the same rollouts, learning rate and evaluation episodes.
 
 Protocol:
 1. Start checkpoint: an SFT checkpoint (``--init``, default the shipped ``data/lm/sft``) *weakened* to about
@@ -7,43 +13,20 @@ Protocol:
    bisection. The weakened checkpoint is saved once in ``OUT/start`` and shared by every run.
 2. Every algorithm gets the same budget: ``--iterations`` × ``--rollouts`` rollouts per iteration (group methods:
    G rollouts × rollouts/G tasks; ppo, mpo and reinforce(batch_mean): one rollout per task), the same learning rate,
-   per-turn token limit, env settings and update schedule (``--minibatches`` clipped-surrogate steps per
-   iteration; REINFORCE, strictly on-policy, takes one); ``--seeds`` seeds each; ``--jobs`` runs them in parallel
-   processes. Every evaluation (the start, every algorithm and seed) runs the same episodes (``EVAL_SEED``).
+   rollout temperature, per-turn token limit, env settings and update schedule (``--minibatches``
+   clipped-surrogate steps per iteration; REINFORCE, strictly on-policy, takes one); ``--seeds`` seeds each;
+   ``--jobs`` runs them in parallel processes. Every evaluation (the start, every algorithm and seed) runs the same
+   episodes (``EVAL_SEED``), so the comparisons are paired.
 3. Dev and test success (greedy decoding, fixed task lists of the two families) every ``--eval-every`` iterations
    and at the end; the start checkpoint is evaluated once with the same protocol (iteration 0).
 
+The rollout temperature (``--temperature``, default 0.5) matters for a model this small: at T = 1 nearly every
+rollout of the weakened start fails on a mis-sampled query token, so outcome rewards have little to reinforce.
+
 Outputs in OUT: ``<algo>/seed<S>/metrics.csv`` (from the trainer), ``curves.csv`` (algo, seed, iteration,
 dev/test success), ``summary.csv`` + ``summary.md`` (start, final mean ± std over seeds, rollouts used),
-``curves.png``. Run ``python -m benchmarks.learning_lm --quick`` for a small smoke version.
-
-Findings (2026-12-02, 2 CPU cores, the shipped find_and_buy SFT checkpoint: 0.375 greedy dev success on the
-find_and_buy + clarify_and_buy mix over 40 tasks, 0.75 / 0.0 per family; weakened with α = 0.3125 to 0.27 dev /
-0.26 test over 100 episodes each). Rollout temperature matters for a model this small: the weakened start succeeds
-on ~5 % of dev tasks when sampled at T = 1.0, 21 % at 0.7, 27 % at 0.5 (greedy 32 %, 40 tasks); at T = 1 nearly
-every rollout fails on a mis-sampled query token.
-
-With the defaults here (T 0.5, lr 1e-4, 4 minibatches, 36 iterations x 32 rollouts = 1,152 rollouts, 3 seeds,
-evaluation every 12 iterations on the same 100 dev and 100 test episodes):
-
-    python -m benchmarks.learning_lm --algos grpo mpo --jobs 2
-
-| algo | test start | test final, per seed (mean ± std) | dev start | dev final, per seed (mean ± std) | wall per run |
-|---|---|---|---|---|---|
-| grpo | 0.26 | 0.31, 0.27, 0.29 (0.29 ± 0.02) | 0.27 | 0.31, 0.29, 0.30 (0.30 ± 0.01) | 15-24 min |
-| mpo | 0.26 | 0.29, 0.27, 0.29 (0.28 ± 0.01) | 0.27 | 0.29, 0.27, 0.35 (0.30 ± 0.03) | 33-37 min |
-
-Both raise test and dev success above the start on every seed (paired: the same episodes), by +0.01 to +0.05 per
-seed, i.e. small gains: one seed alone is within the noise of 100 episodes, three of three positive is the
-evidence. Curves (iterations 12 / 24 / 36, test): grpo 0.25-0.27 / 0.28-0.31 / 0.27-0.31, mpo 0.23-0.27 /
-0.27-0.29 / 0.27-0.29. Throughput during these runs (1 thread each, two runs sharing 2 cores): GRPO 2.4-3.7k
-generated+trained tokens/s, MPO (with its critic) 1.3-1.5k. Other algorithms, same protocol, seed 0 only:
-reinforce and ppo are listed in the closing note of the issue. The SFT start succeeds on no clarify_and_buy task (it
-was fine-tuned on find_and_buy and never asks a clarifying question), so outcome rewards have little to reinforce
-there; the runs' evaluations do not split success by family, so where the gains come from is not measured.
-
-Earlier, smaller budget (T 0.7, 12 iterations x 32 rollouts, 50 episodes; start 0.32 dev / 0.20 test): grpo test
-0.21 ± 0.02, mpo 0.19 ± 0.03, both within noise; lr 3e-4 made MPO's training success collapse (0.16 -> 0.0-0.06).
+``curves.png``. The weakened start and its evaluation are reused when OUT already holds them, and the summary
+covers every run found under OUT. What to expect: docs/training.md ("Learning benchmark").
 """
 
 from __future__ import annotations
@@ -71,7 +54,7 @@ def _algo(name: str, args, env_kwargs: dict, **over):
 
     G = 1 if name in SINGLE_ROLLOUT else args.group_size
     per = dict(group_size=G, tasks_per_iter=max(1, args.rollouts // G))
-    if name != "reinforce":  # REINFORCE is strictly on-policy: one step per batch (card §1)
+    if name != "reinforce":  # REINFORCE is strictly on-policy: one step per batch
         per["minibatches"] = args.minibatches
     if name == "vapo":
         per["value_pretrain_steps"] = args.value_pretrain_steps
@@ -282,7 +265,7 @@ def main(argv=None) -> int:
     p.add_argument("--rollouts", type=int, default=32, help="rollouts per iteration (the budget unit)")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--minibatches", type=int, default=4,
-                   help="optimizer steps per iteration for the clipped-surrogate methods (ppo card: 4)")
+                   help="optimizer steps per iteration for the clipped-surrogate methods (PPO: 4)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--temperature", type=float, default=0.5,
                    help="rollout sampling temperature (the weakened start succeeds on ~5%% of dev tasks at 1.0, "

@@ -1,19 +1,19 @@
-"""Small reproduction of the CA-PG results (algorithm card §16, arXiv 2605.26385) on TwoStageRetrieval-v0.
+"""Small reproduction of the CA-PG results (arXiv 2605.26385; docs/algorithms/capg.md) on TwoStageRetrieval-v0.
 
     python -m benchmarks.repro_capg [--quick] [--ks 5 10 20 50] [--steps N] [--seeds S] [--out runs/repro_capg]
 
-For each K (L = 1, optimal LSR, catalog 1000, the card's optimiser and learning rates, released numerics) it trains
-v-pg, v-pg-swr, ca-pg, top1 (M = 1) and ca-pg-swr (M = 5) and reports:
+For each K (L = 1, optimal LSR, catalog 1000, the released code's optimiser, learning rates and numerics) it
+trains v-pg, v-pg-swr, ca-pg, top1 (M = 1) and ca-pg-swr (M = 5) and reports:
 
 * the value (softplus(q) + 1 of the shown item, deterministic top-K and LSR, dev contexts) over training, the step at
   which a NaN/Inf gradient stopped the run ("gradient overflow"), and the steps needed to close half of the gap
   between the random and the oracle retriever (convergence speed);
-* seconds per 1K gradient steps (cost), also at (K, L) = (20, 5) where the card compares costs;
+* seconds per 1K gradient steps (cost), also at (K, L) = (20, 5) where the paper compares costs;
 * the measured gradient variance of each estimator at fixed parameters (the initial policy, and the policy ca-pg
   reached): tr Cov of the batch gradient over independent batches, and tr Cov / ‖mean‖² (scale-free).
 
-What the card expects: v-pg overflows or stalls as K grows; ca-pg and top1 converge faster than v-pg-swr; top1 is the
-cheapest per step; ca-pg's gradient variance is far below v-pg's. The card's runs use 500K steps and 5 seeds; the
+What the paper reports: v-pg overflows or stalls as K grows; ca-pg and top1 converge faster than v-pg-swr; top1 is the
+cheapest per step; ca-pg's gradient variance is far below v-pg's. The paper's runs use 500K steps and 5 seeds; the
 default here is far shorter (CPU, minutes), so the numbers are the early part of those curves.
 Writes a table to stdout, `results.json` and `repro_capg.png` under --out.
 """
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
             if trained_capg is not None and m == 1:
                 per["variance"][name]["trained"] = variance(name, k, trained_capg, var_batches, tower)
         results["per_k"][str(k)] = per
-    # cost at (K, L) = (20, 5), the card's timing setting
+    # cost at (K, L) = (20, 5), the paper's timing setting
     cost = {}
     for name in args.estimators:
         r = run_one(name, 20, 5, 200 if args.quick else 500, 0, 10_000, 500, out, tower)

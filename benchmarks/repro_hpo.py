@@ -2,14 +2,15 @@
 
     .venv/bin/python -m benchmarks.repro_hpo [--quick] [--skus 5 12 50] [--seeds 0 1 2] [--out runs/repro_hpo]
 
-The claim (algorithms.md §17, HPO paper arXiv 2605.14297): for the same number of simulated periods HPO reaches a
-lower average test cost than Gaussian PPO, and the gap grows with the number of SKUs. Both algorithms get the same
-budget (iterations × batch_scenarios × horizon simulated periods) and the same [64, 64] policy size (the card's
-paper config uses [512, 512] for HPO; we shrink it so the run fits a CPU); all other hyperparameters are the cards'
-defaults (HPO: paper config; PPO: the HPO repo's Gaussian PPO template). The test cost is the reported cost
-(periods 16..99) of the deterministic policy, averaged over the first `n_test` test scenarios with reset seed 0,
-evaluated every `eval_every` updates. (s, S) is tuned per SKU per scenario by simulation (agents.inventory_policies);
-the perfect-information bound is the best order sequence in hindsight of each test demand path (a lower bound).
+The claim (HPO paper, Alvo, Russo, Kanoria, arXiv 2605.14297; docs/algorithms/hpo.md): for the same number of
+simulated periods HPO reaches a lower average test cost than Gaussian PPO, and the gap grows with the number of
+SKUs. Both algorithms get the same budget (iterations × batch_scenarios × horizon simulated periods) and the same
+[64, 64] policy size (the paper's config uses [512, 512] for HPO; we shrink it so the run fits a CPU); all other
+hyperparameters are the config defaults (HPO: paper config; PPO: the HPO repo's Gaussian PPO template). The test
+cost is the reported cost (periods 16..99) of the deterministic policy, averaged over the first `n_test` test
+scenarios with reset seed 0, evaluated every `eval_every` updates. (s, S) is tuned per SKU per scenario by
+simulation (agents.inventory_policies); the perfect-information bound is the best order sequence in hindsight of
+each test demand path (a lower bound).
 
 Writes results.csv (one row per N, algorithm, seed, evaluation point), summary.md (the table) and curves.png.
 """

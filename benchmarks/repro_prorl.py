@@ -1,80 +1,33 @@
-"""Reproduction of ProRL's claims on ProactiveRec-v0 (algorithm cards §15 prorl, §1 reinforce, §3 grpo).
+"""Reproduction of ProRL's claims on ProactiveRec-v0: REINFORCE, GRPO and ProRL from one pre-trained policy.
 
-    .venv/bin/python -m benchmarks.repro_prorl [--quick] [--iterations N] [--catalog-size N] [--out runs/repro_prorl]
+    python -m benchmarks.repro_prorl [--quick] [--iterations N] [--arms prorl reinforce ...] [--valid-only]
+        [--no-repeat] [--sft-source logged|expert] [--lr 1e-4] [--out runs/repro_prorl]
 
-What a faithful reproduction should show (card §15):
-* REINFORCE on the raw fused reward drifts to the maximum path length (10) and paths collapse across users
-  (mean length and share of distinct paths over training);
-* ProRL keeps lengths useful and improves IoI and CTR over the pre-trained (SFT) policy;
-* position-specific advantages have lower gradient variance than the whole-path reward.
+The claims (Hou et al., "ProRL: Effective Reinforcement Learning for Proactive Recommendation via Rectified Policy
+Gradient Estimation", arXiv 2605.28293; docs/algorithms/prorl.md):
 
-All arms start from the same SFT policy (greedy simulator-expert paths, or with --sft-source logged the users' own
-continuations) and use the same learning rate, rollouts (16 per prompt) and prompts. Arms `prorl-fused`
-(centering="fused", card §15 [derived]), `prorl-path` (whole-path credit) and `prorl-sum` (item log-prob = sum of
-its tokens) are ablations. Besides greedy decoding,
-every policy is evaluated as in the paper: beam search with 10 beams, Metric@K = max over the top-K beams.
-Writes `table.md`, `results.json`, `curves.png` and per-arm `metrics.csv` under --out.
+* REINFORCE on the raw fused reward drifts to the maximum path length (10) and paths collapse across users;
+* ProRL keeps path lengths useful and raises IoI and CTR over the pre-trained (SFT) policy;
+* position-specific advantages have a lower gradient variance than the whole-path reward.
 
-Findings (2026-12-02, 2k catalog, SASRec, --valid-only, 8 prompts x 16 rollouts, CPU under contention; full
-tables in the commit message). The implementation matches the card (audit in baselines/prorl.py). The first world
-saturated after 2-3 items (an artefact of frequent interest jumps in the synthetic logs; fixed in
-shopsim/envs/proactive_rec/simulator.py). In the corrected world, from the logged-path SFT start at the card's lr
-1e-4 (the defaults here), 100 iterations: REINFORCE drifts to length 9.9 with CTR and IoI flat; ProRL shortens paths
-8.8 -> 4.4 and raises CTR 0.23 -> 0.41 (beam CTR@10 0.31 -> 0.54) with IoI about flat (0.07 -> 0.09; IoI@10
-0.36 -> 0.42, IoI@1 0.15 -> 0.08). After 200 iterations ProRL raises both over the SFT start: IoI 0.07 -> 0.32,
-CTR 0.23 -> 0.42 (IoI@1 0.15 -> 0.36, IoI@10 0.36 -> 0.91, CTR@1 0.23 -> 0.38, CTR@10 0.31 -> 0.62) - the card's
-claim - but at length 1.55 and still shrinking, with distinct paths down to 0.70 and CTR past its peak (0.51 at
-iterations 99-132). With lr 1e-3 ProRL ends at one item: IoI 0.07 -> 0.77 (REINFORCE 0.50) but CTR 0.23 -> 0.15 and
-paths collapse across users (distinct 0.05). From the expert SFT start (already near-optimal for the path sum)
-ProRL lowers both IoI and CTR (lr 1e-4: IoI 2.23 -> 1.85, CTR 0.20 -> 0.12, length 5.7 -> 1.4).
-Position-specific credit lowers the *relative* gradient variance (|cov| / |mean grad|^2: 1.95 vs 3.37 expert start,
-2.97 vs 3.91 logged start) but not the absolute one.
+What it does: pre-trains one semantic-ID policy (`agents.rec_policies.pretrained_policy`, on the users' logged
+continuations or, with ``--sft-source expert``, on the greedy simulator expert's paths), then trains each arm in
+``--arms`` from that same start with the same learning rate, prompts and 16 rollouts per prompt. Arms `reinforce`,
+`grpo` and `prorl` are the registered algorithms (`baselines.prorl`); `prorl-fused` (one running statistic of the
+fused reward, [derived]), `prorl-path` (whole-path credit) and `prorl-sum` (item log-prob = sum of its 4 tokens)
+are ablations. Every policy, and the random, expert and pre-trained references, is evaluated on held-out dev users
+with greedy decoding and with the paper's protocol (beam search with 10 beams, Metric@K = max over the top-K
+beams). It also measures the gradient variance of position-specific versus whole-path credit at the pre-trained
+policy, and, for `prorl`, the centred step reward r_k at each path position under ProRL's frozen statistics (r_k
+> 0: items at position k earn more than the per-item charge the centring subtracts).
 
-Why the paths shrink - corrected 2026-12-02 (second audit). An earlier note here blamed the world: "log P(target)
-is concave, every item after the first earns less than the frozen mean μ, so the optimum is one jump item". The
-per-position table this script now prints (r_k of greedy paths under ProRL's frozen epoch-1 statistics) refutes
-that for the logged start: the expert's items earn far more than the charge at *every* position (2k catalog,
-256 dev users, statistics of a 60-iteration run, μ = (IoI 0.044, IoR 6.0, CTR 0.51), σ = (0.60, 210, 0.26):
-r_k = +3.83, +2.12, +1.37, +1.59, +1.13, +1.02, +0.76, +0.91, +0.47 for k = 1..9), so the objective's optimum is a
-long expert-like path. The policy shortens because of the road it takes from the logged-path start, whose sampled
-items earn about μ on average (the batch mean of r_k stays within -0.3..+0.2 throughout) with a per-item spread
-several times larger: cutting a path is one EOS token, while improving the items is four codes each. The SFT's
-greedy paths also repeat items (of 64 dev users, 57 have a real item at k=1, 36 at k=2, 5-20 at k=3..10: the rest
-are duplicates, charged by CTR := 0), so the tails that ProRL cuts are largely duplicates. Reducing an
-item's log-prob by the sum of its tokens instead of the card's mean (4x the item gradient) does not change the
-picture (100 iterations: sampled length 6.65 -> 2.82, greedy 5.03; CTR 0.23 -> 0.38, IoI 0.07 -> 0.10).
+``--valid-only`` constrains decoding to real semantic IDs; ``--no-repeat`` also excludes history and earlier path
+items (`no_repeat=True` on the agent and in `ProRLConfig`), where ProRL's own decoding can repeat an item and charges
+it CTR := 0. ``--quick``: a 2k-item catalog and 30 iterations per arm (CPU minutes).
 
-Cause, measured 2026-12-02 (third pass): duplicates. With ProRL's default decoding an item of the history
-or earlier in the path can be generated again and is charged CTR := 0, i.e. (0 − μ_CTR)/σ_CTR ≈ −2 before the w_ctr/L_max
-weight, while stopping earns G = 0; the EOS token's mean advantage over rollouts that stop rises from −0.01 (first 3
-iterations) to +0.21 (last 3) in the 60-iteration run, so stopping is reinforced. The SFT's greedy paths are mostly
-duplicate tails (greedy CTR 0.23, but 0.72 when repeats are excluded). `--no-repeat` (`SidVocab.forbid_repeats`: a
-code is allowed only while some unused item continues the prefix; the same mask for sampling, teacher-forced and
-beam log-probs) removes them, and then ProRL keeps its paths (2k catalog, logged start, lr 1e-4, valid-only):
-
-| decoding, iterations | greedy length SFT -> ProRL | IoI | CTR | IoI@10 | sampled length | EOS adv (first -> last) |
-|---|---|---|---|---|---|---|
-| default, 60 | 8.81 -> 6.23 | 0.071 -> 0.108 | 0.233 -> 0.319 | 0.36 -> 0.45 | 7.01 -> 3.64 | −0.01 -> +0.21 |
-| default, 200 | 8.81 -> 1.55 | 0.07 -> 0.32 | 0.23 -> 0.42 | 0.36 -> 0.91 | | |
-| no-repeat, 60 | 8.64 -> 8.44 | 0.110 -> 0.122 | 0.723 -> 0.723 | 0.46 -> 0.61 | 7.01 -> 5.34 | −0.11 -> −0.02 |
-| no-repeat, 200 | 8.64 -> 6.41 | 0.110 -> 0.187 | 0.723 -> 0.707 | 0.46 -> 0.68 | 6.03 -> 3.88 | +0.38 -> −0.11 |
-
-(expert: length 4.05, IoI 2.87, CTR 0.35.) REINFORCE with no-repeat still drifts to the maximum length (60
-iterations: greedy 9.73, sampled 7.0 -> 9.2). Without duplicates to cut, ProRL's CTR stays flat (−0.016 at 200
-iterations) while IoI rises by 70%: the CTR gains of the default setting come largely from dropping duplicates.
-
-Commands behind these numbers (SHOPSIM_CACHE_DIR of your choice):
-    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --arms prorl reinforce
-    python -m benchmarks.repro_prorl --quick --iterations 200 --valid-only --arms prorl
-    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --sft-source expert --arms prorl reinforce
-    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --lr 1e-3 \
-        --arms prorl reinforce prorl-fused grpo
-    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --lr 1e-3 --sft-source expert \
-        --arms prorl prorl-fused reinforce grpo prorl-path
-    python -m benchmarks.repro_prorl --quick --iterations 60 --valid-only --arms prorl      # position table
-    python -m benchmarks.repro_prorl --quick --iterations 100 --valid-only --arms prorl-sum
-    python -m benchmarks.repro_prorl --quick --iterations 60 --valid-only --no-repeat --arms prorl reinforce
-    python -m benchmarks.repro_prorl --quick --iterations 200 --valid-only --no-repeat --arms prorl
+Writes under --out: `table.md` (greedy metrics, beam Metric@K, gradient variance, per-position r_k), `results.json`
+(the same numbers and the config), `curves.png` (sampled length, distinct paths, dev IoI and CTR over training) and
+`<arm>/metrics.csv` per arm. What to expect at the CPU budget: docs/algorithms/prorl.md.
 """
 
 from __future__ import annotations
@@ -103,9 +56,9 @@ from shopsim.envs.proactive_rec.scoring import path_metrics
 
 ENV_ID = "shopsim/ProactiveRec-v0"
 ARMS = {"reinforce": (RecReinforce, {}), "grpo": (RecGRPO, {}), "prorl": (ProRL, {}),
-        # ablations (card §15): the [derived] fused-reward centering, and whole-path credit instead of per position
+        # ablations: the [derived] fused-reward centering, and whole-path credit instead of per position
         "prorl-fused": (ProRL, {"centering": "fused"}), "prorl-path": (ProRL, {"credit": "path"}),
-        # item log-prob = sum of its 4 token log-probs instead of the card's mean
+        # item log-prob = sum of its 4 token log-probs instead of ProRL's mean
         "prorl-sum": (ProRL, {"item_logprob": "sum"})}
 DEFAULT_ARMS = ["reinforce", "grpo", "prorl"]
 
@@ -116,7 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--catalog-size", type=int, default=None)
     ap.add_argument("--simulator", default="sasrec", choices=["sasrec", "analytic"])
-    ap.add_argument("--lr", type=float, default=1e-4, help="same for every arm (card §15: 1e-4 on ML-1M)")
+    ap.add_argument("--lr", type=float, default=1e-4, help="same for every arm (ProRL: 1e-4 on ML-1M)")
     ap.add_argument("--prompts-per-iter", type=int, default=8)
     ap.add_argument("--eval-tasks", type=int, default=64)
     ap.add_argument("--sft-users", type=int, default=None)
@@ -218,7 +171,7 @@ def _table(out, refs, results, gv, args, size, iters, profiles):
                      f"{m['sample_length_last']:.2f} | {m['sample_distinct_last']:.2f} | "
                      f"{m['dup_share_first']:.2f} -> {m['dup_share_last']:.2f} | "
                      f"{m['eos_adv_first']:+.2f} -> {m['eos_adv_last']:+.2f} |")
-    lines += ["", "ProRL's evaluation protocol (card §15): beam search, 10 beams, Metric@K = max over the top-K beams "
+    lines += ["", "ProRL's evaluation protocol: beam search, 10 beams, Metric@K = max over the top-K beams "
               "(mean over users); length@K = length of the best-IoI beam among the top K.", "",
               "| policy | IoI@1 | IoI@10 | IoR@1 | IoR@10 | CTR@1 | CTR@10 | length@1 | length@10 |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -1,4 +1,4 @@
-"""Turn-segmented rollout datasets in Parquet (design document §4).
+"""Turn-segmented rollout datasets in Parquet (docs/design.md, docs/envs.md).
 
 One file per dataset, one row per turn. Every row carries its episode's columns (env id, task, split, seed, group,
 strategy, agent, return, success...), so the file is a flat table that `pandas.read_parquet` and

@@ -1,4 +1,4 @@
-"""Run agents on environments and collect turn-segmented trajectories (design document §1, §4).
+"""Run agents on environments and collect turn-segmented trajectories (docs/design.md).
 
 `collect` runs any `agents.Agent` on a pool of env copies for a list of episodes and returns `Trajectory`
 objects, optionally streaming each finished one to a `shopsim.datasets.DatasetWriter`.

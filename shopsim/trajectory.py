@@ -1,6 +1,6 @@
 """Turn-segmented trajectories: the contract between environments, agents, datasets and trainers.
 
-Design document §4. A `Trajectory` is one episode; each `Turn` is one env step (one agent action) with what the env
+A `Trajectory` is one episode; each `Turn` is one env step (one agent action) with what the env
 returned and, for learning agents, exactly what the policy computed:
 
 * language agents: `prompt_ids` (the exact context the model saw), `action_ids` (exactly the generated token ids,

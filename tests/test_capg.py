@@ -1,4 +1,4 @@
-"""CA-PG family (baselines/capg.py) and the PL retriever math it uses (card §16).
+"""CA-PG family (baselines/capg.py) and the PL retriever math it uses (docs/algorithms/capg.md).
 
 Documented approximation error of the released CA-PG inclusion probability (measured here by exact enumeration,
 n = 7 items, K = 3, scores ~ N(0, σ²), 5 draws per σ): max |P̂ − P| ≈ 0.045 (σ = 0.5), 0.087 (σ = 1), 0.078 (σ = 2),
@@ -320,7 +320,7 @@ def test_pl_retriever_decisions_carry_logprobs():
 
 
 def test_id_user_tower_learns_on_its_pool_and_refuses_other_users(tmp_path):
-    """The released code's model: one embedding per user of a fixed pool (card: n_user 1000)."""
+    """The released code's model: one embedding per user of a fixed pool (released code: n_user 1000)."""
     algo = baselines.make("top1", env_id=ENV, user_tower="id", n_users=50, batch_size=64, eval_every=20,
                           eval_contexts=1000, env_kwargs=SMALL)
     res = algo.train(ENV, iterations=20, seed=0, out_dir=tmp_path, progress=False)

@@ -1,4 +1,4 @@
-"""The training batch in both context modes (design §4): masks, layouts, slots for later algorithms."""
+"""The training batch in both context modes (docs/design.md): masks, layouts, slots for later algorithms."""
 
 import pytest
 import torch

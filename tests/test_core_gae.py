@@ -1,4 +1,4 @@
-"""GAE against hand-computed values, the reference loop, and turn-level == token-level (algorithms.md §0.3)."""
+"""GAE against hand-computed values, the reference loop, and turn-level == token-level (docs/algorithms/core.md)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Loss aggregation modes, clipped surrogate, KL estimators, entropy (algorithms.md §0.3)."""
+"""Loss aggregation modes, clipped surrogate, KL estimators, entropy (docs/algorithms/core.md)."""
 
 import math
 

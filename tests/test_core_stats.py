@@ -1,4 +1,4 @@
-"""Masked and group statistics (algorithms.md §0.3)."""
+"""Masked and group statistics (docs/algorithms/core.md)."""
 
 import pytest
 import torch

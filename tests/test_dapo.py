@@ -1,4 +1,4 @@
-"""DAPO pieces (algorithms.md §4): overlong shaping, dynamic sampling."""
+"""DAPO pieces (docs/algorithms/dapo.md): overlong shaping, dynamic sampling."""
 
 import pytest
 import torch

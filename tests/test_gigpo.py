@@ -1,4 +1,4 @@
-"""GiGPO advantages on hand examples, including singleton anchor groups (algorithms.md §5)."""
+"""GiGPO advantages on hand examples, including singleton anchor groups (docs/algorithms/gigpo.md)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""GRPO advantages on hand examples (algorithms.md §3)."""
+"""GRPO advantages on hand examples (docs/algorithms/grpo.md)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""HPO and hybrid PPO: card defaults, gradient routing, determinism, checkpoints, env equivalence, learning."""
+"""HPO and hybrid PPO: paper defaults, gradient routing, determinism, checkpoints, env equivalence, learning."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MPO's derived design (algorithms.md §7): mean preservation, reduction to GAE, λ_intra = 1, turn-ratio gradients."""
+"""MPO's derived design (docs/algorithms/mpo.md): mean preservation, reduction to GAE, λ_intra = 1, turn ratios."""
 
 import math
 

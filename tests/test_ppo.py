@@ -1,4 +1,4 @@
-"""LM PPO's token-level GAE on a hand batch (algorithms.md §2)."""
+"""LM PPO's token-level GAE on a hand batch (docs/algorithms/ppo.md)."""
 
 import pytest
 import torch

@@ -137,7 +137,7 @@ def test_position_profile_means_per_position_over_real_items():
 
 
 def test_item_logprob_option_sum_vs_mean():
-    """item_logprob='sum' (ablation) weights an item by its full log-prob; the card's 'mean' by a quarter of it."""
+    """item_logprob='sum' (ablation) weights an item by its full log-prob; ProRL's 'mean' by a quarter of it."""
     tok = torch.zeros(1, 41)  # [B, 10 items x 4 codes + EOS]: one item, then EOS
     tok[0, :5] = torch.log(torch.tensor([0.5, 0.5, 0.25, 0.25, 0.9]))
     lengths = torch.tensor([1])

@@ -1,4 +1,4 @@
-"""REINFORCE baselines on hand examples (algorithms.md §1)."""
+"""REINFORCE baselines on hand examples (docs/algorithms/reinforce.md)."""
 
 import pytest
 

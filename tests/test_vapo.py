@@ -1,4 +1,5 @@
-"""VAPO pieces (arXiv 2504.05118): length-adaptive λ, decoupled GAE, the positive NLL term, value pre-training."""
+"""VAPO pieces (arXiv 2504.05118, docs/algorithms/vapo.md): length-adaptive λ, decoupled GAE, the positive NLL
+term, value pre-training."""
 
 import pytest
 import torch

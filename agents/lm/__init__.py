@@ -1,4 +1,4 @@
-"""The transformers language-model agent (design §4-§5).
+"""The transformers language-model agent (docs/agents.md, docs/lm-agent.md).
 
 * `agents.lm.agent.LMAgent` — the agent (registered as ``("lm", "shopping")``) and `LMPolicy`, the trainer-facing
   handle for log-prob recomputation; read that module's docstring for the record format.

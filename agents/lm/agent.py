@@ -1,4 +1,4 @@
-"""`LMAgent`: a `transformers` causal LM acting in the shopping env (design §4-§5).
+"""`LMAgent`: a `transformers` causal LM acting in the shopping env (docs/lm-agent.md).
 
 Interface for trainers (kept stable; the RL baselines build on it):
 

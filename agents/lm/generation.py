@@ -1,4 +1,4 @@
-"""Batched sampling with the KV cache, and exact log-prob recomputation (design §4-§5, anchors §7).
+"""Batched sampling with the KV cache, and exact log-prob recomputation (docs/lm-agent.md).
 
 `sample` runs one prefill over a left-padded batch of prompts, then one token per step with the model's KV cache,
 until every row has produced a stop token or `max_new_tokens`. For every row it records exactly what the model

@@ -1,4 +1,4 @@
-"""The default causal LM of the LM agent: a small model built from a config (design §5).
+"""The default causal LM of the LM agent: a small model built from a config (docs/agents.md).
 
 The default ("mini") is a Llama-architecture decoder (RoPE, so the context length is a config value, not a learned
 table): width 128, 4 layers, 4 heads, SwiGLU 384, tied input/output embeddings, about 1.3 million parameters (half of

@@ -1,7 +1,8 @@
-"""Prompt building for the two context modes of design §4 (anchors §5.6), token-in/token-out.
+"""Prompt building for the two context modes (docs/design.md, docs/lm-agent.md), token-in/token-out.
 
 Observations are tokenised once, as they arrive, and generated actions are kept as the exact ids the model
-sampled; nothing the model generated is ever decoded and re-encoded (anchors §7, retokenization drift).
+sampled; nothing the model generated is ever decoded and re-encoded (re-tokenising
+generated text can give other ids than the sampled ones, and the recorded log-probs would no longer match).
 
 A `ChatFormat` cuts the tokenizer's chat template into the pieces a dialogue is assembled from, by rendering
 sentinel messages and splitting the text around them:

@@ -18,7 +18,7 @@ rollout runner. Checkpoints are ``save_pretrained`` folders (safetensors) with t
 What a from-scratch model needs (the `shopsim sft` defaults). Nearly every argument the agent writes is a copy from
 its context, and a million-parameter model trained on plain expert data learns the prior over those strings long
 before it learns to copy (after 15 CPU-minutes it writes well-formed but wrong queries and option values: 0-3%
-find_and_buy success). Four changes, each measured (README, "Language-model agent"):
+find_and_buy success). Four changes, each measured (docs/agents.md, "Language-model agent"):
 
 1. copy-light data: the expert opens results by position (``click[#1]``, env ``numbered_results``, 5 results per
    page) instead of by a 10-character SKU, and searches the task line itself (``query="instruction"``);

@@ -1,4 +1,4 @@
-"""The domain tokenizer of the default LM agent: a byte-level BPE trained with `tokenizers` (design §5).
+"""The domain tokenizer of the default LM agent: a byte-level BPE trained with `tokenizers` (docs/agents.md).
 
 It is trained on the text the agent actually sees and writes: catalog titles, descriptions, attributes and
 options, the shopping env's action grammar (``search[...]``, ``click[...]``, JSON tool calls) and observation

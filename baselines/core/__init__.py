@@ -1,4 +1,4 @@
-"""Shared RL math and plumbing used by every baseline (design document §6, algorithms.md §0.3).
+"""Shared RL math and plumbing used by every baseline (docs/algorithms/core.md).
 
 * `baselines.core.stats`      - masked mean/var/whiten, group statistics by any key (GRPO, GiGPO, RLOO, ARC).
 * `baselines.core.gae`        - vectorised GAE (blocked scan, no Python loop over time): token-level over generated

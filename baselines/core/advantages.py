@@ -1,4 +1,4 @@
-"""Batch-aware advantage helpers shared by several algorithms (algorithms.md §0.3, §1, §2).
+"""Batch-aware advantage helpers shared by several algorithms (docs/algorithms/core.md).
 
 They work in the batch's trajectory-token layout (each trajectory's generated tokens in order, see
 `baselines.core.batch`), so the same code serves the concat and window context modes.
@@ -31,7 +31,7 @@ def turn_end_mask_tt(batch: Batch) -> torch.Tensor:
 
 
 def token_rewards_tt(batch: Batch) -> torch.Tensor:
-    """[N, L] r_k at the last generated token of turn k, 0 elsewhere (verl's placement, §2)."""
+    """[N, L] r_k at the last generated token of turn k, 0 elsewhere (verl's placement)."""
     k = batch.traj_tok_turn.clamp_min(0)
     r = torch.gather(batch.turn_rewards, 1, k)
     return torch.where(turn_end_mask_tt(batch), r, torch.zeros_like(r))
@@ -54,7 +54,7 @@ def bootstrap_values(batch: Batch, values_tt: torch.Tensor, truncation: str) -> 
 
 def token_gae_for_batch(batch: Batch, values: torch.Tensor, *, gamma: float, lam, truncation: str = "terminal",
                         extra_rewards: torch.Tensor | None = None):
-    """Token-level GAE over generated tokens, skipping env tokens (§2). values [R, S] -> (adv [R,S], ret [R,S]).
+    """Token-level GAE over generated tokens, skipping env tokens (LM PPO). values [R, S] -> (adv [R,S], ret [R,S]).
 
     `extra_rewards` [R, S] are added to the per-token rewards (e.g. verl's in-reward KL penalty −β·k1_t).
     `lam` may be a float or a per-trajectory tensor [N] (VAPO's length-adaptive λ).

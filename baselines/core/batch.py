@@ -1,6 +1,6 @@
-"""The training batch built from `Trajectory` lists (design document §4, algorithms.md §0.4).
+"""The training batch built from `Trajectory` lists (docs/design.md, "The training batch").
 
-Two context modes (design §4):
+Two context modes:
 
 * **concat** — one row per trajectory. The last turn's ``prompt_ids + action_ids`` is the whole dialogue; turn k's
   ``prompt_ids`` extends turn k−1's ``prompt_ids + action_ids`` (checked, never re-tokenised). Generated

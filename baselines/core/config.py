@@ -1,7 +1,7 @@
 """Configuration and small records of the shared LM training loop (`baselines.core.trainer`).
 
 `LMConfig` holds the options every Shopping LM algorithm shares; each algorithm's `Config` subclasses it with its
-paper's defaults (algorithms.md). `Advantages` is what an algorithm's `compute_advantages` returns, `Ctx` what the
+paper's defaults (docs/algorithms/). `Advantages` is what an algorithm's `compute_advantages` returns, `Ctx` what the
 trainer computed (no grad) before the update.
 """
 

@@ -1,4 +1,4 @@
-"""Generalised advantage estimation, vectorised over batch AND time (algorithms.md §0.3, §2, §7).
+"""Generalised advantage estimation, vectorised over batch AND time (docs/algorithms/core.md).
 
 GAE (Schulman et al., arXiv 1506.02438, eq. 16): A_t = Σ_{l≥0} (γλ)^l δ_{t+l},  δ_t = r_t + γ V_{t+1} − V_t.
 
@@ -12,7 +12,7 @@ Masked positions (env/user/tool tokens in concat mode, padding) are *skipped*: t
 advantage carry over them unchanged, exactly like verl's masked loop. We get that by compacting each row's valid
 positions to the front (O(B·T) scatter), scanning with a constant decay and scattering back.
 
-Turn-level GAE (MPO, §7) is the same function applied to [B, K] turn tensors; `turn_gae` names it.
+Turn-level GAE (MPO) is the same function applied to [B, K] turn tensors; `turn_gae` names it.
 """
 
 from __future__ import annotations
@@ -187,12 +187,12 @@ def gae(
     return adv, (adv + v) * m
 
 
-#: token-level GAE over generated tokens, skipping env tokens (mask = generated-token mask); §2
+#: token-level GAE over generated tokens, skipping env tokens (mask = generated-token mask); LM PPO
 token_gae = gae
 
 
 def turn_gae(turn_rewards, turn_values, turn_mask, *, gamma: float, lam: float, last_value=None, block: int = 64):
-    """Turn-level GAE (MPO, §7): δ_k = r_k + γ V_{k+1} − V_k over turns k, A_k = Σ_j (γλ)^j δ_{k+j}. [B, K] inputs."""
+    """Turn-level GAE (MPO): δ_k = r_k + γ V_{k+1} − V_k over turns k, A_k = Σ_j (γλ)^j δ_{k+j}. [B, K] inputs."""
     return gae(turn_rewards, turn_values, turn_mask, gamma=gamma, lam=lam, last_value=last_value, block=block)
 
 
@@ -215,7 +215,7 @@ def gae_reference_loop(rewards, values, mask, *, gamma: float, lam: float, last_
 
 
 def place_at_turn_ends(turn_rewards: torch.Tensor, turn_index: torch.Tensor, gen_mask: torch.Tensor) -> torch.Tensor:
-    """Token rewards [B, S]: r_k at the last generated token of turn k, 0 elsewhere (verl's placement, §2).
+    """Token rewards [B, S]: r_k at the last generated token of turn k, 0 elsewhere (verl's placement).
 
     `turn_rewards` [B, K]; `turn_index` [B, S] turn of each generated token (any value where gen_mask is 0).
     """

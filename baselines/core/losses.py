@@ -1,4 +1,4 @@
-"""Loss pieces shared by the clipped policy-gradient family (algorithms.md §0.3).
+"""Loss pieces shared by the clipped policy-gradient family (docs/algorithms/core.md).
 
 Per-token tensors are [B, S] with a mask of policy-generated tokens. Every function returns per-token terms; the
 caller reduces them with `aggregate` in the mode its paper uses, so that algorithms differ only where papers do.
@@ -153,7 +153,7 @@ def clipped_surrogate(
 
 
 def kl_term(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token KL(π_θ ‖ π_ref) estimate on sampled tokens (Schulman's k1/k3; §0.3).
+    """Per-token KL(π_θ ‖ π_ref) estimate on sampled tokens (Schulman's k1/k3 estimators).
 
     k1 = log π_θ − log π_ref;  k3 = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1  (≥ 0, low variance).
     """

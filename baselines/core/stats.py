@@ -1,4 +1,4 @@
-"""Masked statistics and group statistics (algorithms.md §0.3, "Group statistics").
+"""Masked statistics and group statistics (docs/algorithms/core.md).
 
 All functions are torch, work on any device and never loop in Python over elements. Group keys may be anything
 hashable (task ids, ``(task, strategy)`` tuples, anchor-state hashes); `group_index` turns them into dense ints.

@@ -1,4 +1,4 @@
-"""The shared training loop of the language-agent algorithms (design document §6, algorithms.md §0).
+"""The shared training loop of the language-agent algorithms (docs/algorithms/core.md).
 
 One iteration: collect G rollouts per task with `shopsim.rollout.collect(..., group_size=G)` → build the
 `Batch` → π_ref and critic values over the recorded ids (π_old too when `recompute_old_logp` asks for it; else the
@@ -11,7 +11,7 @@ length-bucketed micro-batches (`micro_batch_tokens`) → evaluation on the dev s
 An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 
 * `compute_advantages(batch, ctx)`  → `Advantages` (token advantages [R, S], optional critic targets)
-* `policy_loss_tok(mb, logp, adv)`  → per-token policy loss (default: clipped surrogate, §0.3)
+* `policy_loss_tok(mb, logp, adv)`  → per-token policy loss (default: PPO's clipped surrogate)
 * `extra_loss(mb, logp)`            → additional loss terms (VAPO's positive-example NLL)
 * `collect_batch(...)`              → rollout policy (DAPO's dynamic sampling)
 * `before_training(...)`            → e.g. VAPO's value pre-training

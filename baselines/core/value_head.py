@@ -1,8 +1,8 @@
 """Critic for the LM algorithms (ppo, vapo, mpo): a scalar value head on a causal LM backbone.
 
-Default (algorithms.md §2, [derived]): a *separate* copy of the policy backbone with a fresh scalar head, so critic
-updates never move the policy. ``shared=True`` puts the head on the policy's own backbone instead (the card's
-alternative); then the critic reads the policy's hidden states and its loss also trains the backbone.
+Default ([derived]: the papers do not fix it; docs/algorithms/ppo.md): a *separate* copy of the policy backbone
+with a fresh scalar head, so critic updates never move the policy. ``shared=True`` puts the head on the policy's
+own backbone instead; then the critic reads the policy's hidden states and its loss also trains the backbone.
 
 Alignment: ``values[:, p]`` is the value of the state *before* the token at position p is generated, i.e. the head
 applied to the last-layer hidden state at p−1 (the same shift as log-probs). ``values[:, 0] = 0``.

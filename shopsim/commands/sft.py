@@ -4,7 +4,7 @@
     shopsim sft --env shopsim/Shopping-v0 --data expert.parquet --out runs/sft
 
 The defaults are the recipe that lets the default 1.4M-parameter model reach the find_and_buy target on two CPU
-cores (README, "Language-model agent"): copy-friendly expert data (results opened by position, the task line as
+cores (docs/agents.md, "Language-model agent"): copy-friendly expert data (results opened by position, the task line as
 the query, a blank after the bracket), a short-to-long curriculum and prior-breaking copy augmentation
 (`agents.lm.augment`). ``--no-numbered-results --expert-query full --no-arg-space --curriculum-steps 0
 --augment-copies 0`` is plain behaviour cloning on the expert's default actions.

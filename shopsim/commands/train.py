@@ -1,4 +1,4 @@
-"""`shopsim train`: train any registered algorithm on an env (design document §6).
+"""`shopsim train`: train any registered algorithm on an env (docs/training.md).
 
 Generic over env families: it resolves ``baselines.make(name, env_id=ENV, **overrides)`` and calls
 ``.train(ENV, iterations=..., seed=..., out_dir=..., init=...)``, so LM, recommendation, retrieval and inventory

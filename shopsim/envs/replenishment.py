@@ -6,11 +6,11 @@ warehouses, policy candidates):
 * `step_numpy` drives the Gymnasium env and the OR reference policies (vectorised over SKUs and scenarios);
 * `step_torch` is the same arithmetic in torch, differentiable with respect to the order quantities (and the
   incoming state) for fixed discrete order decisions and fixed pre-sampled demand. HPO's pathwise gradient
-  (algorithms.md §17; Alvo, Russo, Kanoria, arXiv 2605.14297, "mixed gradient") runs through it.
+  (Alvo, Russo, Kanoria, arXiv 2605.14297, "mixed gradient"; docs/algorithms/hpo.md) runs through it.
 
 A task id is a scenario: `make_scenario(task_id, config)` draws every per-SKU parameter from a generator seeded by
 the task id alone, so the same id gives the same SKUs under any reset seed; the reset seed only drives demand and
-the starting stock. The default preset is the HPO paper's inventory setting (anchors.md §4.3).
+the starting stock. The default preset is the HPO paper's inventory setting.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class InvalidActionError(ShopsimError):
 
 @dataclass(frozen=True)
 class ReplenishmentConfig:
-    """Every knob of Replenishment-v0 (defaults: the HPO paper preset, algorithms.md §17)."""
+    """Every knob of Replenishment-v0 (defaults: the HPO paper preset)."""
 
     n_skus: int = 5
     lead_time: int = 2
@@ -300,7 +300,7 @@ class ReplenishmentEnv(gym.Env):
     Periodic review of N SKUs (default 5, tested up to 1,000s) with a lead time, stochastic demand (Poisson or
     negative binomial, optionally seasonal), holding and backlog (or lost-sales) costs and a fixed cost per order.
     Each period the agent decides per SKU whether to order (discrete) and how much (continuous): a hybrid action.
-    The default preset is the HPO paper's (Alvo et al., arXiv 2605.14297, anchors.md §4.3).
+    The default preset is the HPO paper's (Alvo et al., arXiv 2605.14297).
 
     ## Action Space
     `Dict(order=MultiBinary(N), quantity=Box(0, q_max, (N,), float32))`. `quantity` is ignored where `order` is 0.

@@ -1,12 +1,12 @@
 """TwoStageRetrieval-v0: an early-stage retriever picks K candidates, a fixed later-stage ranker shows L of them.
 
 The synthetic setting of Kiyohara et al., "Credit-assigned Policy Gradient for Early Stage Retrieval in Two-stage
-Ranking" (arXiv 2605.26385, §5 and the released simulator; algorithm card §16 in docs/algorithms.md):
+Ranking" (arXiv 2605.26385, §5 and the released simulator; docs/algorithms/capg.md):
 
 * contexts (users) x and items e_a are unit vectors in R^dim (dim 10), drawn from U[-1, 1]^dim and normalised;
 * reactiveness η(x, a) = sqrt(σ(w_x·x + 3) · σ(w_a·e_a + 3));
 * expected score q(x, a) = 10 · xᵀ((1 − η) M_0 + η M_z) e_a with random unit-row dim×dim matrices, where z is the
-  user's latent type (``n_user_types`` matrices M_1..M_Z, one by default — the card names a single M_z);
+  user's latent type (``n_user_types`` matrices M_1..M_Z, one by default — the paper names a single M_z);
 * observed reward r ~ Normal(softplus(q) + 1, σ(xᵀ W e_a + 1)), so rewards are (almost surely) positive; the mean
   μ(x, a) = softplus(q) + 1 is the "policy value" of showing a;
 * the later-stage ranker (LSR) shows L of the K candidates: ``optimal`` (top-L by q), ``noisy`` (L draws without
@@ -80,7 +80,7 @@ def _sigmoid(v):
 
 @dataclass
 class TwoStageRetrievalConfig:
-    """Parameters of the two-stage retrieval simulator (defaults: the card's synthetic preset, §16)."""
+    """Parameters of the two-stage retrieval simulator (defaults: the paper's synthetic preset, §5)."""
 
     n_items: int = 1000
     """Catalog size (items the retriever chooses from)."""
@@ -99,7 +99,7 @@ class TwoStageRetrievalConfig:
     base_seed: int = 12345
     """Seed of the world (items, matrices); contexts are hashed from (base_seed, task id)."""
     item_source: str = "synthetic"
-    """synthetic (card preset) | catalog (item vectors from shopsim.catalog category/type/attributes)."""
+    """synthetic (the paper's preset) | catalog (item vectors from shopsim.catalog category/type/attributes)."""
     catalog_seed: int = 0
     """Seed of the shared catalog when item_source == 'catalog'."""
 
@@ -122,7 +122,7 @@ class TwoStageRetrievalConfig:
 
 @dataclass
 class BatchOutcome:
-    """What one batched step returns: per-context reward and what a CA-PG trainer needs (card §16)."""
+    """What one batched step returns: per-context reward and what a CA-PG trainer needs."""
 
     reward: np.ndarray
     """(B,) mean observed reward over the shown items."""
@@ -275,7 +275,7 @@ class TwoStageRetrievalSim:
     def lsr_select(self, q: np.ndarray, rng: np.random.Generator, deterministic: bool = False) -> np.ndarray:
         """(B, L) positions the later-stage ranker shows, in its order.
 
-        deterministic=True is the card's evaluation mode: the noisy LSR acts greedily (top-L by q); the uniform LSR
+        deterministic=True is the paper's evaluation mode: the noisy LSR acts greedily (top-L by q); the uniform LSR
         stays random (it has no deterministic version)."""
         c = self.config
         kind = "optimal" if (deterministic and c.lsr == "noisy") else c.lsr
@@ -335,7 +335,7 @@ def split_ids(split: str, n: int, rng: np.random.Generator, splits: dict | None 
 class TwoStageRetrievalEnv(gym.Env):
     """
     ## Description
-    Two-stage recommendation as a contextual bandit (CA-PG card §16, arXiv 2605.26385). Each episode is one user
+    Two-stage recommendation as a contextual bandit (CA-PG, arXiv 2605.26385). Each episode is one user
     (context). The agent is the early-stage retriever: it picks an ordered candidate set of K distinct items out of
     `n_items`; a fixed later-stage ranker (LSR) shows L of them; the user rewards the shown items. For batched training
     use `TwoStageRetrievalSim` (``env.unwrapped.sim``), which evaluates a whole batch of contexts in one call.

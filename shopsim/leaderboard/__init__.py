@@ -1,4 +1,4 @@
-"""The leaderboard (design document §7): evaluation protocols, metrics, results files, rendering, the benchmark.
+"""The leaderboard (docs/leaderboard.md): evaluation protocols, metrics, results files, rendering, the benchmark.
 
 * `protocols` — per-env evaluation protocol from ``data/splits/<Name-vN>.json`` (`shopsim.splits`: test task ids,
   eval seeds, tries);

@@ -70,7 +70,7 @@ _REC_SMALL = {"sft_steps": 50, "eval_tasks": 8, "group_size": 8, "prompts_per_it
 _RET_SMALL = {"eval_contexts": 1000}
 _INV_SMALL = {"batch_scenarios": 32, "eval_scenarios": 0}
 # Shopping LM trainers: a few rollouts per iteration, no in-training evaluation (the leaderboard evaluates), the
-# learning rate and rollout temperature of benchmarks/learning_lm.py (the cards' 1e-6 is for billion-parameter models)
+# learning rate and rollout temperature of benchmarks/learning_lm.py (the papers' 1e-6 is for billion-parameter models)
 _SHOP_SMALL = {"lr": 1e-4, "temperature": 0.7, "eval_episodes": 0, "checkpoint_every": 0}
 _SHOP_QUICK = {"grpo": {**_SHOP_SMALL, "group_size": 4, "tasks_per_iter": 4},
                "mpo": {**_SHOP_SMALL, "group_size": 1, "tasks_per_iter": 16}}

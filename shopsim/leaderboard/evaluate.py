@@ -1,4 +1,4 @@
-"""Run one agent through an evaluation protocol and summarise it (design document §7).
+"""Run one agent through an evaluation protocol and summarise it (docs/leaderboard.md).
 
 `evaluate(agent, protocol)` runs, for each eval seed, every (test task, try) episode of the protocol with
 `shopsim.rollout.collect` (task ids and reset seeds given explicitly, so two agents see the same episodes), turns

@@ -14,7 +14,7 @@ The pipeline is episodes → one summary per eval seed → mean and interval ove
    (``mean ± t_{0.975, n-1} · sd / sqrt(n)``; no interval with one seed). The t quantiles are tabulated
    (`T_975`) so no SciPy is needed.
 
-**pass^k** (τ-bench, Yao et al. 2024, §5; anchors §6): the probability that *all* of k i.i.d. tries of a task
+**pass^k** (τ-bench, Yao et al. 2024, §5): the probability that *all* of k i.i.d. tries of a task
 succeed, estimated without bias from n >= k tries of which c succeeded as ``C(c, k) / C(n, k)``, averaged over
 tasks. **pass@k** (Chen et al. 2021, eq. 1) is the chance that at least one succeeds, ``1 − C(n − c, k) / C(n, k)``;
 both are here, the tables show pass^k.

@@ -1,13 +1,13 @@
 """Evaluation protocols: which tasks, seeds and tries an env is scored on, and which metrics its table shows.
 
-Design document §7: an evaluation split is a fixed list of task ids in ``data/splits/<Name-vN>.json`` that training
+An evaluation split is a fixed list of task ids in ``data/splits/<Name-vN>.json`` that training
 never samples. The file is shared with the env (which resolves ``reset(options={"split": ..., "task_id": ...})``)::
 
     {"env_id": "shopsim/Shopping-v0", "train": {"range": [lo, hi]}, "dev": [...], "test": [...],
      "eval_seeds": [0, 1, 2], "tries": 4}
 
 ``tries`` (optional, default 4) is the number of episodes per task and eval seed; pass^k needs ``tries >= k``, and
-the leaderboard reports k = 1..4 as τ-bench does (anchors §6). An eval seed fixes the per-episode reset seeds (see
+the leaderboard reports k = 1..4 as τ-bench does. An eval seed fixes the per-episode reset seeds (see
 `Protocol.episode_seed`), so a protocol names every episode exactly; confidence intervals are taken over the eval
 seeds (`shopsim.leaderboard.metrics`).
 

@@ -1,6 +1,6 @@
 """Render results files into the leaderboard: Markdown, CSV, a static HTML page and matplotlib plots.
 
-Design document §7: results are files anyone can re-render. `render_all(results, out_dir)` writes
+Results are files anyone can re-render. `render_all(results, out_dir)` writes
 
 * ``leaderboard.md``  one table per env (``value ± h`` where ``[value − h, value + h]`` is the 95% t-interval over
   eval seeds; pass^k is τ-bench's "all k tries succeed", not pass@k),

@@ -1,6 +1,6 @@
 """Results files: one JSON file per leaderboard entry, schema-versioned and validated on read.
 
-Design document §7: an entry is (env id + version, split, algorithm, config hash, seeds, budget) → metrics with
+An entry is (env id + version, split, algorithm, config hash, seeds, budget) → metrics with
 confidence intervals over seeds. Results are files that anyone can re-render (`shopsim leaderboard`).
 
 Schema (``schema_version`` = `SCHEMA_VERSION`)::

@@ -11,7 +11,7 @@ standardised over the catalog first: CTR_k = σ((s_{i_k} − mean_j s_j) / std_j
 std in closed form (`Simulator.score_moments`); an item two standard deviations above the average item is accepted
 with probability 1/2 (offset 2.0) [derived].
 
-Special items (card §15):
+Special items (ProRL's rules):
 * invalid (a semantic ID that names no item; passed here as item id −2): it is *not* appended to the history;
   CTR := −1; IoI, IoR := `fixed` constants (the env's per-step rule) or, with ``invalid="batch_min"``, the minimum
   over the batch's valid steps minus 1 (ProRL's rule; needs a batch, so only the scorer offers it);

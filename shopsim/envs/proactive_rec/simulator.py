@@ -1,6 +1,6 @@
 """The frozen user model of ProactiveRec-v0: P(next item | interaction history).
 
-ProRL (arXiv 2605.28293; anchors §3.6) scores recommendation paths with a frozen SASRec (Kang & McAuley 2018) trained
+ProRL (arXiv 2605.28293) scores recommendation paths with a frozen SASRec (Kang & McAuley 2018) trained
 on real interaction logs: the user state is the encoder output at the last position, item scores are state · item
 embedding, recommended items are appended to the sequence as if consumed. We have no logs, so the SASRec here is
 trained on **synthetic interaction sequences** drawn from a hidden "true" user process over the catalog embeddings

@@ -1,4 +1,4 @@
-"""Shopping-v0: a multi-turn shopping assistant with a simulated customer (design.md §3).
+"""Shopping-v0: a multi-turn shopping assistant with a simulated customer (docs/envs.md).
 
 Modules: `env` (the Gymnasium env), `tools` (the tool table: name -> schema + handler), `actions` (text grammar +
 JSON tool calls over that table), `tasks` (families, splits),

@@ -318,7 +318,7 @@ class ShoppingEnv(gym.Env):
         self._option_owner = self._owners(self.product) if self.product is not None else {}
 
     def _side_effects(self) -> dict:
-        """Side-effect metrics (anchors §2.6 item 9): wrong purchases, wrong writes, customers who gave up."""
+        """Side-effect metrics: wrong purchases, wrong writes, customers who gave up."""
         purchased = float(self.end_reason in ("buy", "checkout"))
         out = {"purchased": purchased, "wrong_purchase": float(purchased and self.score < 1.0 - 1e-9),
                "customer_left": float(self.end_reason == "customer_left")}

@@ -1,6 +1,6 @@
 """Task families and splits of Shopping-v0: a task is a pure function of (family, task id, catalog).
 
-Families (design.md §3; the issue's "task families"):
+Families (docs/envs.md):
 
 | family | goal | reward |
 |---|---|---|
