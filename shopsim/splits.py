@@ -1,4 +1,4 @@
-"""The split manifests ``data/splits/<Name-vN>.json``: the one place that reads them (design document §7).
+"""The split manifests ``data/splits/<Name-vN>.json``: the one place that reads them (docs/design.md).
 
 A manifest names an env's task ids per split, shared by the env (``reset(options={"split": ..., "task_id": ...})``),
 the trainers and the leaderboard::
