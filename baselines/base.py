@@ -30,6 +30,10 @@ class TrainResult:
     agent: Any = None
     """An `agents.Agent` acting with the trained policy (greedy or sampling, as the algorithm documents)."""
     checkpoint: Path | None = None
+    resumed_from: int = 0
+    """Iterations already done in `out_dir` when this call started (0: a new run)."""
+    already_complete: bool = False
+    """True when `out_dir` held a finished run: nothing was trained and `history` is the saved one."""
 
 
 class Algorithm:
