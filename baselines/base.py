@@ -9,6 +9,9 @@ only this interface:
     result.agent            # an agents.Agent with the trained policy, ready for evaluation
     result.history          # one dict of metrics per iteration (also in out_dir/metrics.csv)
 
+Every built-in algorithm trains on the one shared loop, `baselines.core.loop.LoopAlgorithm` (seeded, resumable from
+`out_dir/state.pt`, metrics.csv, TensorBoard, progress bar), and overrides its steps rather than `train`.
+
 `families` names the env families (see `shopsim.envs`) the class trains on.
 """
 

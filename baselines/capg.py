@@ -74,8 +74,8 @@ def capg_log_inclusion(scores: torch.Tensor, y: torch.Tensor, owners: np.ndarray
             hit = (top == y[:, :, None]).to(torch.int8)
             prev = top.gather(2, torch.sort(hit, dim=2, stable=True).indices)[:, :, : k - 1]
         else:  # greedy MoE picks differ once y_ℓ is masked: one pass per shown item
-            prev = torch.stack([gumbel_top_k(scores.scatter(2, y[:, None, l:l + 1].expand(b, m, 1), float("-inf")),
-                                             owners, None)[:, : k - 1] for l in range(n_show)], 1)  # (B, L, K−1)
+            prev = torch.stack([gumbel_top_k(scores.scatter(2, y[:, None, j:j + 1].expand(b, m, 1), float("-inf")),
+                                             owners, None)[:, : k - 1] for j in range(n_show)], 1)  # (B, L, K−1)
     g = scores[:, None, :, :].expand(b, n_show, m, n).gather(3, prev[:, :, None, :].expand(b, n_show, m, k - 1))
     g = g[:, :, own, :]  # (B, L, K, K−1): s_{o(k)}(b_j)
     earlier = torch.tril(torch.ones(k, k - 1, dtype=torch.bool), diagonal=-1)  # j < k

@@ -1,17 +1,19 @@
 """ProRL and its two controls on ProactiveRec-v0 (algorithm cards §15 prorl, §1 reinforce, §3 grpo).
 
 Hou et al., "ProRL: Effective Reinforcement Learning for Proactive Recommendation via Rectified Policy Gradient
-Estimation", arXiv 2605.28293 (code: hongruhou89/ProRL). Three registered algorithms share one on-policy loop
-(`_RecPG.train`): sample `group_size` (16) paths per prompt from the semantic-ID policy (`agents.rec_model`, one
-pass of constrained decoding per path, as in the paper), score every path with the env's batched `PathScorer`
-(identical to stepping the env, see tests), compute advantages, take one gradient step. They differ only where the
-papers differ:
+Estimation", arXiv 2605.28293 (code: hongruhou89/ProRL). Three registered algorithms share one on-policy iteration
+(`_RecPG.iteration`, run by the shared loop `baselines.core.loop`): sample `group_size` (16) paths per prompt from
+the semantic-ID policy (`agents.rec_model`, one pass of constrained decoding per path, as in the paper), score every
+path with the env's batched `PathScorer` (identical to stepping the env, see tests), compute advantages, take one
+gradient step. They differ only where the papers differ:
 
-| class | reward | credit | item log-prob | KL |
-|---|---|---|---|---|
-| `RecReinforce` ("reinforce") | raw fused step rewards, summed over the path | A_i = R_i − batch mean, on every item and EOS | sum of tokens | – |
-| `RecGRPO` ("grpo") | same R_i | A_i = (R_i − mean_g)/(std_g + 1e-6), every generated token | seq-mean-token-mean | k3, β = 0 |
-| `ProRL` ("prorl") | per-component centred + normalised step rewards (running stats frozen after RL epoch 1) | position-specific: A_{i,k} = G_{i,k} − b_k over the group's rollouts active at k | mean of its 4 tokens | K1, β = 0.01 |
+* `RecReinforce` ("reinforce"): reward = the raw fused step rewards summed over the path; credit
+  A_i = R_i − batch mean on every item and EOS; item log-prob = sum of its tokens; no KL.
+* `RecGRPO` ("grpo"): the same R_i; A_i = (R_i − mean_g)/(std_g + 1e-6) on every generated token;
+  seq-mean-token-mean; k3 KL, β = 0.
+* `ProRL` ("prorl"): per-component centred + normalised step rewards (running statistics frozen after RL epoch 1);
+  position-specific credit A_{i,k} = G_{i,k} − b_k over the group's rollouts active at k; item log-prob = mean of
+  its 4 tokens; K1 KL, β = 0.01.
 
 Raw fused reward (env reward): w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items; invalid items use the env's fixed
 penalties for the raw arms and ProRL's batch-min rule for ProRL (card §15). One RL *epoch* is a pass over
@@ -529,7 +531,8 @@ def gradient_variance(algo: ProRL, agent: RecPolicyAgent, task_ids, *, n_batches
             algo.stats.frozen = True  # a fresh algo takes its statistics from the first batch only
             tok_lp = token_logprobs(agent.model, agent.vocab, prompts_t, gen_ids)
             loss, _ = _RecPG.objective(algo, tok_lp, None, torch.as_tensor(lengths),
-                                       torch.as_tensor(ia, dtype=torch.float32), torch.as_tensor(ea, dtype=torch.float32))
+                                       torch.as_tensor(ia, dtype=torch.float32),
+                                       torch.as_tensor(ea, dtype=torch.float32))
             g = torch.autograd.grad(loss, params)
             grads[credit].append(torch.cat([x.reshape(-1) for x in g]))
     algo.config.credit = "position"

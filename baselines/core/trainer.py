@@ -1,12 +1,11 @@
-"""The shared training loop of the language-agent algorithms (design document §6, algorithms.md §0).
+"""The language-agent algorithms' iteration on the shared loop (design document §6, algorithms.md §0).
 
 One iteration: collect G rollouts per task with `shopsim.rollout.collect(..., group_size=G)` → build the
 `Batch` → π_ref and critic values over the recorded ids (π_old too when `recompute_old_logp` asks for it; else the
 recorded log-probs are π_old) → the algorithm's advantages → `update_epochs` × `minibatches` optimizer steps, each in
-length-bucketed micro-batches (`micro_batch_tokens`) → evaluation on the dev split → checkpoint. Seeded and resumable
-(`out_dir/state.pt` holds optimizer, RNG states, iteration and history; a second `train` call with the same
-`out_dir` continues where the first stopped). Metrics go to `out_dir/metrics.csv` and TensorBoard
-(`out_dir/tb`); a tqdm bar shows progress.
+length-bucketed micro-batches (`micro_batch_tokens`) → evaluation on the dev split → checkpoint. The loop itself
+(seeding, resume from `out_dir/state.pt`, `metrics.csv`, TensorBoard in `out_dir/tb`, the progress bar) is
+`baselines.core.loop.LoopAlgorithm`, shared with every other algorithm; `LMAlgorithm` fills in its steps.
 
 An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 
@@ -86,7 +85,8 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
 
 
 class LMAlgorithm(LoopAlgorithm):
-    """Base of the Shopping LM algorithms: the shared loop; subclasses define advantages (and loss tweaks)."""
+    """Base of the Shopping LM algorithms: the steps of the shared loop; subclasses define advantages (and loss
+    tweaks)."""
 
     families: ClassVar[tuple[str, ...]] = ("shopping",)
     Config: ClassVar[type] = LMConfig
