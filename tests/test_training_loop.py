@@ -193,6 +193,20 @@ def test_unknown_train_argument_is_a_config_error(tmp_path):
         CAPG(**CAPG_CFG).train(CAPG_ENV, iterations=1, out_dir=tmp_path, progress=False, env_fns=[])
 
 
+def test_metrics_csv_appends_and_widens_like_a_full_rewrite(tmp_path):
+    from baselines.base import write_metrics_csv
+    from baselines.core.loop import MetricsCSV
+
+    rows = [{"iteration": 0, "loss": 0.5}, {"iteration": 1, "loss": 0.25, "value": 1.5},
+            {"iteration": 2, "loss": 0.125}, {"iteration": 3, "loss": 1 / 3, "value": 2.0, "early_stop": 1.0}]
+    out, history = MetricsCSV(tmp_path / "metrics.csv"), []
+    for row in rows:
+        history.append(row)
+        out.add(row, history)
+        write_metrics_csv(tmp_path / "expected.csv", history)
+        assert (tmp_path / "metrics.csv").read_text() == (tmp_path / "expected.csv").read_text()
+
+
 def test_tensorboard_scalars_are_written(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -13,7 +13,7 @@
 * `save_checkpoint(dir)`    the evaluable checkpoint folder; `result_agent()` the agent handed back
 
 A new run records what it was asked (`OUT/run.json`: algorithm, env, seed, config, init). After each iteration
-the loop appends the row to the history, rewrites `OUT/metrics.csv` atomically, logs every
+the loop appends the row to the history and to `OUT/metrics.csv` (see `MetricsCSV`), logs every
 finite number to TensorBoard (`OUT/tb`, step = iteration + 1), and on the checkpoint cadence (`checkpoint_every`
 of the config when it has one, else every iteration; always after the last) writes the checkpoint and then
 `OUT/state.pt`: the iteration counter, the history, `state_dict()`, and the states of python `random`, numpy's
@@ -51,7 +51,8 @@ STATE_FILE = "state.pt"
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
 STATE_FORMAT = 2
 
-__all__ = ["LoopAlgorithm", "Run", "STATE_FILE", "capture_rng", "restore_rng", "seed_everything", "tb_writer"]
+__all__ = ["LoopAlgorithm", "MetricsCSV", "Run", "STATE_FILE", "capture_rng", "restore_rng", "seed_everything",
+           "tb_writer"]
 
 
 @dataclass
@@ -116,6 +117,30 @@ def tb_writer(path: Path, purge_step: int | None = None):
 def _jsonable(obj: Any) -> Any:
     """A JSON-comparable copy (tuples become lists, unknown objects their str), for comparing configs."""
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
+
+
+class MetricsCSV:
+    """`metrics.csv`, one row per iteration: a row whose columns the header already has is appended; a row with a
+    new column (e.g. the first evaluation) rewrites the file atomically from the whole history with the wider
+    header. The result equals `write_metrics_csv(path, history)` after every row, without rewriting a long file
+    each iteration."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.header: list[str] | None = None
+
+    def rewrite(self, history: list[dict]) -> None:
+        write_metrics_csv(self.path, history)
+        self.header = list(dict.fromkeys(k for row in history for k in row))
+
+    def add(self, row: dict, history: list[dict]) -> None:
+        if self.header is None or not set(row) <= set(self.header) or not self.path.is_file():
+            self.rewrite(history)
+            return
+        import csv
+
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.header).writerow(row)
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
@@ -260,6 +285,9 @@ class LoopAlgorithm(Algorithm):
 
         from tqdm.auto import tqdm
 
+        metrics = MetricsCSV(out / "metrics.csv")
+        if start:  # drop rows an interrupted process logged after its last saved state
+            metrics.rewrite(history)
         writer = tb_writer(out / "tb", purge_step=start + 1 if start else None)
         bar = tqdm(range(start, iterations), desc=f"{self.name} {env_id}", disable=not progress, unit="it",
                    initial=start, total=iterations)
@@ -271,7 +299,7 @@ class LoopAlgorithm(Algorithm):
                     row.update(self.evaluation(it))
                 done = self.stop_after(it, row)
                 history.append(row)
-                write_metrics_csv(out / "metrics.csv", history)
+                metrics.add(row, history)
                 if writer is not None:
                     for k, v in row.items():
                         if isinstance(v, (int, float)) and math.isfinite(float(v)):
