@@ -207,15 +207,24 @@ def test_metrics_csv_appends_and_widens_like_a_full_rewrite(tmp_path):
         assert (tmp_path / "metrics.csv").read_text() == (tmp_path / "expected.csv").read_text()
 
 
-def test_tensorboard_scalars_are_written(tmp_path):
+def test_rows_logged_after_the_last_saved_state_are_replaced_on_resume(tmp_path):
+    """With a state saved every 2 iterations, a crash in iteration 4 leaves iteration 3 in metrics.csv and
+    TensorBoard but not in the state: the resumed run redoes it, and neither file holds it twice."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    _train("capg", tmp_path, iterations=2)
-    acc = EventAccumulator(str(tmp_path / "tb"))
+    _train("lm_reinforce", tmp_path / "full", checkpoint_every=2)
+    with pytest.raises(Killed):
+        _train("lm_reinforce", tmp_path / "part", crash_at=3, checkpoint_every=2)
+    assert len(_curve(tmp_path / "part", set())) == 3  # iteration 3 was logged, the state holds 2
+    resumed = _train("lm_reinforce", tmp_path / "part", checkpoint_every=2)
+    assert resumed.resumed_from == 2
+    timing = CASES["lm_reinforce"][4]
+    assert _curve(tmp_path / "part", timing) == _curve(tmp_path / "full", timing)
+    acc = EventAccumulator(str(tmp_path / "part" / "tb"))
     acc.Reload()
-    assert [e.step for e in acc.Scalars("loss")] == [1, 2]
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]
     assert [e.value for e in acc.Scalars("loss")] == pytest.approx(
-        [float(r["loss"]) for r in _curve(tmp_path, set())])
+        [float(r["loss"]) for r in _curve(tmp_path / "part", set())])
 
 
 def test_cli_rerun_of_a_finished_run_says_so_and_keeps_it(tmp_path, capsys):

@@ -105,8 +105,9 @@ def restore_rng(state: dict, streams: dict[str, Any] | None = None) -> None:
 def tb_writer(path: Path, purge_step: int | None = None):
     """A TensorBoard `SummaryWriter` (None when tensorboard cannot be imported: logging never fails training).
 
-    `purge_step`: on resume, events at or after this step (logged after the last saved state, before the
-    interruption) are dropped, so the resumed curve is not drawn twice."""
+    `purge_step`: events already in `path` at or after this step are dropped: on resume those an interrupted
+    process logged after its last saved state, on a restart (`resume=False`) the old run's, so no curve is drawn
+    twice."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except Exception:  # pragma: no cover - tensorboard is a dependency
@@ -265,6 +266,8 @@ class LoopAlgorithm(Algorithm):
         self.setup_run(self.run)
         if state is None:
             start, history, done = 0, [], False
+            # resume=False over an old run: its state must not be resumed if this run dies before its first save
+            state_path.unlink(missing_ok=True)
             meta = {**identity, "init": None if init is None else str(init)}
             tmp = out / "run.json.tmp"
             tmp.write_text(json.dumps(meta, indent=2))
@@ -288,7 +291,7 @@ class LoopAlgorithm(Algorithm):
         metrics = MetricsCSV(out / "metrics.csv")
         if start:  # drop rows an interrupted process logged after its last saved state
             metrics.rewrite(history)
-        writer = tb_writer(out / "tb", purge_step=start + 1 if start else None)
+        writer = tb_writer(out / "tb", purge_step=start + 1)
         bar = tqdm(range(start, iterations), desc=f"{self.name} {env_id}", disable=not progress, unit="it",
                    initial=start, total=iterations)
         try:
