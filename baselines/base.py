@@ -9,6 +9,9 @@ only this interface:
     result.agent            # an agents.Agent with the trained policy, ready for evaluation
     result.history          # one dict of metrics per iteration (also in out_dir/metrics.csv)
 
+Every built-in algorithm trains on the one shared loop, `baselines.core.loop.LoopAlgorithm` (seeded, resumable from
+`out_dir/state.pt`, metrics.csv, TensorBoard, progress bar), and overrides its steps rather than `train`.
+
 `families` names the env families (see `shopsim.envs`) the class trains on.
 """
 
@@ -30,6 +33,10 @@ class TrainResult:
     agent: Any = None
     """An `agents.Agent` acting with the trained policy (greedy or sampling, as the algorithm documents)."""
     checkpoint: Path | None = None
+    resumed_from: int = 0
+    """Iterations already done in `out_dir` when this call started (0: a new run)."""
+    already_complete: bool = False
+    """True when `out_dir` held a finished run: nothing was trained and `history` is the saved one."""
 
 
 class Algorithm:

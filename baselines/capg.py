@@ -30,13 +30,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from agents.retrieval_policies import MoERetriever, PLRetriever, gumbel_noise, gumbel_top_k, pl_log_prob
-from baselines.base import Algorithm, TrainResult, write_metrics_csv
+from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.envs.two_stage_retrieval import (
     TwoStageRetrievalConfig,
     TwoStageRetrievalSim,
@@ -74,8 +74,8 @@ def capg_log_inclusion(scores: torch.Tensor, y: torch.Tensor, owners: np.ndarray
             hit = (top == y[:, :, None]).to(torch.int8)
             prev = top.gather(2, torch.sort(hit, dim=2, stable=True).indices)[:, :, : k - 1]
         else:  # greedy MoE picks differ once y_ℓ is masked: one pass per shown item
-            prev = torch.stack([gumbel_top_k(scores.scatter(2, y[:, None, l:l + 1].expand(b, m, 1), float("-inf")),
-                                             owners, None)[:, : k - 1] for l in range(n_show)], 1)  # (B, L, K−1)
+            prev = torch.stack([gumbel_top_k(scores.scatter(2, y[:, None, j:j + 1].expand(b, m, 1), float("-inf")),
+                                             owners, None)[:, : k - 1] for j in range(n_show)], 1)  # (B, L, K−1)
     g = scores[:, None, :, :].expand(b, n_show, m, n).gather(3, prev[:, :, None, :].expand(b, n_show, m, k - 1))
     g = g[:, :, own, :]  # (B, L, K, K−1): s_{o(k)}(b_j)
     earlier = torch.tril(torch.ones(k, k - 1, dtype=torch.bool), diagonal=-1)  # j < k
@@ -191,13 +191,14 @@ def evaluate_policy(agent: PLRetriever, sim: TwoStageRetrievalSim, task_ids: np.
     return float(sim.evaluate_batch(x, cand, rng, user_types=z, deterministic=True, validate=False).value.mean())
 
 
-class CAPGTrainer(Algorithm):
+class CAPGTrainer(LoopAlgorithm):
     """Shared trainer of the CA-PG family; subclasses fix `estimator` (card §16)."""
 
     name: ClassVar[str] = "capg_family"
     families: ClassVar[tuple[str, ...]] = ("retrieval",)
     Config: ClassVar[type] = CAPGConfig
     estimator: ClassVar[str] = ""
+    default_env_id: ClassVar[str] = "shopsim/TwoStageRetrieval-v0"
 
     @property
     def lr(self) -> float:
@@ -236,75 +237,89 @@ class CAPGTrainer(Algorithm):
         self.last_score_max = float(scores.detach().abs().max())  # logged: exp() overflows past ~88 in float32
         return -(w * r).mean(), float(out.reward.mean())
 
-    def train(self, env_id: str = "shopsim/TwoStageRetrieval-v0", *, iterations: int, seed: int = 0,
-              out_dir: str | Path = "runs/capg", init: str | Path | None = None, progress: bool = True,
-              **kwargs: Any) -> TrainResult:
-        if iterations < 1:
-            raise ConfigError(f"iterations must be >= 1, got {iterations}")
+    # ------------------------------------------------------------------ steps of the shared loop
+    def setup_run(self, run: Run) -> None:
+        """Simulator, retriever (from `run.init` if given), optimizer, the training generator and eval users."""
         c = self.config
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(seed)
-        sim = TwoStageRetrievalSim(TwoStageRetrievalConfig(**c.env_kwargs))
-        agent = self.make_agent(seed, env_id)
-        if init is not None:
-            agent.scorer.load_state_dict(PLRetriever.from_checkpoint(init, env_id=env_id).scorer.state_dict())
-        params = list(agent.scorer.parameters())
-        opt = {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[c.optimizer](
-            params, lr=self.lr)
-        rng = np.random.default_rng(seed)
-        splits = load_splits()
+        self.sim = TwoStageRetrievalSim(TwoStageRetrievalConfig(**c.env_kwargs))
+        self.agent = self.make_agent(run.seed, run.env_id)
+        if run.init is not None:
+            self.agent.scorer.load_state_dict(
+                PLRetriever.from_checkpoint(run.init, env_id=run.env_id).scorer.state_dict())
+        self.params = list(self.agent.scorer.parameters())
+        opt_cls = {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[c.optimizer]
+        self.opt = opt_cls(self.params, lr=self.lr)
+        self.rng = np.random.default_rng(run.seed)
+        self.splits = load_splits()
         if c.user_tower == "id":  # the card's protocol: fresh draws of the same pool's users
-            eval_ids = np.random.default_rng(seed + 1).integers(0, c.n_users, c.eval_contexts)
+            self.eval_ids = np.random.default_rng(run.seed + 1).integers(0, c.n_users, c.eval_contexts)
         elif c.eval_split == "train":
-            eval_ids = split_ids("train", c.eval_contexts, np.random.default_rng(seed + 1), splits)
+            self.eval_ids = split_ids("train", c.eval_contexts, np.random.default_rng(run.seed + 1), self.splits)
         else:
-            eval_ids = np.asarray(splits[c.eval_split][: c.eval_contexts])
-        history: list[dict] = []
-        step, train_seconds, overflow = 0, 0.0, False
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
+            self.eval_ids = np.asarray(self.splits[c.eval_split][: c.eval_contexts])
+        self.step, self.train_seconds, self.overflow = 0, 0.0, False
+        self.last_score_max = float("nan")
 
-            bar = tqdm(total=iterations, desc=f"{self.estimator} K={sim.config.k}")
-        for it in range(iterations):
-            losses, rewards = [], []
-            t0 = time.perf_counter()
-            for _ in range(c.steps_per_iteration):
-                loss, mean_r = self.loss(agent, sim, self.sample_ids(c.batch_size, rng, splits), rng)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                step += 1
-                finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p.grad).all()) for p in params)
-                if not finite and c.stop_on_overflow:
-                    overflow = True
-                    log.warning("gradient overflow at step %d (%s, K=%d)", step, self.estimator, sim.config.k)
-                    break
-                opt.step()
-                losses.append(float(loss.detach()))
-                rewards.append(mean_r)
-            train_seconds += time.perf_counter() - t0
-            row = {"iteration": it, "step": step, "loss": float(np.mean(losses)) if losses else float("nan"),
-                   "reward": float(np.mean(rewards)) if rewards else float("nan"), "overflow": int(overflow),
-                   "score_max": self.last_score_max,
-                   "train_seconds": train_seconds}
-            if overflow or it % c.eval_every == c.eval_every - 1 or it == iterations - 1:
-                row["value"] = evaluate_policy(agent, sim, eval_ids, seed)
-            history.append(row)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(value=row.get("value", float("nan")), reward=row["reward"])
-            if overflow:
+    def rng_streams(self) -> dict:
+        return {"train": self.rng}
+
+    def iteration(self, it: int) -> dict:
+        """`steps_per_iteration` on-policy gradient steps; stops at a NaN/Inf gradient (`stop_on_overflow`)."""
+        c = self.config
+        losses, rewards = [], []
+        t0 = time.perf_counter()
+        for _ in range(c.steps_per_iteration):
+            loss, mean_r = self.loss(self.agent, self.sim, self.sample_ids(c.batch_size, self.rng, self.splits),
+                                     self.rng)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.step += 1
+            finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p.grad).all()) for p in self.params)
+            if not finite and c.stop_on_overflow:
+                self.overflow = True
+                log.warning("gradient overflow at step %d (%s, K=%d)", self.step, self.estimator, self.sim.config.k)
                 break
-        if bar is not None:
-            bar.close()
-        write_metrics_csv(out_dir / "metrics.csv", history)
-        agent.greedy = True  # the card evaluates the deterministic top-K retriever
-        ckpt = agent.save(out_dir / "checkpoint", algorithm=self.estimator, seed=seed, steps=step,
-                          config=dataclasses.asdict(c), overflow=overflow)
-        return TrainResult(out_dir=out_dir, history=history, agent=agent, checkpoint=ckpt)
+            self.opt.step()
+            losses.append(float(loss.detach()))
+            rewards.append(mean_r)
+        self.train_seconds += time.perf_counter() - t0
+        return {"iteration": it, "step": self.step, "loss": float(np.mean(losses)) if losses else float("nan"),
+                "reward": float(np.mean(rewards)) if rewards else float("nan"), "overflow": int(self.overflow),
+                "score_max": self.last_score_max, "train_seconds": self.train_seconds}
 
+    def eval_due(self, it: int, last: bool) -> bool:
+        every = self.config.eval_every
+        return self.overflow or last or it % every == every - 1
 
+    def evaluation(self, it: int) -> dict:
+        return {"value": evaluate_policy(self.agent, self.sim, self.eval_ids, self.run.seed)}
+
+    def stop_after(self, it: int, row: dict) -> bool:
+        return self.overflow
+
+    def state_dict(self) -> dict:
+        return {"scorer": self.agent.scorer.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
+                "train_seconds": self.train_seconds, "overflow": self.overflow,
+                "last_score_max": self.last_score_max}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.agent.scorer.load_state_dict(state["scorer"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
+        self.overflow, self.last_score_max = bool(state["overflow"]), float(state["last_score_max"])
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        """The deterministic top-K retriever the card evaluates (`greedy=True` only in the saved agent)."""
+        training_greedy, self.agent.greedy = self.agent.greedy, True
+        try:
+            return self.agent.save(directory, algorithm=self.estimator, seed=self.run.seed, steps=self.step,
+                                   config=dataclasses.asdict(self.config), overflow=self.overflow)
+        finally:
+            self.agent.greedy = training_greedy
+
+    def result_agent(self) -> PLRetriever:
+        self.agent.greedy = True  # the card evaluates the deterministic top-K retriever
+        return self.agent
 
 
 def gradient_variance(trainer: CAPGTrainer, agent: PLRetriever, sim: TwoStageRetrievalSim, *, batches: int = 64,

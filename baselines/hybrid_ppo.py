@@ -17,14 +17,14 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from agents.inventory_nets import HybridPolicy, SumValue, n_features, sku_features
-from baselines.base import Algorithm, TrainResult, write_metrics_csv
 from baselines.core.gae import gae
+from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.envs import check_env_id
 from shopsim.envs.replenishment import (
     PAST_DEMANDS,
@@ -188,13 +188,14 @@ def reported_cost(cost: torch.Tensor, warmup: int) -> torch.Tensor:
     return cost[warmup:].sum(0)
 
 
-class HybridPPO(Algorithm):
+class HybridPPO(LoopAlgorithm):
     """Gaussian hybrid PPO (see the module docstring)."""
 
     name: ClassVar[str] = "ppo"
     families: ClassVar[tuple[str, ...]] = ("inventory",)
     Config: ClassVar[type] = HybridPPOConfig
     mode: ClassVar[str] = "gaussian"
+    train_options: ClassVar[tuple[str, ...]] = ("env_kwargs",)
 
     # --- pieces reused by HPO ------------------------------------------------------------------------------------
     def build(self, sim: InventorySim, seed: int, init=None):
@@ -292,48 +293,65 @@ class HybridPPO(Algorithm):
         return self.minibatch_epochs(self.config.update_epochs, policy, value, opt, self.flatten(ro, adv, ret), gen,
                                      with_gaussian=True)
 
-    # --- public -------------------------------------------------------------------------------------------------
-    def train(self, env_id: str, *, iterations: int, seed: int = 0, out_dir="runs/train", init=None,
-              progress: bool = True, env_kwargs: dict | None = None, **kwargs: Any) -> TrainResult:
-        """Train for `iterations` updates, each on `batch_scenarios` fresh training scenarios × horizon periods."""
-        if kwargs:
-            raise ConfigError(f"{self.name}.train: unknown argument(s) {sorted(kwargs)}")
-        if iterations < 1:
-            raise ConfigError(f"iterations must be >= 1, got {iterations}")
+    # --- steps of the shared loop (baselines.core.loop) ----------------------------------------------------------
+    def setup_run(self, run: Run) -> None:
+        """Batched simulator, policy (from `run.init` if given) and value nets, Adam, the scenario generator and the
+        sampling generator."""
         c = self.config
-        sim = InventorySim(env_id, {**c.env_kwargs, **(env_kwargs or {})})
-        policy, value = self.build(sim, seed, init)
-        opt = torch.optim.Adam([*policy.parameters(), *value.parameters()], lr=c.lr,
-                               weight_decay=getattr(c, "weight_decay", 0.0))
-        rng = np.random.default_rng(seed)
-        gen = torch.Generator().manual_seed(seed)
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        history: list[dict] = []
-        periods = 0
-        it_range = range(iterations)
-        if progress:
-            from tqdm import tqdm
+        self.env_kwargs = {**c.env_kwargs, **(run.options.get("env_kwargs") or {})}
+        self.sim = InventorySim(run.env_id, self.env_kwargs)
+        self.policy, self.value = self.build(self.sim, run.seed, run.init)
+        self.opt = torch.optim.Adam([*self.policy.parameters(), *self.value.parameters()], lr=c.lr,
+                                    weight_decay=getattr(c, "weight_decay", 0.0))
+        self.rng = np.random.default_rng(run.seed)
+        self.gen = torch.Generator().manual_seed(run.seed)
+        self.periods = 0
 
-            it_range = tqdm(it_range, desc=f"{self.name} {env_id}")
-        for it in it_range:
-            t0 = time.perf_counter()
-            b = sim.sample_train(c.batch_scenarios, rng)
-            stats = self.update_iteration(sim, b, policy, value, opt, gen)
-            periods += c.batch_scenarios * sim.cfg.horizon
-            row = {"iteration": it, "simulated_periods": periods, **stats, "seconds": time.perf_counter() - t0}
-            history.append(row)
-        if c.eval_scenarios:
-            ev = evaluate(policy, sim, split="dev", n=c.eval_scenarios, mode=self.mode)
-            history[-1].update({"dev_cost": ev})
-        write_metrics_csv(out_dir / "metrics.csv", history)
+    def rng_streams(self) -> dict:
+        return {"scenarios": self.rng, "sampling": self.gen}
+
+    def iteration(self, it: int) -> dict:
+        """One update on `batch_scenarios` fresh training scenarios × horizon periods."""
+        c = self.config
+        t0 = time.perf_counter()
+        b = self.sim.sample_train(c.batch_scenarios, self.rng)
+        stats = self.update_iteration(self.sim, b, self.policy, self.value, self.opt, self.gen)
+        self.periods += c.batch_scenarios * self.sim.cfg.horizon
+        return {"iteration": it, "simulated_periods": self.periods, **stats, "seconds": time.perf_counter() - t0}
+
+    def eval_due(self, it: int, last: bool) -> bool:
+        return last and self.config.eval_scenarios > 0
+
+    def evaluation(self, it: int) -> dict:
+        return {"dev_cost": evaluate(self.policy, self.sim, split="dev", n=self.config.eval_scenarios,
+                                     mode=self.mode)}
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "value": self.value.state_dict(),
+                # the critic's output bias is set from the first batch's returns once (see `advantages`)
+                "value_calibrated": bool(getattr(self.value, "calibrated", False)),
+                "optimizer": self.opt.state_dict(), "periods": self.periods}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.value.load_state_dict(state["value"])
+        self.value.calibrated = state["value_calibrated"]
+        self.opt.load_state_dict(state["optimizer"])
+        self.periods = int(state["periods"])
+
+    def _agent(self):
         from agents.inventory_policies import HybridPolicyAgent
 
-        agent = HybridPolicyAgent(env_id=env_id, policy=policy.eval(), deterministic=True,
-                                  gaussian=self.mode == "gaussian")
-        ckpt = agent.save(out_dir / "checkpoint", algorithm=self.name, config=to_jsonable(asdict(c)),
-                          env_kwargs=to_jsonable({**c.env_kwargs, **(env_kwargs or {})}), seed=seed)
-        return TrainResult(out_dir=out_dir, history=history, agent=agent, checkpoint=ckpt)
+        return HybridPolicyAgent(env_id=self.run.env_id, policy=self.policy, deterministic=True,
+                                 gaussian=self.mode == "gaussian")
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        return self._agent().save(directory, algorithm=self.name, config=to_jsonable(asdict(self.config)),
+                                  env_kwargs=to_jsonable(self.env_kwargs), seed=self.run.seed)
+
+    def result_agent(self):
+        self.policy.eval()
+        return self._agent()
 
     def update_iteration(self, sim, b, policy, value, opt, gen) -> dict:
         ro = sim.rollout(policy, b, mode="gaussian", gen=gen)

@@ -1,17 +1,19 @@
 """ProRL and its two controls on ProactiveRec-v0 (docs/algorithms/prorl.md).
 
 Hou et al., "ProRL: Effective Reinforcement Learning for Proactive Recommendation via Rectified Policy Gradient
-Estimation", arXiv 2605.28293 (code: hongruhou89/ProRL). Three registered algorithms share one on-policy loop
-(`_RecPG.train`): sample `group_size` (16) paths per prompt from the semantic-ID policy (`agents.rec_model`, one
-pass of constrained decoding per path, as in the paper), score every path with the env's batched `PathScorer`
-(identical to stepping the env, see tests), compute advantages, take one gradient step. They differ only where the
-papers differ:
+Estimation", arXiv 2605.28293 (code: hongruhou89/ProRL). Three registered algorithms share one on-policy iteration
+(`_RecPG.iteration`, run by the shared loop `baselines.core.loop`): sample `group_size` (16) paths per prompt from
+the semantic-ID policy (`agents.rec_model`, one pass of constrained decoding per path, as in the paper), score every
+path with the env's batched `PathScorer` (identical to stepping the env, see tests), compute advantages, take one
+gradient step. They differ only where the papers differ:
 
-| class | reward | credit | item log-prob | KL |
-|---|---|---|---|---|
-| `RecReinforce` ("reinforce") | raw fused step rewards, summed over the path | A_i = R_i − batch mean, on every item and EOS | sum of tokens | – |
-| `RecGRPO` ("grpo") | same R_i | A_i = (R_i − mean_g)/(std_g + 1e-6), every generated token | seq-mean-token-mean | k3, β = 0 |
-| `ProRL` ("prorl") | per-component centred + normalised step rewards (running stats frozen after RL epoch 1) | position-specific: A_{i,k} = G_{i,k} − b_k over the group's rollouts active at k | mean of its 4 tokens | K1, β = 0.01 |
+* `RecReinforce` ("reinforce"): reward = the raw fused step rewards summed over the path; credit
+  A_i = R_i − batch mean on every item and EOS; item log-prob = sum of its tokens; no KL.
+* `RecGRPO` ("grpo"): the same R_i; A_i = (R_i − mean_g)/(std_g + 1e-6) on every generated token;
+  seq-mean-token-mean; k3 KL, β = 0.
+* `ProRL` ("prorl"): per-component centred + normalised step rewards (running statistics frozen after RL epoch 1);
+  position-specific credit A_{i,k} = G_{i,k} − b_k over the group's rollouts active at k; item log-prob = mean of
+  its 4 tokens; K1 KL, β = 0.01.
 
 Raw fused reward (env reward): w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items; invalid items use the env's fixed
 penalties for the raw arms and ProRL's batch-min rule for ProRL. One RL *epoch* is a pass over
@@ -41,7 +43,7 @@ import torch
 
 from agents.rec_model import beam_search, item_logprobs, token_logprobs
 from agents.rec_policies import RecPolicyAgent, policy_paths, pretrained_policy
-from baselines.base import Algorithm, TrainResult, write_metrics_csv
+from baselines.core.loop import LoopAlgorithm, Run
 from baselines.core.losses import aggregate, clipped_surrogate, kl_term
 from baselines.core.stats import group_normalize
 from shopsim.envs.proactive_rec import L_MAX, PathScorer, RewardWeights
@@ -152,13 +154,15 @@ def position_advantages(step_r: np.ndarray, lengths: np.ndarray, group_ids: np.n
     return adv, active
 
 
-class _RecPG(Algorithm):
+class _RecPG(LoopAlgorithm):
     """Shared on-policy loop (module docstring); subclasses define `advantages` and `objective`."""
 
     families = ("rec",)
     Config = RecPGConfig
     invalid_rule = "fixed"
     item_reduce = "mean"
+    default_env_id = ENV_ID
+    train_options = ("agent",)
 
     # ------------------------------------------------------------------ per-algorithm pieces
     def advantages(self, scores: PathScores, lengths: np.ndarray, group_ids: np.ndarray, epoch: int):
@@ -185,98 +189,122 @@ class _RecPG(Algorithm):
             loss = loss + self.config.beta * kl
         return loss, {"kl": float(kl.detach())}
 
-    # ------------------------------------------------------------------ loop
-    def train(self, env_id: str = ENV_ID, *, iterations: int, seed: int = 0, out_dir="runs/prorl", init=None,
-              progress: bool = True, agent: RecPolicyAgent | None = None, **kwargs) -> TrainResult:
+    # ------------------------------------------------------------------ steps of the shared loop
+    def setup_run(self, run: Run) -> None:
+        """Policy (a copy of `run.options["agent"]`, the checkpoint `run.init`, or the pre-trained policy), the frozen
+        reference, AdamW with linear warm-up, the fixed train prompts, dev users and both generators."""
         c = self.config
-        if iterations < 1:
-            raise ConfigError(f"iterations={iterations}; use >= 1")
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(seed)
-        rng = np.random.default_rng(seed)
         wk = dict(catalog_size=c.catalog_size, catalog_seed=c.catalog_seed, simulator=c.simulator)
         dec = dict(valid_only=c.valid_only, no_repeat=c.no_repeat)
+        agent = run.options.get("agent")
         if agent is not None:
             agent = RecPolicyAgent(model=copy.deepcopy(agent.model), **dec, **wk)
-        elif init is not None:
-            agent = RecPolicyAgent.from_checkpoint(init, **dec, **wk)
+        elif run.init is not None:
+            agent = RecPolicyAgent.from_checkpoint(run.init, **dec, **wk)
         else:
             agent = pretrained_policy(**wk, n_users=c.sft_users, sft_steps=c.sft_steps, seed=0)
             agent = RecPolicyAgent(model=copy.deepcopy(agent.model), **dec, **wk)
-        world = agent.world
-        self._n_items = world.n_items
-        policy = agent.model.eval()  # dropout off: sampling and update use the same distribution
-        ref = copy.deepcopy(policy).eval() if c.beta > 0 else None
-        if ref is not None:
-            for p in ref.parameters():
+        self.agent, self.world = agent, agent.world
+        self._n_items = self.world.n_items
+        self.policy = agent.model.eval()  # dropout off: sampling and update use the same distribution
+        # the reference is the starting policy, rebuilt the same way on resume (it is never trained)
+        self.ref = copy.deepcopy(self.policy).eval() if c.beta > 0 else None
+        if self.ref is not None:
+            for p in self.ref.parameters():
                 p.requires_grad_(False)
-        opt = torch.optim.AdamW(policy.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-        warm = max(1, int(c.warmup_frac * iterations))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
-        scorer = PathScorer(world)
-        train_ids = rng.choice(900_000, size=c.num_train_prompts, replace=False)
-        dev_ids = np.array(load_split()["dev"][: c.eval_tasks])
-        ipe = math.ceil(c.num_train_prompts / c.prompts_per_iter)
-        gen = torch.Generator().manual_seed(seed)
+        self.opt = torch.optim.AdamW(self.policy.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+        warm = max(1, int(c.warmup_frac * run.iterations))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
+        self.scorer = PathScorer(self.world)
+        self.rng = np.random.default_rng(run.seed)
+        self.train_ids = self.rng.choice(900_000, size=c.num_train_prompts, replace=False)
+        self.dev_ids = np.array(load_split()["dev"][: c.eval_tasks])
+        self.iters_per_epoch = math.ceil(c.num_train_prompts / c.prompts_per_iter)
+        self.gen = torch.Generator().manual_seed(run.seed)
         self.stats = self._new_stats()
-        history, low_valid_epochs, epoch_valid = [], 0, []
-        iterator = range(iterations)
-        if progress:
-            from tqdm import tqdm
+        self.low_valid_epochs, self.epoch_valid, self.order = 0, [], self.train_ids
 
-            iterator = tqdm(iterator, desc=f"{self.name} ProactiveRec")
-        order = train_ids
-        for it in iterator:
-            epoch, pos = divmod(it, ipe)
-            if pos == 0:
-                if epoch > 0:
-                    self.stats.frozen = True  # ProRL: statistics of RL epoch 1 only
-                    low_valid_epochs = low_valid_epochs + 1 if np.mean(epoch_valid) < c.early_stop_valid_share else 0
-                    epoch_valid = []
-                order = rng.permutation(train_ids)
-            ids = order[pos * c.prompts_per_iter:(pos + 1) * c.prompts_per_iter]
-            hist, tgt = world.tasks(ids)
-            hist, tgt = np.repeat(hist, c.group_size, 0), np.repeat(tgt, c.group_size)
-            group_ids = np.repeat(np.arange(len(ids)), c.group_size)
-            prompts, gen_ids, _, items, lengths = policy_paths(agent, hist, tgt, greedy=False,
-                                                               temperature=c.temperature, generator=gen)
-            scores = scorer.score(hist, tgt, items, invalid=self.invalid_rule)
-            item_adv, eos_adv, astats = self.advantages(scores, lengths, group_ids, epoch)
-            len_t = torch.as_tensor(lengths)
-            tok_lp = token_logprobs(policy, agent.vocab, prompts, gen_ids)
-            ref_lp = None
-            if ref is not None:
-                with torch.no_grad():
-                    ref_lp = token_logprobs(ref, agent.vocab, prompts, gen_ids)
-            loss, lstats = self.objective(tok_lp, ref_lp, len_t, torch.as_tensor(item_adv, dtype=torch.float32),
-                                          torch.as_tensor(eos_adv, dtype=torch.float32))
-            opt.zero_grad()
-            loss.backward()
-            gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), c.max_grad_norm))
-            opt.step()
-            sched.step()
-            pm = path_metrics(scores)
-            real_rollout = (scores.valid | ~scores.step_mask).all(1)
-            epoch_valid.append(real_rollout.mean())
-            row = {"iteration": it, "epoch": epoch, "loss": float(loss.detach()), "grad_norm": gnorm,
-                   "return_raw": float(self.raw_return(scores).mean()),
-                   **{f"sample_{k}": v for k, v in pm.items()},
-                   "sample_distinct": len({tuple(r) for r in items}) / len(items),
-                   # why lengths move: the share of sampled items that repeat one, and the credit of stopping
-                   "sample_dup_share": float((scores.duplicate & scores.step_mask).sum()
-                                             / max(1, scores.step_mask.sum())),
-                   "eos_adv_mean": float(eos_adv[lengths < L_MAX].mean()) if (lengths < L_MAX).any() else 0.0,
-                   "valid_rollouts": float(real_rollout.mean()), **lstats, **astats}
-            if it % c.eval_every == 0 or it == iterations - 1:
-                row.update({f"eval_{k}": v for k, v in evaluate(agent, scorer, dev_ids).items()})
-            history.append(row)
-            if low_valid_epochs >= c.early_stop_patience:
-                row["early_stop"] = 1.0
-                break
-        ckpt = agent.save(out_dir / "checkpoint")
-        write_metrics_csv(out_dir / "metrics.csv", history)
-        return TrainResult(out_dir=out_dir, history=history, agent=agent, checkpoint=ckpt)
+    def rng_streams(self) -> dict:
+        return {"prompts": self.rng, "sampling": self.gen}
+
+    def iteration(self, it: int) -> dict:
+        """One gradient step on `prompts_per_iter` prompts × `group_size` sampled paths."""
+        c = self.config
+        epoch, pos = divmod(it, self.iters_per_epoch)
+        if pos == 0:
+            if epoch > 0:
+                self.stats.frozen = True  # ProRL: statistics of RL epoch 1 only
+                low = np.mean(self.epoch_valid) < c.early_stop_valid_share
+                self.low_valid_epochs = self.low_valid_epochs + 1 if low else 0
+                self.epoch_valid = []
+            self.order = self.rng.permutation(self.train_ids)
+        ids = self.order[pos * c.prompts_per_iter:(pos + 1) * c.prompts_per_iter]
+        hist, tgt = self.world.tasks(ids)
+        hist, tgt = np.repeat(hist, c.group_size, 0), np.repeat(tgt, c.group_size)
+        group_ids = np.repeat(np.arange(len(ids)), c.group_size)
+        prompts, gen_ids, _, items, lengths = policy_paths(self.agent, hist, tgt, greedy=False,
+                                                           temperature=c.temperature, generator=self.gen)
+        scores = self.scorer.score(hist, tgt, items, invalid=self.invalid_rule)
+        item_adv, eos_adv, astats = self.advantages(scores, lengths, group_ids, epoch)
+        len_t = torch.as_tensor(lengths)
+        tok_lp = token_logprobs(self.policy, self.agent.vocab, prompts, gen_ids)
+        ref_lp = None
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_lp = token_logprobs(self.ref, self.agent.vocab, prompts, gen_ids)
+        loss, lstats = self.objective(tok_lp, ref_lp, len_t, torch.as_tensor(item_adv, dtype=torch.float32),
+                                      torch.as_tensor(eos_adv, dtype=torch.float32))
+        self.opt.zero_grad()
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm))
+        self.opt.step()
+        self.sched.step()
+        pm = path_metrics(scores)
+        real_rollout = (scores.valid | ~scores.step_mask).all(1)
+        self.epoch_valid.append(float(real_rollout.mean()))
+        return {"iteration": it, "epoch": epoch, "loss": float(loss.detach()), "grad_norm": gnorm,
+                "return_raw": float(self.raw_return(scores).mean()),
+                **{f"sample_{k}": v for k, v in pm.items()},
+                "sample_distinct": len({tuple(r) for r in items}) / len(items),
+                # why lengths move: the share of sampled items that repeat one, and the credit of stopping
+                "sample_dup_share": float((scores.duplicate & scores.step_mask).sum()
+                                          / max(1, scores.step_mask.sum())),
+                "eos_adv_mean": float(eos_adv[lengths < L_MAX].mean()) if (lengths < L_MAX).any() else 0.0,
+                "valid_rollouts": float(real_rollout.mean()), **lstats, **astats}
+
+    def eval_due(self, it: int, last: bool) -> bool:
+        return last or it % self.config.eval_every == 0
+
+    def evaluation(self, it: int) -> dict:
+        return {f"eval_{k}": v for k, v in evaluate(self.agent, self.scorer, self.dev_ids).items()}
+
+    def stop_after(self, it: int, row: dict) -> bool:
+        """Early stop once `early_stop_patience` epochs in a row had too few rollouts with only real items."""
+        if self.low_valid_epochs >= self.config.early_stop_patience:
+            row["early_stop"] = 1.0
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        st = self.stats
+        return {"policy": self.policy.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(),
+                "stats": {"count": st.count, "mean": st.mean, "m2": st.m2, "frozen": st.frozen},
+                "low_valid_epochs": self.low_valid_epochs, "epoch_valid": list(self.epoch_valid),
+                "order": self.order}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        st = state["stats"]
+        self.stats.count, self.stats.mean, self.stats.m2 = st["count"].copy(), st["mean"].copy(), st["m2"].copy()
+        self.stats.frozen = bool(st["frozen"])
+        self.low_valid_epochs, self.epoch_valid = int(state["low_valid_epochs"]), list(state["epoch_valid"])
+        self.order = np.asarray(state["order"])
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        return self.agent.save(directory)
 
 
 def evaluate(agent: RecPolicyAgent, scorer: PathScorer, task_ids, greedy: bool = True) -> dict[str, float]:
@@ -502,7 +530,8 @@ def gradient_variance(algo: ProRL, agent: RecPolicyAgent, task_ids, *, n_batches
             algo.stats.frozen = True  # a fresh algo takes its statistics from the first batch only
             tok_lp = token_logprobs(agent.model, agent.vocab, prompts_t, gen_ids)
             loss, _ = _RecPG.objective(algo, tok_lp, None, torch.as_tensor(lengths),
-                                       torch.as_tensor(ia, dtype=torch.float32), torch.as_tensor(ea, dtype=torch.float32))
+                                       torch.as_tensor(ia, dtype=torch.float32),
+                                       torch.as_tensor(ea, dtype=torch.float32))
             g = torch.autograd.grad(loss, params)
             grads[credit].append(torch.cat([x.reshape(-1) for x in g]))
     algo.config.credit = "position"

@@ -8,6 +8,8 @@
 * `baselines.core.batch`      - the training batch built from `Trajectory` lists (concat and window context modes).
 * `baselines.core.advantages` - batch-aware helpers (returns-to-go, token rewards, token GAE for a batch).
 * `baselines.core.value_head` - critic: scalar head on a copy of (or on) the policy backbone.
-* `baselines.core.config`, `baselines.core.trainer` - `LMConfig` and the shared LM training loop (`LMAlgorithm`).
+* `baselines.core.loop`       - the one training loop of every algorithm (`LoopAlgorithm`: seeded, resumable,
+  metrics.csv, TensorBoard, progress); algorithms override its steps.
+* `baselines.core.config`, `baselines.core.trainer` - `LMConfig` and the LM algorithms' steps (`LMAlgorithm`).
 * `baselines.core.tasks`      - train/eval task ids from the split manifests.
 """

@@ -1,12 +1,11 @@
-"""The shared training loop of the language-agent algorithms (docs/algorithms/core.md).
+"""The language-agent algorithms' iteration on the shared loop (docs/algorithms/core.md).
 
 One iteration: collect G rollouts per task with `shopsim.rollout.collect(..., group_size=G)` → build the
 `Batch` → π_ref and critic values over the recorded ids (π_old too when `recompute_old_logp` asks for it; else the
 recorded log-probs are π_old) → the algorithm's advantages → `update_epochs` × `minibatches` optimizer steps, each in
-length-bucketed micro-batches (`micro_batch_tokens`) → evaluation on the dev split → checkpoint. Seeded and resumable
-(`out_dir/state.pt` holds optimizer, RNG states, iteration and history; a second `train` call with the same
-`out_dir` continues where the first stopped). Metrics go to `out_dir/metrics.csv` and TensorBoard
-(`out_dir/tb`); a tqdm bar shows progress.
+length-bucketed micro-batches (`micro_batch_tokens`) → evaluation on the dev split → checkpoint. The loop itself
+(seeding, resume from `out_dir/state.pt`, `metrics.csv`, TensorBoard in `out_dir/tb`, the progress bar) is
+`baselines.core.loop.LoopAlgorithm`, shared with every other algorithm; `LMAlgorithm` fills in its steps.
 
 An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 
@@ -20,17 +19,15 @@ An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 from __future__ import annotations
 
 import json
-import math
-import random
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from baselines.base import Algorithm, TrainResult, write_metrics_csv
+from baselines.base import TrainResult
+from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.errors import ConfigError
 
 from .batch import Batch, build_batch
@@ -88,12 +85,6 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     return lp, ent, (out.hidden_states[-1] if need_hidden else None)
 
 
-def _seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
 def success_by_family(trajs) -> dict[str, float]:
     """Mean success per task family (``traj.meta["family"]``), for trajectories whose env records one."""
     fams: dict[str, list[float]] = {}
@@ -104,11 +95,14 @@ def success_by_family(trajs) -> dict[str, float]:
     return {f: float(np.mean(v)) for f, v in sorted(fams.items())}
 
 
-class LMAlgorithm(Algorithm):
-    """Base of the Shopping LM algorithms: the shared loop; subclasses define advantages (and loss tweaks)."""
+class LMAlgorithm(LoopAlgorithm):
+    """Base of the Shopping LM algorithms: the steps of the shared loop; subclasses define advantages (and loss
+    tweaks)."""
 
     families: ClassVar[tuple[str, ...]] = ("shopping",)
     Config: ClassVar[type] = LMConfig
+    train_options: ClassVar[tuple[str, ...]] = ("env_kwargs", "env_fns", "agent")
+    min_iterations: ClassVar[int] = 0
     uses_critic: ClassVar[bool] = False
     needs_entropy: ClassVar[bool] = False
 
@@ -468,7 +462,7 @@ class LMAlgorithm(Algorithm):
                 "pretrain_heldout_ev_after": held_ev()}
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, directory: Path, env_id: str) -> Path:
+    def save_checkpoint(self, directory: Path, env_id: str | None = None) -> Path:
         """Save the policy so `agents.load_checkpoint(directory)` rebuilds it (and the critic next to it)."""
         directory = Path(directory)
         save = getattr(self.agent, "save_checkpoint", None) or getattr(self.agent, "save", None)
@@ -479,113 +473,86 @@ class LMAlgorithm(Algorithm):
             self.critic.save(directory)
         return directory
 
-    def _state(self, iteration: int, history: list, rng: np.random.Generator) -> dict:
-        state = {"iteration": iteration, "history": history, "rng": rng.bit_generator.state,
-                 "torch_rng": torch.get_rng_state(), "model": self.model.state_dict(),
-                 "optimizer": self.optimizer.state_dict(), "config": asdict(self.config),
+    # ------------------------------------------------------------------ steps of the shared loop
+    def setup_run(self, run: Run) -> None:
+        """The agent (`run.options["agent"]`, else from `run.init` or the default LM agent), optimizers, critic,
+        reference model, env options and the rollout generator."""
+        c = self.config
+        self.rng = np.random.default_rng(run.seed)
+        agent = run.options.get("agent")
+        if agent is None:
+            agent = self.make_agent(run.env_id, run.init, run.seed)
+        else:
+            self._configure_agent(agent)
+        self.setup(agent)
+        # the checkpoint's own env options (e.g. the rendering it was fine-tuned on) unless the config overrides them
+        env_kwargs = {**(getattr(agent, "env_kwargs", None) or {}), **c.env_kwargs,
+                      **(run.options.get("env_kwargs") or {})} or None
+        self._env_kwargs, self._env_fns = env_kwargs, run.options.get("env_fns")
+        # reseeded from (seed, iteration) before every update, so it carries no state across a resume
+        self._update_gen = torch.Generator().manual_seed(run.seed)
+
+    def start_fresh(self, run: Run) -> None:
+        pre = self.before_training(run.env_id, self.agent, self.rng, run.out_dir)
+        if pre:
+            (run.out_dir / "pretrain.json").write_text(json.dumps(pre, indent=2, default=float))
+
+    def rng_streams(self) -> dict:
+        return {"rollouts": self.rng}
+
+    def iteration(self, it: int) -> dict:
+        """Collect, build the batch, update; the row holds rollout, timing and update metrics."""
+        c, agent, run = self.config, self.agent, self.run
+        t0 = time.perf_counter()
+        stats = getattr(agent, "stats", None)
+        enc0 = (stats.get("encoded_tokens", 0), stats.get("turns", 0)) if isinstance(stats, dict) else None
+        trajs, cm = self.collect_batch(run.env_id, agent, it, self.rng, env_kwargs=self._env_kwargs,
+                                       env_fns=self._env_fns)
+        t1 = time.perf_counter()
+        if enc0 is not None and stats.get("turns", 0) > enc0[1]:  # what the model ran over per agent turn
+            cm["tokens_encoded_per_turn"] = (stats["encoded_tokens"] - enc0[0]) / (stats["turns"] - enc0[1])
+        # the layout is detected from the recorded ids (a concat episode whose context was cut is split into
+        # prefix-consistent rows, see build_batch)
+        batch = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length)
+        self._update_gen.manual_seed(run.seed * 1_000_003 + it)
+        m = self.update(batch, it, generator=self._update_gen)
+        t2 = time.perf_counter()
+        return {"iteration": it + 1, **cm,
+                "train_success": float(np.mean([t.success for t in trajs])),
+                "train_score": float(np.mean([t.score for t in trajs])),
+                "train_return": float(np.mean([t.total_reward for t in trajs])),
+                "train_turns": float(np.mean([t.num_turns for t in trajs])),
+                "gen_tokens": batch.num_generated_tokens,
+                "rollout_s": t1 - t0, "update_s": t2 - t1,
+                "train_tokens_per_s": float(batch.attention_mask.sum()) * c.update_epochs / max(t2 - t1, 1e-9),
+                **m}
+
+    def evaluation(self, it: int) -> dict:
+        c, seed = self.config, self.run.seed
+        ev_seed = 10_000 + seed if c.eval_seed is None else c.eval_seed
+        return self.evaluate(self.run.env_id, self.agent, seed=ev_seed, env_kwargs=self._env_kwargs,
+                             env_fns=self._env_fns)
+
+    def state_dict(self) -> dict:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "algo_state": self.algo_state()}
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
         return state
 
-    def _load_state(self, state: dict, rng: np.random.Generator) -> tuple[int, list]:
+    def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.critic is not None and "critic" in state:
             self.critic.load_state_dict(state["critic"])
         self.load_algo_state(state.get("algo_state", {}))
-        rng.bit_generator.state = state["rng"]
-        torch.set_rng_state(state["torch_rng"])
-        return int(state["iteration"]), list(state["history"])
 
-    # ------------------------------------------------------------------ the loop
-    def train(self, env_id: str, *, iterations: int, seed: int = 0, out_dir="runs/train", init=None,
-              progress: bool = True, resume: bool = True, env_kwargs: dict | None = None, env_fns=None,
-              agent=None, **kwargs: Any) -> TrainResult:
-        """Train for `iterations` iterations (see module docstring). `agent` overrides `init` (tests)."""
-        if kwargs:
-            raise ConfigError(f"unknown train() argument(s): {', '.join(sorted(kwargs))}")
-        if iterations < 0:
-            raise ConfigError(f"iterations must be >= 0, got {iterations}")
-        c = self.config
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        _seed_all(seed)
-        rng = np.random.default_rng(seed)
-        if agent is None:
-            agent = self.make_agent(env_id, init, seed)
-        else:
-            self._configure_agent(agent)
-        self.setup(agent)
-        # the checkpoint's own env options (e.g. the rendering it was fine-tuned on) unless the config overrides them
-        env_kwargs = {**(getattr(agent, "env_kwargs", None) or {}), **c.env_kwargs, **(env_kwargs or {})} or None
-        self._env_kwargs, self._env_fns = env_kwargs, env_fns
-        start, history = 0, []
-        state_path = out / "state.pt"
-        if resume and state_path.is_file():
-            start, history = self._load_state(torch.load(state_path, map_location="cpu", weights_only=False), rng)
-        else:
-            (out / "config.json").write_text(json.dumps({"algo": self.name, "env_id": env_id, "seed": seed,
-                                                         "init": None if init is None else str(init),
-                                                         "config": asdict(c)}, indent=2, default=str))
-            pre = self.before_training(env_id, agent, rng, out)
-            if pre:
-                (out / "pretrain.json").write_text(json.dumps(pre, indent=2, default=float))
-        writer = _tb_writer(out / "tb")
-        gen = torch.Generator().manual_seed(seed)
-        ckpt = out / "checkpoint" if (out / "checkpoint").exists() else None
-        from tqdm.auto import tqdm
+    def progress_postfix(self, row: dict) -> dict:
+        return {"success": f"{row['train_success']:.2f}", "loss": f"{row.get('loss', float('nan')):.3g}"}
 
-        bar = tqdm(range(start, iterations), desc=f"{self.name} {env_id}", disable=not progress, unit="it")
-        for it in bar:
-            t0 = time.perf_counter()
-            stats = getattr(agent, "stats", None)
-            enc0 = (stats.get("encoded_tokens", 0), stats.get("turns", 0)) if isinstance(stats, dict) else None
-            trajs, cm = self.collect_batch(env_id, agent, it, rng, env_kwargs=env_kwargs, env_fns=env_fns)
-            t1 = time.perf_counter()
-            if enc0 is not None and stats.get("turns", 0) > enc0[1]:  # what the model ran over per agent turn
-                cm["tokens_encoded_per_turn"] = (stats["encoded_tokens"] - enc0[0]) / (stats["turns"] - enc0[1])
-            # the layout is detected from the recorded ids (a concat episode whose context was cut is split
-            # into prefix-consistent rows, see build_batch)
-            batch = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length)
-            gen.manual_seed(seed * 1_000_003 + it)
-            m = self.update(batch, it, generator=gen)
-            t2 = time.perf_counter()
-            row = {"iteration": it + 1, **cm,
-                   "train_success": float(np.mean([t.success for t in trajs])),
-                   "train_score": float(np.mean([t.score for t in trajs])),
-                   "train_return": float(np.mean([t.total_reward for t in trajs])),
-                   "train_turns": float(np.mean([t.num_turns for t in trajs])),
-                   "gen_tokens": batch.num_generated_tokens,
-                   "rollout_s": t1 - t0, "update_s": t2 - t1,
-                   "train_tokens_per_s": float(batch.attention_mask.sum()) * c.update_epochs / max(t2 - t1, 1e-9),
-                   **m}
-            last = it + 1 == iterations
-            if (c.eval_every and (it + 1) % c.eval_every == 0) or last:
-                ev_seed = 10_000 + seed if c.eval_seed is None else c.eval_seed
-                row.update(self.evaluate(env_id, agent, seed=ev_seed, env_kwargs=env_kwargs, env_fns=env_fns))
-            history.append(row)
-            write_metrics_csv(out / "metrics.csv", history)
-            if writer is not None:
-                for k, v in row.items():
-                    if isinstance(v, (int, float)) and math.isfinite(float(v)):
-                        writer.add_scalar(k, float(v), it + 1)
-                writer.flush()
-            if (c.checkpoint_every and (it + 1) % c.checkpoint_every == 0) or last:
-                ckpt = self.save_checkpoint(out / "checkpoint", env_id)
-                tmp = out / "state.pt.tmp"
-                torch.save(self._state(it + 1, history, rng), tmp)
-                tmp.replace(state_path)
-            bar.set_postfix(success=f"{row['train_success']:.2f}", loss=f"{row.get('loss', float('nan')):.3g}")
-        if writer is not None:
-            writer.close()
-        return TrainResult(out_dir=out, history=history, agent=agent, checkpoint=ckpt)
-
-
-def _tb_writer(path: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # pragma: no cover - tensorboard is a dependency, but never fail training on logging
-        return None
-    return SummaryWriter(str(path))
-
+    def train(self, env_id: str | None = None, *, iterations: int, seed: int = 0, out_dir="runs/train", init=None,
+              progress: bool = True, resume: bool = True, **options: Any) -> TrainResult:
+        """Train for `iterations` iterations on the shared loop (`baselines.core.loop`; module docstring).
+        Options: `env_kwargs`, `env_fns`, and `agent` (an agent object that overrides `init`, for tests)."""
+        return super().train(env_id, iterations=iterations, seed=seed, out_dir=out_dir, init=init,
+                             progress=progress, resume=resume, **options)

@@ -59,9 +59,14 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--init {args.init}: no such checkpoint folder")
     result = algo.train(args.env, iterations=args.iterations, seed=args.seed, out_dir=out, init=args.init,
                         progress=not args.no_progress)
+    if result.already_complete:  # the loop resumed a finished run: nothing was trained or rewritten
+        print(f"{result.out_dir} already holds a complete {args.algo} run ({len(result.history)} iterations); "
+              "nothing retrained (raise --iterations to continue it, or use another --out)")
+        return 0
     last = result.history[-1] if result.history else {}
     shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items()
                       if isinstance(v, float) and any(s in k for s in ("success", "score", "loss", "cost")))
-    print(f"trained {args.algo} on {args.env} for {len(result.history)} iterations -> {result.out_dir}"
+    resumed = f" (resumed after iteration {result.resumed_from})" if result.resumed_from else ""
+    print(f"trained {args.algo} on {args.env} for {len(result.history)} iterations{resumed} -> {result.out_dir}"
           + (f" (checkpoint {result.checkpoint})" if result.checkpoint else "") + (f": {shown}" if shown else ""))
     return 0
