@@ -21,7 +21,7 @@ def test_parse_overrides():
     (["--env", "shopsim/Shopping-v0", "--algo", "nope"], "unknown algorithm 'nope'"),
     (["--env", "shopsim/Shopping-v0", "--algo", "hpo"], "does not train 'shopping'"),
     (["--env", "shopsim/Shopping-v0", "--algo", "mpo", "--set", "lam=1"], "unknown option(s) lam"),
-    (["--env", "shopsim/Shopping-v0", "--algo", "mpo", "--set", "lam_turn=2"], "lam_turn must be in [0, 1]"),
+    (["--env", "shopsim/Shopping-v0", "--algo", "mpo", "--set", "lam_turn=2"], "lam_turn: expected a value in [0, 1], got 2"),
 ])
 def test_errors_are_one_line(argv, expect, tmp_path, capsys):
     code = main(["train", *argv, "--out", str(tmp_path / "o")])
