@@ -381,7 +381,7 @@ def describe_config(cls: type, *, width: int = 100) -> str:
     for f in config_fields(cls):
         meta = {k: v for k, v in field_meta(cls, f.name).items() if k in _BOUNDS}
         default = default_of(f)
-        head = f"{f.name} = {json.dumps(default) if isinstance(default, dict | tuple) else default!r}"
+        head = f"{f.name} = {json.dumps(default) if isinstance(default, dict) else repr(default)}"
         head += f"    ({_describe(hints[f.name])}" + (f", {_bounds_text(meta)}" if meta else "") + ")"
         lines += ["", head]
         text = " ".join(docs.get(f.name, "").split())
