@@ -334,8 +334,8 @@ def _arg_type(cls: type, name: str, tp: Any):
     return convert
 
 
-def add_config_arguments(parser: argparse.ArgumentParser | Any, cls: type, *, exclude: Iterable[str] = (),
-                         help_suffix: dict[str, str] | None = None) -> list[str]:
+def add_config_arguments(parser: argparse.ArgumentParser | Any, cls: type, *, exclude: Iterable[str] = ()
+                         ) -> list[str]:
     """Add one ``--field-name`` option per field of config dataclass `cls` (except `exclude`) to `parser`:
     its type, its choices (Literal), its default and its docstring as help. Bools become ``--x/--no-x``. Returns
     the field names added (`config_from_args` reads them back)."""
@@ -347,10 +347,12 @@ def add_config_arguments(parser: argparse.ArgumentParser | Any, cls: type, *, ex
             continue
         tp, default = hints[f.name], default_of(f)
         doc = " ".join(docs.get(f.name, "").split()).replace("%", "%%")
-        doc += (help_suffix or {}).get(f.name, "")
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else json.dumps(default) \
-            if isinstance(default, dict) else default
-        help_text = f"{doc} (default: {shown})".strip() if shown not in ("", None) or tp is str else doc
+        if default is None:  # None means "decided elsewhere": the docstring says how
+            help_text = doc
+        else:
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else \
+                json.dumps(default) if isinstance(default, dict) else default
+            help_text = f"{doc} (default: {shown})"
         kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": help_text}
         base = [a for a in typing.get_args(tp) if a is not type(None)] if _is_union(tp) else [tp]
         if base == [bool]:
