@@ -29,7 +29,7 @@ REWARDS = get_args(Reward)
 
 @dataclass
 class GRPOConfig(LMConfig):
-    """GRPO's options; the defaults are DeepSeekMath's outcome-supervision recipe (§4.1) at this env's scale."""
+    """GRPO's options; the defaults follow DeepSeekMath's outcome supervision (§4.1)."""
 
     group_size: int = 8
     clip_low: float = 0.2
