@@ -30,13 +30,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
 from agents.retrieval_policies import MoERetriever, PLRetriever, gumbel_noise, gumbel_top_k, pl_log_prob
 from baselines.core.loop import LoopAlgorithm, Run
+from shopsim.configs import bounded, validate
 from shopsim.envs.two_stage_retrieval import (
     TwoStageRetrievalConfig,
     TwoStageRetrievalSim,
@@ -133,30 +134,34 @@ def estimator_term(estimator: str, scores: torch.Tensor, cand: torch.Tensor, sho
 # ---------------------------------------------------------------------------------------------- trainer
 @dataclass
 class CAPGConfig:
-    lr: float | None = None
+    """Options of the CA-PG family; the defaults are the released code's as the card records them."""
+
+    lr: float | None = bounded(None, gt=0)
     """Adagrad learning rate; None = the card's default for the estimator (vpg/vpg_swr 0.1, others 0.01)."""
-    optimizer: str = "adagrad"
+    optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
     """adagrad (card) | adam | sgd."""
-    batch_size: int = 128
+    batch_size: int = bounded(128, min=1)
     """Contexts per gradient step."""
-    steps_per_iteration: int = 10
+    steps_per_iteration: int = bounded(10, min=1)
     """Gradient steps per iteration (the released code's 'epoch')."""
-    eval_every: int = 100
+    eval_every: int = bounded(100, min=1)
     """Evaluate every this many iterations (card: every 1,000 steps); the last iteration is always evaluated."""
-    eval_contexts: int = 10_000
+    eval_contexts: int = bounded(10_000, min=1)
     """Contexts of `eval_split` used for evaluation (deterministic top-K ESR and deterministic LSR)."""
-    eval_split: str = "dev"
-    num_experts: int | None = None
+    eval_split: Literal["dev", "test", "train"] = "dev"
+    """Split whose contexts are evaluated (linear user tower)."""
+    num_experts: int | None = bounded(None, min=1)
     """Experts M; None = 1, except capg_swr which defaults to 5 [derived]."""
-    emb_dim: int = 10
-    user_tower: str = "linear"
+    emb_dim: int = bounded(10, min=1)
+    """Dimension of the user and item embeddings."""
+    user_tower: Literal["linear", "id"] = "linear"
     """linear (u = W x: generalises to held-out users, evaluated on `eval_split`) | id (one embedding per user of a
     fixed pool of `n_users` task ids 0..n_users−1, the released code's model; trained and evaluated on that pool)."""
-    n_users: int = 1000
+    n_users: int = bounded(1000, min=1)
     """Size of the user pool of the id tower (the card's n_user)."""
-    numerics: str = "released"
+    numerics: Literal["released", "stable"] = "released"
     """released (the released code's float32 normaliser) | stable (float64 + exact fallback); vpg and capg."""
-    swr_inclusion: str = "released"
+    swr_inclusion: Literal["released", "literal"] = "released"
     """capg_swr term: released (logsumexp_m K_m log p_m) | literal (1 − Π_m (1 − p_m)^{K_m})."""
     stop_on_overflow: bool = True
     """Stop at the first NaN/Inf gradient and log 'gradient overflow' (card)."""
@@ -164,23 +169,12 @@ class CAPGConfig:
     """TwoStageRetrievalConfig fields (k, l, lsr, n_items, ...)."""
 
     def __post_init__(self) -> None:
-        if self.lr is not None and self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
-        if self.optimizer not in ("adagrad", "adam", "sgd"):
-            raise ConfigError(f"optimizer={self.optimizer!r}; choose adagrad, adam or sgd")
-        if min(self.batch_size, self.steps_per_iteration, self.eval_every, self.eval_contexts, self.emb_dim) < 1:
-            raise ConfigError("batch_size, steps_per_iteration, eval_every, eval_contexts and emb_dim must be >= 1")
-        if self.eval_split not in ("dev", "test", "train"):
-            raise ConfigError(f"eval_split={self.eval_split!r}; choose dev, test or train")
-        if self.numerics not in ("released", "stable"):
-            raise ConfigError(f"numerics={self.numerics!r}; choose released or stable")
-        if self.user_tower not in ("linear", "id"):
-            raise ConfigError(f"user_tower={self.user_tower!r}; choose linear or id")
-        if self.n_users < 1:
-            raise ConfigError(f"n_users must be >= 1, got {self.n_users}")
-        if self.swr_inclusion not in ("released", "literal"):
-            raise ConfigError(f"swr_inclusion={self.swr_inclusion!r}; choose released or literal")
-        TwoStageRetrievalConfig(**self.env_kwargs)  # validates the env options early
+        validate(self)
+        try:
+            TwoStageRetrievalConfig(**self.env_kwargs)  # validates the env options early
+        except TypeError as exc:  # an unknown option: name the valid ones
+            valid = ", ".join(f.name for f in dataclasses.fields(TwoStageRetrievalConfig))
+            raise ConfigError(f"env_kwargs: {exc.args[0].split('() ')[-1]}; valid options: {valid}") from None
 
 
 def evaluate_policy(agent: PLRetriever, sim: TwoStageRetrievalSim, task_ids: np.ndarray, seed: int = 0) -> float:

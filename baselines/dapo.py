@@ -15,44 +15,49 @@ recipe). Four changes to GRPO:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 
 from baselines.core.batch import Batch
+from baselines.core.config import AggMode
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from baselines.grpo import grpo_advantages, trajectory_reward, zero_variance_share
-from shopsim.errors import ConfigError
+from baselines.grpo import Reward, grpo_advantages, trajectory_reward, zero_variance_share
+from shopsim.configs import bounded
 
 
 @dataclass
 class DAPOConfig(LMConfig):
+    """DAPO's options; the defaults are the verl DAPO recipe's (arXiv 2503.14476)."""
+
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float | None = 10.0
     group_size: int = 16
-    loss_agg: str = "token-mean"
+    loss_agg: AggMode = "token-mean"
     dynamic_sampling: bool = True
-    max_gen_batches: int = 10
+    """Drop groups whose rewards are all equal and sample again until `tasks_per_iter` groups remain."""
+    max_gen_batches: int = bounded(10, min=1)
+    """Most generation rounds per iteration under dynamic sampling; the last round keeps every group."""
     overlong_penalty: bool = True
-    overlong_max_len: int | None = None
+    """Overlong reward shaping (eq. 13): penalise generations that run into the length limit."""
+    overlong_max_len: int | None = bounded(None, min=1)
     """L_max: per-turn token limit (None: the agent's max_new_tokens)."""
-    overlong_buffer_frac: float = 0.25
-    overlong_factor: float = 1.0
-    overlong_basis: str = "turn"
+    overlong_buffer_frac: float = bounded(0.25, gt=0, max=1)
+    """L_cache as a share of L_max: the soft-penalty zone before the limit."""
+    overlong_factor: float = bounded(1.0, min=0)
+    """Scale of the overlong penalty."""
+    overlong_basis: Literal["turn", "trajectory"] = "turn"
+    """Penalise each turn's length against the per-turn limit and sum ('turn', [derived]) or the trajectory's
+    total generated length ('trajectory')."""
     weight_decay: float = 0.1
     lr: float = 1e-6
-    eps_std: float = 1e-6
-    reward: str = "return"
-
-    def __post_init__(self) -> None:
-        if self.max_gen_batches < 1:
-            raise ConfigError(f"max_gen_batches must be >= 1, got {self.max_gen_batches}")
-        if self.overlong_basis not in ("turn", "trajectory"):
-            raise ConfigError(f"overlong_basis={self.overlong_basis!r}; choose 'turn' or 'trajectory'")
-        if not 0 < self.overlong_buffer_frac <= 1:
-            raise ConfigError(f"overlong_buffer_frac must be in (0, 1], got {self.overlong_buffer_frac}")
-        super().__post_init__()
+    eps_std: float = bounded(1e-6, min=0)
+    """ε added to the group std before dividing."""
+    reward: Reward = "return"
+    """Trajectory reward R_i before shaping: the sum of env rewards ('return'), the final score, or the success
+    flag."""
 
 
 def overlong_penalty(lengths: torch.Tensor, l_max: float, l_cache: float, factor: float = 1.0) -> torch.Tensor:

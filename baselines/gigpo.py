@@ -17,44 +17,48 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from baselines.core.advantages import turn_returns_to_go
 from baselines.core.batch import Batch
+from baselines.core.config import AggMode
 from baselines.core.stats import group_index, group_normalize, group_stats
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from baselines.grpo import trajectory_reward
-from shopsim.errors import ConfigError
+from baselines.grpo import Reward, trajectory_reward
+from shopsim.configs import bounded
 
 MODES = {"mean_norm": "mean", "mean_std_norm": "mean_std"}
 
 
 @dataclass
 class GiGPOConfig(LMConfig):
-    gamma: float = 0.95
-    step_advantage_w: float = 1.0
-    mode: str = "mean_norm"
+    """GiGPO's options; the defaults are verl-agent's WebShop recipe (arXiv 2505.10978, §3)."""
+
+    gamma: float = bounded(0.95, min=0, max=1)
+    """Discount of the step-level returns R_{i,k} = r_{i,k} + γ R_{i,k+1}."""
+    step_advantage_w: float = bounded(1.0, min=0)
+    """w: weight of the step-level advantage in A = A^E + w·A^S."""
+    mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm"
+    """Episode-level advantage: R − group mean ('mean_norm') or also divided by the group std ('mean_std_norm')."""
     enable_similarity: bool = False
-    similarity_thresh: float = 0.95
+    """Group anchor states by text similarity (difflib ratio >= `similarity_thresh`) instead of identity."""
+    similarity_thresh: float = bounded(0.95, gt=0, max=1)
+    """Similarity threshold of `enable_similarity`."""
     group_size: int = 8
     tasks_per_iter: int = 16
     kl_coef: float = 0.01
-    kl_kind: str = "k3"
+    kl_kind: Literal["k1", "k3"] = "k3"
     lr: float = 1e-6
     clip_low: float = 0.2
     clip_high: float = 0.2
-    loss_agg: str = "token-mean"
-    reward: str = "return"
+    loss_agg: AggMode = "token-mean"
+    reward: Reward = "return"
+    """Trajectory reward R_i of the episode-level advantage: the sum of env rewards ('return'), the final score,
+    or the success flag."""
     env_kwargs: dict = field(default_factory=lambda: {"invalid_penalty": 0.1})
     """verl-agent's WebShop invalid-action penalty 0.1 (the env's ``invalid_penalty``); set {} for the env default."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"mode={self.mode!r}; choose one of {', '.join(MODES)}")
-        if not 0 < self.similarity_thresh <= 1:
-            raise ConfigError(f"similarity_thresh must be in (0, 1], got {self.similarity_thresh}")
-        super().__post_init__()
 
 
 def similarity_clusters(texts: list[str], thresh: float) -> list[int]:

@@ -13,44 +13,43 @@ number of turns, as verl-agent's step rows do.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 from baselines.core.batch import Batch
+from baselines.core.config import AggMode
 from baselines.core.stats import group_normalize, group_stats
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from shopsim.errors import ConfigError
+from shopsim.configs import bounded
 
-SCALES = ("group", "batch", "none")
-REWARDS = ("return", "score", "success")
+Reward = Literal["return", "score", "success"]
+REWARDS = get_args(Reward)
 
 
 @dataclass
 class GRPOConfig(LMConfig):
+    """GRPO's options; the defaults follow DeepSeekMath's outcome supervision (§4.1)."""
+
     group_size: int = 8
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0
-    kl_kind: str = "k3"
-    scale_rewards: str = "group"
-    eps_std: float = 1e-6
-    loss_agg: str = "seq-mean-token-mean"
+    kl_kind: Literal["k1", "k3"] = "k3"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Divide the group-centred rewards by the group's std ('group', GRPO), the batch's std ('batch') or by
+    nothing ('none', Dr.GRPO)."""
+    eps_std: float = bounded(1e-6, min=0)
+    """ε added to the std before dividing (ε_std)."""
+    loss_agg: AggMode = "seq-mean-token-mean"
     lr: float = 1e-6
-    stats_over: str = "trajectory"
-    singleton: str = "zero"
-    reward: str = "return"
+    stats_over: Literal["trajectory", "rows"] = "trajectory"
+    """Group statistics once per trajectory ('trajectory') or once per turn row, so that longer trajectories
+    weigh more ('rows', verl-agent's step rows)."""
+    singleton: Literal["zero", "raw"] = "zero"
+    """Advantage of a group with a single rollout: 0 ('zero') or its raw reward ('raw', verl's mean 0 / std 1)."""
+    reward: Reward = "return"
     """Trajectory reward R_i: the sum of env rewards ('return'), the final score, or the success flag."""
-
-    def __post_init__(self) -> None:
-        if self.scale_rewards not in SCALES:
-            raise ConfigError(f"scale_rewards={self.scale_rewards!r}; choose one of {', '.join(SCALES)}")
-        if self.stats_over not in ("trajectory", "rows"):
-            raise ConfigError(f"stats_over={self.stats_over!r}; choose 'trajectory' or 'rows'")
-        if self.reward not in REWARDS:
-            raise ConfigError(f"reward={self.reward!r}; choose one of {', '.join(REWARDS)}")
-        if self.singleton not in ("zero", "raw"):
-            raise ConfigError(f"singleton={self.singleton!r}; choose 'zero' or 'raw'")
-        super().__post_init__()
 
 
 def trajectory_reward(batch: Batch, kind: str = "return") -> torch.Tensor:

@@ -30,33 +30,31 @@ from typing import ClassVar
 import torch
 
 from baselines.hybrid_ppo import HybridPPO, HybridPPOConfig, reported_cost
-from shopsim.errors import ConfigError
+from shopsim.configs import bounded
 
 
 @dataclass
 class HPOConfig(HybridPPOConfig):
+    """HPO's options; the defaults are the card's paper-matching config (arXiv 2605.14297)."""
+
     lr: float = 0.003
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, min=0)
+    """Adam weight decay."""
     clip: float = 0.16
     gamma: float = 0.93
     gae_lambda: float = 0.96
     update_epochs: int = 5
     minibatches: int = 4
     vf_coef: float = 0.13
-    pathwise_coef: float = 10.0
+    pathwise_coef: float = bounded(10.0, min=0)
     """Weight of the pathwise loss L_pw."""
-    buffer_periods: int = 20
+    buffer_periods: int = bounded(20, min=0)
     """L_pw averages periods [buffer, T − buffer) (all periods if that window is empty)."""
     max_grad_norm: float = 5.0
     target_kl: float | None = 0.015
     disable_cross_term: bool = False
     """Compute the discrete log-probs of epoch 0 on detached observations (no gradient into earlier quantities)."""
     hidden: tuple[int, ...] = (512, 512)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.pathwise_coef < 0 or self.buffer_periods < 0 or self.weight_decay < 0:
-            raise ConfigError("pathwise_coef, buffer_periods and weight_decay must be >= 0")
 
 
 class HPO(HybridPPO):

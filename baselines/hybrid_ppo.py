@@ -25,6 +25,7 @@ import torch
 from agents.inventory_nets import HybridPolicy, SumValue, n_features, sku_features
 from baselines.core.gae import gae
 from baselines.core.loop import LoopAlgorithm, Run
+from shopsim.configs import bounded, validate
 from shopsim.envs import check_env_id
 from shopsim.envs.replenishment import (
     PAST_DEMANDS,
@@ -38,49 +39,56 @@ from shopsim.envs.replenishment import (
     stack_scenarios,
     step_torch,
 )
-from shopsim.errors import ConfigError
 from shopsim.trajectory import to_jsonable
 
 
 @dataclass
 class HybridPPOConfig:
-    lr: float = 3e-4
-    clip: float = 0.2
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    update_epochs: int = 5
-    minibatches: int = 4
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
+    """Gaussian hybrid PPO's options; the defaults are the HPO repository's Gaussian PPO template."""
+
+    lr: float = bounded(3e-4, gt=0)
+    """Adam learning rate of the policy and value nets."""
+    clip: float = bounded(0.2, gt=0, lt=1)
+    """ε of the clipped surrogate."""
+    gamma: float = bounded(0.99, gt=0, max=1)
+    """Discount γ of GAE (per period)."""
+    gae_lambda: float = bounded(0.95, min=0, max=1)
+    """λ of GAE."""
+    update_epochs: int = bounded(5, min=1)
+    """PPO epochs over each batch."""
+    minibatches: int = bounded(4, min=1)
+    """Minibatches per epoch."""
+    vf_coef: float = bounded(0.5, min=0)
+    """Weight of the value loss."""
+    ent_coef: float = bounded(0.0, min=0)
     """Entropy bonus on the Bernoulli head (the Gaussian σ is fixed)."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = bounded(0.5, gt=0)
     """Clipped per network component (order head, quantity head, value)."""
-    target_kl: float | None = None
+    target_kl: float | None = bounded(None, gt=0)
+    """Stop an update's epochs early once the approximate KL to the rollout policy exceeds this (None: never)."""
     normalize_advantage: bool = True
+    """Whiten the advantages of each minibatch."""
     reward_scaling: bool = True
     """Divide rewards by their batch std before GAE."""
     hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the (per-SKU, shared-weight) policy net."""
     value_hidden: tuple[int, ...] = (64, 64)
-    std: float = 0.5
+    """Hidden layer widths of the value net."""
+    std: float = bounded(0.5, gt=0)
     """Fixed std of the Gaussian quantity head (in pre-softplus units)."""
     continuous_shift: float = 1.0
-    batch_scenarios: int = 128
+    """Shift inside the quantity map q = mean·softplus(u + shift) (`agents.inventory_nets.HybridPolicy`)."""
+    batch_scenarios: int = bounded(128, min=1)
+    """Training scenarios rolled out for the whole horizon per update."""
     team_reward: bool = False
-    eval_scenarios: int = 64
+    """Multi-warehouse: every warehouse's GAE uses the team cost instead of its own cost."""
+    eval_scenarios: int = bounded(64, min=0)
     """Dev scenarios evaluated after training (0: skip)."""
     env_kwargs: dict = field(default_factory=dict)
     """Options of the env (n_skus, lead_time, n_warehouses, ...)."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.clip < 1:
-            raise ConfigError(f"clip must be in (0, 1), got {self.clip}")
-        if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
-            raise ConfigError("need 0 < gamma <= 1 and 0 <= gae_lambda <= 1")
-        if self.update_epochs < 1 or self.minibatches < 1 or self.batch_scenarios < 1:
-            raise ConfigError("update_epochs, minibatches and batch_scenarios must be >= 1")
-        if self.lr <= 0 or self.std <= 0:
-            raise ConfigError("lr and std must be > 0")
-        self.hidden, self.value_hidden = tuple(self.hidden), tuple(self.value_hidden)
+        validate(self)
 
 
 class InventorySim:

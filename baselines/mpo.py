@@ -26,67 +26,64 @@ Diagnostic: the between-turn share of critic value variance, Σ_k T_k (V̄_k −
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from baselines.core.advantages import bootstrap_values
 from baselines.core.batch import Batch
+from baselines.core.config import AggMode, Truncation
 from baselines.core.gae import discounted_reverse_cumsum, gae
 from baselines.core.losses import clipped_surrogate
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from shopsim.errors import ConfigError
+from shopsim.configs import bounded
 
 __all__ = ["MPO", "MPOConfig", "mpo_advantages", "turn_ratio", "between_turn_variance_share"]
 
 
 @dataclass
 class MPOConfig(LMConfig):
-    lam_turn: float = 0.8
-    lam_intra: float = 0.95
-    beta: float = 1.0
-    gamma: float = 1.0
+    """MPO's options; the defaults are the card's (algorithms.md §7), the open choices of its §7 are options."""
+
+    lam_turn: float = bounded(0.8, min=0, max=1)
+    """λ of the turn-level GAE."""
+    lam_intra: float = bounded(0.95, min=0, max=1)
+    """λ_intra of the within-turn token GAE (no discount inside a turn)."""
+    beta: float = bounded(1.0, min=0)
+    """β of the mean-preserving projection A = A^turn + β(a − ā)."""
+    gamma: float = bounded(1.0, min=0, max=1)
+    """Discount γ between turns."""
     clip_low: float = 0.2
     clip_high: float = 0.2
-    log_ratio_clamp: float = 20.0
+    log_ratio_clamp: float = bounded(20.0, gt=0)
+    """Clamp ±c of the turn's summed log-ratio L_k before exponentiating."""
     normalize_advantage: bool = True
-    loss_agg: str = "token-mean"
+    loss_agg: AggMode = "token-mean"
     vf_coef: float = 0.5
     lr: float = 1e-6
     critic_lr: float = 1e-5
     group_size: int = 1
-    value_pretrain_steps: int = 0
+    value_pretrain_steps: int = bounded(0, min=0)
     """VAPO-style value pre-training steps before RL (0 = off, the card's default)."""
-    value_pretrain_batches: int = 2
+    value_pretrain_batches: int = bounded(2, min=1)
+    """Rollout batches collected once for value pre-training (each `tasks_per_iter` × `group_size` episodes)."""
     # open choices (card §7 "Open choices")
-    projection: str = "additive"
+    projection: Literal["additive", "multiplicative"] = "additive"
     """1. 'additive' (default) or 'multiplicative' (a·A^turn/ā; undefined when ā ≈ 0)."""
-    beta_role: str = "correction"
+    beta_role: Literal["correction", "mix"] = "correction"
     """2. 'correction' (A^turn + β(a − ā)) or 'mix' ((1−β)A^turn + β a; not mean-preserving)."""
-    turn_value: str = "first"
+    turn_value: Literal["first", "mean"] = "first"
     """3. turn value = value at the turn's first generated position ('first') or the turn's mean token value."""
-    critic_targets: str = "split"
+    critic_targets: Literal["split", "turn"] = "split"
     """4. 'split' (R^turn at turn starts, intra-turn λ-returns elsewhere) or 'turn' (every token → R^turn)."""
-    turn_ratio: str = "product"
+    turn_ratio: Literal["product", "geometric"] = "product"
     """5. 'product' (complete-turn ratio) or 'geometric' (length-normalised, GSPO-like)."""
     clip_token_ratio: bool = False
     """6. also clip each token's own ratio (pessimistic of the two surrogates)."""
     bootstrap_last_token: bool = True
     """8. last token of a turn bootstraps from the next turn's value (else sees only r_k)."""
-    truncation: str = "terminal"
-
-    def __post_init__(self) -> None:
-        for name in ("lam_turn", "lam_intra", "gamma"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        choices = {"projection": ("additive", "multiplicative"), "beta_role": ("correction", "mix"),
-                   "turn_value": ("first", "mean"), "critic_targets": ("split", "turn"),
-                   "turn_ratio": ("product", "geometric"), "truncation": ("terminal", "last_value")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name}={getattr(self, name)!r}; choose one of {', '.join(allowed)}")
-        if self.log_ratio_clamp <= 0:
-            raise ConfigError(f"log_ratio_clamp must be > 0, got {self.log_ratio_clamp}")
-        super().__post_init__()
+    truncation: Truncation = "terminal"
+    """'terminal' or 'last_value' (proxy bootstrap, see baselines.core.advantages)."""
 
 
 def _turn_scatter_mean(x: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, n_keys: int,

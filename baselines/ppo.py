@@ -19,14 +19,19 @@ from dataclasses import dataclass
 
 from baselines.core.advantages import token_gae_for_batch
 from baselines.core.batch import Batch
+from baselines.core.config import AggMode, Truncation
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from shopsim.errors import ConfigError
+from shopsim.configs import bounded
 
 
 @dataclass
 class PPOConfig(LMConfig):
-    gamma: float = 1.0
-    gae_lambda: float = 1.0
+    """PPO's options with token-level GAE and a critic; the defaults are verl's PPO recipe."""
+
+    gamma: float = bounded(1.0, min=0, max=1)
+    """Discount γ of the token-level GAE."""
+    gae_lambda: float = bounded(1.0, min=0, max=1)
+    """λ of the token-level GAE."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
@@ -34,24 +39,17 @@ class PPOConfig(LMConfig):
     vf_coef: float = 0.5
     entropy_coef: float = 0.0
     kl_coef: float = 0.0
-    kl_in_reward: float = 0.0
+    kl_in_reward: float = bounded(0.0, min=0)
     """β of the in-reward KL penalty r_t −= β·k1_t on generated tokens (verl); needs no reference copy if 0."""
     lr: float = 1e-6
     critic_lr: float = 1e-5
     update_epochs: int = 1
     minibatches: int = 4
     normalize_advantage: bool = True
-    loss_agg: str = "token-mean"
+    loss_agg: AggMode = "token-mean"
     group_size: int = 1
-    truncation: str = "terminal"
+    truncation: Truncation = "terminal"
     """'terminal' or 'last_value' (proxy bootstrap, see baselines.core.advantages)."""
-
-    def __post_init__(self) -> None:
-        if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
-            raise ConfigError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
-        if self.truncation not in ("terminal", "last_value"):
-            raise ConfigError(f"truncation={self.truncation!r}; choose 'terminal' or 'last_value'")
-        super().__post_init__()
 
 
 class PPO(LMAlgorithm):

@@ -37,6 +37,7 @@ import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from agents.rec_policies import RecPolicyAgent, policy_paths, pretrained_policy
 from baselines.core.loop import LoopAlgorithm, Run
 from baselines.core.losses import aggregate, clipped_surrogate, kl_term
 from baselines.core.stats import group_normalize
+from shopsim.configs import bounded, validate
 from shopsim.envs.proactive_rec import L_MAX, PathScorer, RewardWeights
 from shopsim.envs.proactive_rec.env import load_split
 from shopsim.envs.proactive_rec.scoring import PathScores, path_metrics
@@ -57,35 +59,51 @@ COMPONENTS = ("IoI", "IoR", "CTR")
 
 @dataclass
 class RecPGConfig:
-    catalog_size: int = 5000
+    """Options shared by the three ProactiveRec algorithms; the defaults are ProRL's (ML-1M, card §15)."""
+
+    catalog_size: int = bounded(5000, min=1)
     """Catalog size of the env world (the policy and simulator are built for it)."""
     catalog_seed: int = 0
-    simulator: str = "sasrec"
+    """Seed of the env world's catalog."""
+    simulator: Literal["sasrec", "analytic"] = "sasrec"
     """'sasrec' or 'analytic' (see shopsim.envs.proactive_rec.simulator)."""
-    group_size: int = 16
-    """Rollouts per prompt (ProRL: 16)."""
-    prompts_per_iter: int = 8
-    num_train_prompts: int = 512
+    group_size: int = bounded(16, min=2)
+    """Rollouts per prompt (ProRL: 16); group baselines need at least 2."""
+    prompts_per_iter: int = bounded(8, min=1)
+    """Prompts (train scenarios) per iteration, each with `group_size` rollouts."""
+    num_train_prompts: int = bounded(512, min=1)
     """One RL epoch = one pass over this many fixed train scenarios."""
-    lr: float = 1e-4
+    lr: float = bounded(1e-4, gt=0)
     """ProRL: 1e-4 (ML-1M)."""
-    weight_decay: float = 0.05
-    warmup_frac: float = 0.05
-    max_grad_norm: float = 1.0
-    temperature: float = 1.0
-    beta: float = 0.01
+    weight_decay: float = bounded(0.05, min=0)
+    """AdamW weight decay."""
+    warmup_frac: float = bounded(0.05, min=0, max=1)
+    """Linear learning-rate warm-up over this share of the iterations, then constant."""
+    max_grad_norm: float = bounded(1.0, gt=0)
+    """Gradient-norm clip per step."""
+    temperature: float = bounded(1.0, gt=0)
+    """Sampling temperature of the rollouts."""
+    beta: float = bounded(0.01, min=0)
     """KL coefficient to the frozen pre-trained policy."""
     w_ctr: float = 1.0
+    """Weight of the click-through reward (CTR) in the fused reward."""
     w_ioi: float = 1.0
+    """Weight of the interest-of-item reward (IoI) in the fused reward."""
     w_ior: float = 1.0
-    eval_every: int = 10
-    eval_tasks: int = 64
+    """Weight of the interest-of-recommendation reward (IoR) in the fused reward."""
+    eval_every: int = bounded(10, min=1)
+    """Evaluate every this many iterations (and after the last)."""
+    eval_tasks: int = bounded(64, min=1)
     """Held-out users (dev split) decoded greedily for evaluation."""
-    sft_users: int = 1500
-    sft_steps: int = 400
-    early_stop_valid_share: float = 0.3
+    sft_users: int = bounded(1500, min=1)
+    """Train users of the supervised pre-training that gives the starting policy
+    (`agents.rec_policies.pretrained_policy`, cached)."""
+    sft_steps: int = bounded(400, min=0)
+    """Steps of that supervised pre-training."""
+    early_stop_valid_share: float = bounded(0.3, min=0, max=1)
     """Stop when the share of rollouts with only real items stays below this for `early_stop_patience` epochs."""
-    early_stop_patience: int = 3
+    early_stop_patience: int = bounded(3, min=1)
+    """RL epochs below `early_stop_valid_share` before the run stops."""
     valid_only: bool = False
     """Constrain decoding to real semantic IDs (prefix trie). False = ProRL's setting (hallucinations possible)."""
     no_repeat: bool = False
@@ -93,16 +111,11 @@ class RecPGConfig:
     (duplicates possible, charged CTR := 0)."""
 
     def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ConfigError(f"group_size={self.group_size}; group baselines need at least 2 rollouts per prompt")
-        if self.prompts_per_iter < 1 or self.num_train_prompts < self.prompts_per_iter:
-            raise ConfigError("need prompts_per_iter >= 1 and num_train_prompts >= prompts_per_iter")
-        if self.lr <= 0 or self.temperature <= 0:
-            raise ConfigError("lr and temperature must be > 0")
-        if self.beta < 0:
-            raise ConfigError(f"beta={self.beta}; use beta >= 0")
-        if self.simulator not in ("sasrec", "analytic"):
-            raise ConfigError(f"simulator={self.simulator!r}; choose 'sasrec' or 'analytic'")
+        validate(self)
+        if self.num_train_prompts < self.prompts_per_iter:
+            raise ConfigError(f"num_train_prompts={self.num_train_prompts} is below prompts_per_iter="
+                              f"{self.prompts_per_iter}; raise it or lower prompts_per_iter")
+
 
 
 class RunningStats:
@@ -345,15 +358,12 @@ def evaluate_beam(agent: RecPolicyAgent, scorer: PathScorer, task_ids, *, beams:
 # ====================================================================== the three algorithms
 @dataclass
 class RecReinforceConfig(RecPGConfig):
+    """REINFORCE's options on ProactiveRec (card §1): no KL, the raw path return."""
+
     beta: float = 0.0
     lr: float = 1e-4
-    baseline: str = "batch_mean"
+    baseline: Literal["none", "batch_mean"] = "batch_mean"
     """'none' or 'batch_mean' (card §1 default)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.baseline not in ("none", "batch_mean"):
-            raise ConfigError(f"baseline={self.baseline!r}; choose 'none' or 'batch_mean'")
 
 
 class RecReinforce(_RecPG):
@@ -372,9 +382,13 @@ class RecReinforce(_RecPG):
 
 @dataclass
 class RecGRPOConfig(RecPGConfig):
+    """GRPO's options on ProactiveRec (card §3): group-normalised path returns, no KL by default."""
+
     beta: float = 0.0
-    eps_clip: float = 0.2
-    eps_std: float = 1e-6
+    eps_clip: float = bounded(0.2, gt=0, lt=1)
+    """ε of the clipped surrogate (inactive here: the update is exactly on-policy; kept for form)."""
+    eps_std: float = bounded(1e-6, min=0)
+    """ε added to the group std before dividing."""
 
 
 class RecGRPO(_RecPG):
@@ -402,29 +416,22 @@ class RecGRPO(_RecPG):
 
 @dataclass
 class ProRLConfig(RecPGConfig):
-    gamma: float = 1.0
-    min_std: float = 0.1
+    """ProRL's options (card §15): rectified, position-specific credit with per-component reward centring."""
+
+    gamma: float = bounded(1.0, min=0, max=1)
+    """Discount of the position-wise returns G_{i,k}."""
+    min_std: float = bounded(0.1, gt=0)
     """mo_min_std: floor of the running std in the normalisation."""
-    credit: str = "position"
+    credit: Literal["position", "path"] = "position"
     """'position' (ProRL) or 'path' (ablation: every item gets the whole centred path return minus the group mean)."""
-    centering: str = "component"
+    centering: Literal["component", "fused"] = "component"
     """'component' (ProRL's code: each of IoI, IoR, CTR centred and scaled by its own running statistics, then
     fused with w_ctr/L_max, w_ioi, w_ior) or 'fused' ([derived] reading of the paper's "subtract the expected step
     reward": the env's raw fused step reward w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items is centred and scaled
     by one running mean/std, same Welford/freeze/min_std rules)."""
-
-    item_logprob: str = "mean"
+    item_logprob: Literal["mean", "sum"] = "mean"
     """'mean' (card §15: ℓ_k = mean of the item's 4 token log-probs) or 'sum' (ablation: the item's full log-prob,
     so item tokens get 4x the gradient relative to the EOS token)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.item_logprob not in ("mean", "sum"):
-            raise ConfigError(f"item_logprob={self.item_logprob!r}; choose 'mean' or 'sum'")
-        if self.credit not in ("position", "path"):
-            raise ConfigError(f"credit={self.credit!r}; choose 'position' or 'path'")
-        if self.centering not in ("component", "fused"):
-            raise ConfigError(f"centering={self.centering!r}; choose 'component' or 'fused'")
 
 
 class ProRL(_RecPG):

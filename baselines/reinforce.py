@@ -14,38 +14,44 @@ rloo (outcome form: mean return of the other group members, every turn, γ = 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 from baselines.core.advantages import turn_returns_to_go
 from baselines.core.batch import Batch
+from baselines.core.config import AggMode
 from baselines.core.stats import leave_one_out_mean
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
+from shopsim.configs import bounded
 from shopsim.errors import ConfigError
 
-BASELINES = ("none", "batch_mean", "ema", "rloo")
+Baseline = Literal["none", "batch_mean", "ema", "rloo"]
+BASELINES = get_args(Baseline)
 
 
 @dataclass
 class ReinforceConfig(LMConfig):
-    baseline: str = "batch_mean"
-    ema_decay: float = 0.99
-    gamma: float = 1.0
-    group_size: int = 0
+    """REINFORCE's options (Williams 1992; RLOO: Kool et al. 2019)."""
+
+    baseline: Baseline = "batch_mean"
+    """b: none, the batch mean of G at the same turn index, an EMA of that mean, or the leave-one-out mean return
+    of the other rollouts of the task ('rloo', needs group_size >= 2)."""
+    ema_decay: float = bounded(0.99, gt=0, lt=1)
+    """Decay of the 'ema' baseline."""
+    gamma: float = bounded(1.0, min=0, max=1)
+    """Discount of the returns-to-go G."""
+    group_size: int = bounded(0, min=0)
     """Rollouts per task; 0 picks the card's default (1, or 4 with baseline='rloo')."""
-    loss_agg: str = "seq-mean-token-sum"
+    loss_agg: AggMode = "seq-mean-token-sum"
     lr: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.baseline not in BASELINES:
-            raise ConfigError(f"baseline={self.baseline!r}; choose one of {', '.join(BASELINES)}")
-        if self.group_size == 0:
+        if self.group_size == 0:  # before the base check, which needs group_size >= 1
             self.group_size = 4 if self.baseline == "rloo" else 1
+        super().__post_init__()
         if self.baseline == "rloo" and self.group_size < 2:
             raise ConfigError("baseline='rloo' needs group_size >= 2 (the other rollouts of a task are the baseline)")
-        if not 0 < self.ema_decay < 1:
-            raise ConfigError(f"ema_decay must be in (0, 1), got {self.ema_decay}")
-        super().__post_init__()
 
 
 def reinforce_advantages(batch: Batch, baseline: str, gamma: float, ema: torch.Tensor | None = None,

@@ -16,43 +16,46 @@ Seed; no code). PPO with a critic plus:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from baselines.core.advantages import token_gae_for_batch
 from baselines.core.batch import Batch
+from baselines.core.config import AggMode, Truncation
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from shopsim.errors import ConfigError
+from shopsim.configs import bounded
 
 
 @dataclass
 class VAPOConfig(LMConfig):
-    alpha: float = 0.05
-    lam_critic: float = 1.0
-    gamma: float = 1.0
+    """VAPO's options; the defaults are the paper's (arXiv 2504.05118, §3-§4)."""
+
+    alpha: float = bounded(0.05, gt=0)
+    """α of the length-adaptive GAE: λ_policy = 1 − 1/(α·l)."""
+    lam_critic: float = bounded(1.0, min=0, max=1)
+    """λ of the critic's GAE targets (decoupled GAE; 1.0 = Monte-Carlo returns)."""
+    gamma: float = bounded(1.0, min=0, max=1)
+    """Discount γ of both GAEs."""
     clip_low: float = 0.2
     clip_high: float = 0.28
-    nll_coef: float = 0.1
+    nll_coef: float = bounded(0.1, min=0)
+    """μ of the positive-example LM loss (token-mean −log π over successful trajectories; 0: off)."""
     lr: float = 1e-6
     critic_lr: float = 2e-6
     vf_coef: float = 0.5
     value_clip: float | None = None
-    value_pretrain_steps: int = 50
-    value_pretrain_batches: int = 2
+    value_pretrain_steps: int = bounded(50, min=0)
+    """Critic-only steps on Monte-Carlo returns of the frozen initial policy before RL (0: off)."""
+    value_pretrain_batches: int = bounded(2, min=1)
+    """Rollout batches collected once for value pre-training (each `tasks_per_iter` × `group_size` episodes)."""
     group_size: int = 16
-    length_basis: str = "trajectory"
-    loss_agg: str = "token-mean"
+    length_basis: Literal["trajectory", "turn"] = "trajectory"
+    """l of the length-adaptive λ: generated tokens of the whole trajectory ([derived]) or of the turn."""
+    loss_agg: AggMode = "token-mean"
     normalize_advantage: bool = True
-    truncation: str = "terminal"
-
-    def __post_init__(self) -> None:
-        if self.alpha <= 0:
-            raise ConfigError(f"alpha must be > 0, got {self.alpha}")
-        if self.length_basis not in ("trajectory", "turn"):
-            raise ConfigError(f"length_basis={self.length_basis!r}; choose 'trajectory' or 'turn'")
-        if self.value_pretrain_steps < 0:
-            raise ConfigError("value_pretrain_steps must be >= 0")
-        super().__post_init__()
+    truncation: Truncation = "terminal"
+    """'terminal' or 'last_value' (proxy bootstrap, see baselines.core.advantages)."""
 
 
 def length_adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -9,12 +9,27 @@ import torch
 import agents
 from agents.lm.model import build_model
 from agents.lm.prompts import ChatFormat
-from agents.lm.sft import SFTConfig, build_examples, evaluate, expert_trajectories, heldout_loss, train_sft
+from agents.lm.sft import (
+    SFTConfig,
+    build_examples,
+    evaluate,
+    expert_trajectories,
+    heldout_loss,
+    sft_expert_data,
+    train_sft,
+)
 from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
 
 ENV = "shopsim/Shopping-v0"
 FIND = {"family": "find_and_buy"}
+#: plain behaviour cloning on the default env and expert (the SFTConfig defaults are the full recipe)
+PLAIN = dict(context_mode="window", curriculum_steps=0, augment_copies=0, obs_mode="compact", numbered_results=False,
+             results_per_page=None, expert_query="full", arg_space=False, families=())
+
+
+def plain(**kw) -> SFTConfig:
+    return SFTConfig(**{**PLAIN, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +62,7 @@ def test_sft_loss_falls_on_train_and_held_out(expert_trajs, tmp_path):
     model = build_model(tok, size="tiny", seed=0)
     dev_rows = build_examples(dev, ChatFormat(tok), history=1, history_obs_chars=100)
     before = heldout_loss(model, dev_rows, tok.pad_token_id)
-    cfg = SFTConfig(steps=120, batch_size=8, lr=5e-3, warmup=10, size="tiny", eval_every=0, eval_episodes=4,
+    cfg = plain(steps=120, batch_size=8, lr=5e-3, warmup=10, size="tiny", eval_every=0, eval_episodes=4,
                     num_envs=4, reset_options=FIND, max_new_tokens=24)
     agent, hist = train_sft(ENV, expert_trajs, cfg, out_dir=tmp_path, progress=False, tokenizer=tok, model=model)
     losses = [h["loss"] for h in hist]
@@ -64,22 +79,38 @@ def test_sft_loss_falls_on_train_and_held_out(expert_trajs, tmp_path):
 def test_sft_data_options_reach_the_expert_env_and_manifest(tmp_path):
     """Positional clicks in the SFT data (expert click_by="index" on a numbered env) and the env options recorded
     in the checkpoint so that evaluation uses the same rendering."""
+    cfg = plain(steps=2, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2, reset_options=FIND,
+                max_new_tokens=8, numbered_results=True, results_per_page=5, expert_query="instruction",
+                families=("find_and_buy",))
     kw = {"numbered_results": True, "results_per_page": 5}
-    trajs = expert_trajectories(ENV, 6, reset_options=FIND, progress=False, num_envs=2, env_kwargs=kw,
-                                expert_kwargs={"click_by": "index", "query": "instruction"})
+    assert cfg.env_options() == kw and cfg.expert_options() == {"click_by": "index", "query": "instruction"}
+    trajs = sft_expert_data(ENV, 6, cfg, progress=False)
+    assert {t.meta["family"] for t in trajs} == {"find_and_buy"}
     acts = [str(t.action) for tr in trajs for t in tr.turns]
     assert any(a.startswith("click[#") for a in acts) and not any(a.startswith("click[B0") for a in acts)
     assert "\n#1 [" in trajs[0].turns[1].observation
-    cfg = SFTConfig(steps=2, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
-                    reset_options=FIND, max_new_tokens=8, env_kwargs=kw)
     agent, _ = train_sft(ENV, trajs, cfg, out_dir=tmp_path, progress=False)
     from agents.registry import CHECKPOINT_MANIFEST, manifest_env_kwargs
 
     assert manifest_env_kwargs(tmp_path / "checkpoint" / CHECKPOINT_MANIFEST) == kw
 
 
+def test_recipe_options_become_env_and_expert_options():
+    """The default SFTConfig is the recipe: terse, numbered results 5 per page, the expert clicking by position
+    and searching the task line with a blank after the bracket; `env_kwargs` go over the derived options."""
+    cfg = SFTConfig()
+    assert cfg.env_options() == {"numbered_results": True, "obs_mode": "terse", "results_per_page": 5}
+    assert cfg.expert_options() == {"click_by": "index", "query": "instruction", "arg_space": True}
+    assert (cfg.context_mode, cfg.curriculum_steps, cfg.augment_copies, cfg.families) == \
+        ("concat", 2000, 1, ("find_and_buy",))
+    assert not cfg.pins_first_turn and SFTConfig(context_mode="window").pins_first_turn
+    assert not SFTConfig(context_mode="window", obs_mode="compact").pins_first_turn
+    assert SFTConfig(env_kwargs={"results_per_page": 7}).env_options()["results_per_page"] == 7
+    assert SFTConfig(families="a,b").families == ("a", "b")
+
+
 def test_sft_is_deterministic(expert_trajs, tmp_path):
-    cfg = SFTConfig(steps=5, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
+    cfg = plain(steps=5, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
                     reset_options=FIND, max_new_tokens=8)
     runs = [train_sft(ENV, expert_trajs[:10], cfg, out_dir=tmp_path / str(i), progress=False)[1] for i in range(2)]
     assert [h["loss"] for h in runs[0]] == [h["loss"] for h in runs[1]]
@@ -97,7 +128,7 @@ def test_full_sft_beats_random_on_success(tmp_path):
     """The shipped recipe at reduced length: held-out success well above the random agent's (near 0)."""
     torch.set_num_threads(2)
     trajs = expert_trajectories(ENV, 300, reset_options=FIND, progress=False)
-    cfg = SFTConfig(steps=300, size="mini", eval_every=0, eval_episodes=40, reset_options=FIND)
+    cfg = plain(steps=300, size="mini", lr=3e-3, eval_every=0, eval_episodes=40, reset_options=FIND)
     _, hist = train_sft(ENV, trajs, cfg, out_dir=tmp_path, progress=False)
     rand = evaluate(agents.make("random", ENV), ENV, episodes=40, reset_options=FIND)
     assert hist[-1]["eval_success"] >= rand["success"] + 0.2
@@ -109,7 +140,7 @@ def test_curriculum_draws_the_shortest_rows_first_with_the_same_token_budget(exp
     lengths = sorted(len(r[0]) for r in rows)
     cutoff = lengths[int(np.ceil(0.25 * len(lengths))) - 1]
     seen = []
-    cfg = SFTConfig(steps=8, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
+    cfg = plain(steps=8, batch_size=4, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
                     reset_options=FIND, max_new_tokens=8, curriculum_steps=5, curriculum_share=0.25, warmup=2,
                     lr=1e-3)
     train_sft(ENV, expert_trajs, cfg, out_dir=tmp_path, progress=False, tokenizer=tok, callback=seen.append)
@@ -128,7 +159,7 @@ def test_sft_on_several_families_collects_and_evaluates_each(tmp_path):
     fams = ("find_and_buy", "clarify_and_buy")
     trajs = expert_trajectories(ENV, 5, progress=False, num_envs=2, families=fams)
     assert [t.meta["family"] for t in trajs] == ["find_and_buy"] * 3 + ["clarify_and_buy"] * 2
-    cfg = SFTConfig(steps=2, batch_size=4, size="tiny", eval_every=0, eval_episodes=4, num_envs=2,
+    cfg = plain(steps=2, batch_size=4, size="tiny", eval_every=0, eval_episodes=4, num_envs=2,
                     max_new_tokens=8, families=fams, augment_copies=1)
     _, hist = train_sft(ENV, trajs, cfg, out_dir=tmp_path, progress=False)
     assert hist[-1]["eval_episodes"] == 4
@@ -160,7 +191,7 @@ def test_concat_curriculum_trains_on_each_episode_cut_after_its_first_action(exp
         agent = [i for i, m in zip(fids, fmask, strict=False) if m]
         assert agent[-1] == tok.eos_token_id and agent.count(tok.eos_token_id) == 1  # exactly one action
     seen = []
-    cfg = SFTConfig(steps=6, batch_size=2, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
+    cfg = plain(steps=6, batch_size=2, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
                     reset_options=FIND, max_new_tokens=8, curriculum_steps=4, warmup=2, lr=1e-3,
                     context_mode="concat")
     train_sft(ENV, expert_trajs, cfg, out_dir=tmp_path, progress=False, tokenizer=tok, callback=seen.append)

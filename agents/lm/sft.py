@@ -40,81 +40,130 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
-from agents.lm.prompts import MODES, ChatFormat, EpisodeContext, concat_layout
+from agents.lm.prompts import ChatFormat, EpisodeContext, concat_layout
+from shopsim.configs import bounded, validate
 from shopsim.datasets import write_metrics_csv
 from shopsim.errors import ConfigError
 
 
 @dataclass
 class SFTConfig:
-    """Knobs of `train_sft`."""
+    """Options of `train_sft` and of its expert data (`sft_expert_data`). The defaults are the recipe the module
+    docstring describes (the `shopsim sft` defaults, which are built from these fields): copy-friendly expert data,
+    concat context, a short-to-long curriculum and copy augmentation. Plain behaviour cloning on the expert's
+    default actions is ``numbered_results=False, results_per_page=None, expert_query="full", arg_space=False,
+    curriculum_steps=0, augment_copies=0``."""
 
-    steps: int = 1500
-    """Optimizer steps."""
-    batch_size: int = 16
+    # optimisation
+    steps: int = bounded(2900, min=1)
+    """Optimizer steps, curriculum included."""
+    batch_size: int = bounded(16, min=1)
     """Rows per step (turns in window mode, episodes in concat mode)."""
-    lr: float = 3e-3
+    lr: float = bounded(2e-3, gt=0)
     """Peak AdamW learning rate (a from-scratch few-million-parameter model tolerates a high one)."""
-    warmup: int = 50
-    """Linear warm-up steps, then cosine decay to 10% of `lr`."""
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    context_mode: str = "window"
-    """window | concat (design §4); the trained agent acts in this mode."""
-    history: int = 1
-    history_obs_chars: int | None = 100
-    pin_first_turn: bool = False
-    """window mode: keep the first turn (task page + first action) in every prompt (`EpisodeContext`); needed
-    with ``obs_mode="terse"``, which states the task only in the first observation."""
-    obs_loss_weight: float = 0.0
+    warmup: int = bounded(50, min=1)
+    """Linear warm-up steps, then cosine decay to 10% of `lr` (the curriculum and the main phase each warm up)."""
+    weight_decay: float = bounded(0.01, min=0)
+    """AdamW weight decay."""
+    grad_clip: float = bounded(1.0, gt=0)
+    """Gradient-norm clip per step."""
+    seed: int = 0
+    """Seed of the model initialisation, the batch order, the augmentation and the expert episodes."""
+    # what the agent sees
+    context_mode: Literal["window", "concat"] = "concat"
+    """concat: the whole episode in one growing context, each token encoded once with the KV cache; window: a
+    fresh prompt per turn with the last `history` turns (design §4). The trained agent acts in this mode."""
+    history: int = bounded(1, min=0)
+    """Window mode: past turns in the prompt."""
+    history_obs_chars: int | None = bounded(100, min=0)
+    """Window mode: characters kept of each past observation (None: all)."""
+    pin_first_turn: bool | None = None
+    """Window mode: keep the first turn (task page + first action) in every prompt (`EpisodeContext`); needed
+    with ``obs_mode="terse"``, which states the task only in the first observation. None: on exactly in window mode
+    with ``obs_mode="terse"``."""
+    obs_mode: Literal["compact", "terse", "full"] = "terse"
+    """Env ``obs_mode`` the agent is trained and evaluated on; terse states the task once per episode."""
+    max_new_tokens: int = bounded(48, min=1)
+    """Per-turn generation limit of the trained agent."""
+    # model
+    arch: Literal["llama", "gpt2"] = "llama"
+    """Model architecture of a fresh model (`agents.lm.model.build_model`)."""
+    size: Literal["tiny", "mini", "small", "medium"] = "mini"
+    """Model size of a fresh model (mini: the default 1.4M-parameter model)."""
+    # loss and data
+    obs_loss_weight: float = bounded(0.0, min=0)
     """Weight of the auxiliary language-modelling loss on prompt/observation tokens (0 = agent tokens only)."""
     only_success: bool = True
     """Train on successful expert episodes only."""
-    curriculum_steps: int = 0
+    curriculum_steps: int = bounded(2000, min=0)
     """Short-to-long curriculum: the first this many steps (part of `steps`) draw only from the shortest
     `curriculum_share` of the rows (concat mode: every episode cut after its first action), in batches of the
-    same token budget as the others. In Shopping-v0 those are
-    the first turns, whose action is a copy of the task line: a from-scratch model forms its copying circuit there
-    within about 1,000 steps (short rows, a target on a quarter of the tokens), which it then reuses for option
-    values; see the module docstring."""
-    curriculum_share: float = 0.25
-    augment_copies: int = 0
+    same token budget as the others. In Shopping-v0 those are the first turns, whose action is a copy of the task
+    line: a from-scratch model forms its copying circuit there within about 1,000 steps (short rows, a target on a
+    quarter of the tokens), which it then reuses for option values; see the module docstring. 0: off."""
+    curriculum_share: float = bounded(0.25, gt=0, max=1)
+    """Share of the rows (the shortest) the window-mode curriculum draws from."""
+    augment_copies: int = bounded(1, min=0)
     """Prior-breaking copy augmentation (`agents.lm.augment.copy_augment`): this many rewritten copies of every
     expert episode are added to the training rows (0: off)."""
-    eval_every: int = 500
+    # expert data (`sft_expert_data`)
+    numbered_results: bool = True
+    """Env ``numbered_results`` and the expert opens results by position (``click[#3]``) instead of by SKU."""
+    results_per_page: int | None = bounded(5, min=1)
+    """Env ``results_per_page`` (None: the env's default)."""
+    expert_query: Literal["full", "span", "instruction"] = "instruction"
+    """The expert's search: full = attributes, option values, type; span = '<attributes> <type>'; instruction =
+    the task line up to its price clause."""
+    arg_space: bool = True
+    """The expert writes ``click[ x]`` / ``search[ q]``: the same action, but the argument's first word tokenizes
+    as in the task line it is copied from."""
+    families: tuple[str, ...] = ("find_and_buy",)
+    """Task families of the expert episodes and of the dev evaluation (the first dev tasks of these families,
+    `baselines.core.tasks.eval_tasks`, the same lists the RL trainers use); empty: all, `reset_options` decide."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Further env constructor options, over those of `obs_mode`, `numbered_results` and `results_per_page`
+    (`env_options` merges them). The merged options are recorded in the checkpoint manifest so that
+    `shopsim eval --checkpoint` evaluates on the same env."""
+    # evaluation
+    eval_every: int = bounded(1000, min=0)
     """Evaluate on the dev split every this many steps (0: only at the end)."""
-    eval_episodes: int = 50
-    eval_split: str = "dev"
-    arch: str = "llama"
-    size: str = "mini"
-    seed: int = 0
-    max_new_tokens: int = 48
-    num_envs: int = 16
+    eval_episodes: int = bounded(50, min=1)
+    """Dev episodes per evaluation."""
+    eval_split: Literal["dev", "test", "train"] = "dev"
+    """Split of the evaluation episodes."""
+    num_envs: int = bounded(16, min=1)
+    """Env copies stepped together when collecting expert data and evaluating."""
     reset_options: dict = field(default_factory=dict)
     """Options for the evaluation resets (e.g. {"family": "find_and_buy"})."""
-    families: tuple = ()
-    """Evaluate on the first dev tasks of these task families (`baselines.core.tasks.eval_tasks`, the same task
-    lists the RL trainers use); empty: `reset_options` decide (e.g. one family)."""
-    env_kwargs: dict = field(default_factory=dict)
-    """Env constructor options for the evaluations (e.g. {"numbered_results": True, "results_per_page": 5});
-    recorded in the checkpoint manifest so that `shopsim eval --checkpoint` evaluates on the same env."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ConfigError(f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
-        if self.context_mode not in MODES:
-            raise ConfigError(f"context_mode={self.context_mode!r}; choose one of {MODES}")
-        if not 0 < self.curriculum_share <= 1 or self.curriculum_steps < 0:
-            raise ConfigError(f"curriculum_share must be in (0, 1] and curriculum_steps >= 0, got "
-                              f"{self.curriculum_share}, {self.curriculum_steps}")
-        if self.augment_copies < 0:
-            raise ConfigError(f"augment_copies must be >= 0, got {self.augment_copies}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if isinstance(self.families, str):  # "a,b" from a command line or a JSON config
+            self.families = tuple(f for f in self.families.split(",") if f)
+        validate(self)
+
+    @property
+    def pins_first_turn(self) -> bool:
+        """`pin_first_turn`, resolved (None: window mode with the terse observation)."""
+        if self.pin_first_turn is None:
+            return self.context_mode == "window" and self.obs_mode == "terse"
+        return self.pin_first_turn
+
+    def env_options(self) -> dict:
+        """Env constructor options of the expert data, the evaluations and the checkpoint manifest."""
+        return {**({"numbered_results": True} if self.numbered_results else {}),
+                **({"obs_mode": self.obs_mode} if self.obs_mode != "compact" else {}),
+                **({"results_per_page": self.results_per_page} if self.results_per_page else {}),
+                **self.env_kwargs}
+
+    def expert_options(self) -> dict:
+        """Options of the scripted expert (`agents.shopping_expert`) that writes the SFT data."""
+        return {**({"click_by": "index"} if self.numbered_results else {}), "query": self.expert_query,
+                **({"arg_space": True} if self.arg_space else {})}
 
 
 def expert_trajectories(env_id: str, episodes: int, *, seed: int = 0, split: str = "train", reset_options=None,
@@ -137,6 +186,16 @@ def expert_trajectories(env_id: str, episodes: int, *, seed: int = 0, split: str
     expert = agents.make("expert", env_id, **(expert_kwargs or {}))
     return collect(env_id, expert, episodes=episodes, seed=seed, split=split, reset_options=reset_options,
                    num_envs=num_envs, progress=progress, env_kwargs=env_kwargs or None)
+
+
+def sft_expert_data(env_id: str, episodes: int, config: SFTConfig | None = None, *, progress: bool = True):
+    """The expert episodes `config` trains on: `episodes` scripted-expert episodes on the train split, shared
+    between `config.families`, on the env of `config.env_options()` with the expert of `config.expert_options()`
+    (what `shopsim sft --expert-episodes N` collects)."""
+    config = config or SFTConfig()
+    return expert_trajectories(env_id, episodes, seed=config.seed, families=config.families,
+                               num_envs=config.num_envs, progress=progress, env_kwargs=config.env_options(),
+                               expert_kwargs=config.expert_options())
 
 
 def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", history: int = 2,
@@ -303,8 +362,9 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     model = model or build_model(tokenizer, arch=config.arch, size=config.size, seed=config.seed)
     agent = LMAgent(env_id=env_id, model=model, tokenizer=tokenizer, context_mode=config.context_mode,
                     history=config.history, history_obs_chars=config.history_obs_chars, greedy=True,
-                    max_new_tokens=config.max_new_tokens, pin_first_turn=config.pin_first_turn)
-    agent.env_kwargs = dict(config.env_kwargs)
+                    max_new_tokens=config.max_new_tokens, pin_first_turn=config.pins_first_turn)
+    env_kwargs = config.env_options()
+    agent.env_kwargs = dict(env_kwargs)
     if config.augment_copies:
         from agents.lm.augment import copy_augment
 
@@ -312,7 +372,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
                                                          only_success=config.only_success)
     rows = build_examples(trajectories, agent.fmt, mode=config.context_mode, history=config.history,
                           history_obs_chars=config.history_obs_chars, only_success=config.only_success,
-                          pin_first_turn=config.pin_first_turn)
+                          pin_first_turn=config.pins_first_turn)
     if not rows:
         raise ConfigError("no training examples: the expert trajectories are empty or none succeeded")
     rng = np.random.default_rng(config.seed)
@@ -373,12 +433,12 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
             ev = evaluate(agent, env_id, episodes=config.eval_episodes, split=config.eval_split,
                           num_envs=config.num_envs, reset_options=config.reset_options or None,
                           families=config.families,
-                          env_kwargs=config.env_kwargs)
+                          env_kwargs=env_kwargs)
             rec.update({f"eval_{k}": v for k, v in ev.items()})
             rec["time_s"] = time.perf_counter() - t0
             if not last:  # latest checkpoint, so that an interrupted run still leaves a usable one
                 agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), step=step + 1,
-                           env_kwargs=dict(config.env_kwargs),
+                           env_kwargs=dict(env_kwargs),
                            final_eval={k: v for k, v in rec.items() if k.startswith("eval_")})
                 write_metrics_csv(out_dir / "metrics.csv", history + [rec])
         history.append(rec)
@@ -391,7 +451,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     if bar is not None:
         bar.close()
     model.eval()
-    ckpt = agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), env_kwargs=dict(config.env_kwargs),
+    ckpt = agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), env_kwargs=dict(env_kwargs),
                       final_eval={k: v for k, v in history[-1].items() if k.startswith("eval_")})
     write_metrics_csv(out_dir / "metrics.csv", history)
     plot_curve(history, out_dir / "sft_curve.png")

@@ -8,112 +8,134 @@ trainer computed (no grad) before the update.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 
+from shopsim.configs import bounded, validate
 from shopsim.errors import ConfigError
 
 from .losses import AGG_MODES
 
-__all__ = ["LMConfig", "Advantages", "Ctx"]
+__all__ = ["LMConfig", "AggMode", "Truncation", "Advantages", "Ctx"]
+
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+assert get_args(AggMode) == AGG_MODES  # one list of the aggregation modes (baselines.core.losses)
+Truncation = Literal["terminal", "last_value"]
+"""How GAE treats a truncated episode (`baselines.core.advantages`): as terminal, or bootstrapped from the value
+at the start of the last turn."""
 
 
 @dataclass
 class LMConfig:
-    """Options shared by every LM algorithm; each algorithm's Config subclasses this with its paper's defaults."""
+    """Options shared by every LM algorithm; each algorithm's Config subclasses this with its paper's defaults.
 
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    group_size: int = 8
+    Fields are checked by `shopsim.configs.validate` (types, Literal options, the bounds in their metadata);
+    `__post_init__` adds the rules that involve several fields."""
+
+    # optimisation
+    lr: float = bounded(1e-6, gt=0)
+    """Learning rate of the policy's AdamW optimizer."""
+    weight_decay: float = bounded(0.0, min=0)
+    """AdamW weight decay of the policy (and critic)."""
+    max_grad_norm: float = bounded(1.0, gt=0)
+    """Gradient-norm clip per optimizer step."""
+    group_size: int = bounded(8, min=1)
     """Rollouts per task (G); they share the task and the reset seed."""
-    tasks_per_iter: int = 8
-    update_epochs: int = 1
-    minibatches: int = 1
-    micro_batch_rows: int = 0
+    tasks_per_iter: int = bounded(8, min=1)
+    """Tasks drawn per iteration; an iteration collects tasks_per_iter × group_size episodes."""
+    update_epochs: int = bounded(1, min=1)
+    """Passes over each iteration's batch."""
+    minibatches: int = bounded(1, min=1)
+    """Optimizer steps per epoch (the batch's rows are shuffled and split into this many parts)."""
+    micro_batch_rows: int = bounded(0, min=0)
     """Most rows per forward/backward inside one optimizer step (gradient accumulation; 0 = no row limit).
     Normalisers are computed over the whole step, so the gradient does not depend on this value."""
-    micro_batch_tokens: int = 8192
+    micro_batch_tokens: int = bounded(8192, min=0)
     """Length bucketing: a step's rows are sorted by length and cut into micro-batches of at most this many
     padded tokens, each trimmed to its own longest row, so padding costs almost nothing (0: one micro-batch of
     the whole minibatch, every row padded to the batch's longest). The gradient does not depend on it."""
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    loss_agg: str = "token-mean"
+    # policy loss
+    clip_low: float = bounded(0.2, min=0, lt=1)
+    """ε_low of the clipped surrogate: the ratio is clipped below at 1 − clip_low."""
+    clip_high: float = bounded(0.2, min=0)
+    """ε_high of the clipped surrogate: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher)."""
+    dual_clip: float | None = bounded(None, gt=1)
+    """Dual-clip constant c > 1 for negative advantages (the loss is capped at c·|A|); None: off."""
+    loss_agg: AggMode = "token-mean"
+    """How per-token losses are averaged (`baselines.core.losses.aggregate`): over all tokens of the batch, per
+    sequence then over sequences, or summed per sequence."""
     normalize_advantage: bool = False
     """Whiten advantages over all generated tokens of the batch."""
-    kl_coef: float = 0.0
-    kl_kind: str = "k3"
-    entropy_coef: float = 0.0
+    kl_coef: float = bounded(0.0, min=0)
+    """β of the KL penalty to the frozen reference policy in the loss (0: no reference copy is kept)."""
+    kl_kind: Literal["k1", "k3"] = "k3"
+    """KL estimator of the loss penalty: k1 = log π − log π_ref, k3 = the unbiased non-negative estimator."""
+    entropy_coef: float = bounded(0.0, min=0)
+    """Weight of the token-entropy bonus (0: entropy is not computed)."""
     recompute_old_logp: bool | None = None
     """π_old = log-probs recomputed over the recorded ids before the update (True) or the recorded behaviour
     log-probs (False). None: recompute only with more than one update epoch; with one epoch of on-policy data the
     recorded log-probs are π_old (they agree with a recomputation within 1e-4, tested) and the extra forward pass
     is skipped."""
     # critic (ppo, vapo, mpo)
-    vf_coef: float = 0.5
-    critic_lr: float = 1e-5
-    value_clip: float | None = None
+    vf_coef: float = bounded(0.5, min=0)
+    """Weight of the critic's value loss (algorithms with a critic)."""
+    critic_lr: float = bounded(1e-5, gt=0)
+    """Learning rate of the critic (algorithms with a critic)."""
+    value_clip: float | None = bounded(None, gt=0)
+    """Clip of the value update around the old values (PPO-style value clipping); None: off."""
     critic_shared: bool = False
     """Value head on the policy backbone instead of a separate copy (§2 alternative)."""
     # rollouts
-    temperature: float = 1.0
-    max_new_tokens: int | None = None
+    temperature: float = bounded(1.0, gt=0)
+    """Sampling temperature of the rollouts; log-probs are computed at the same temperature."""
+    max_new_tokens: int | None = bounded(None, min=1)
     """Per-turn generation limit (None: the agent's default)."""
-    context_mode: str | None = None
-    """'concat' or 'window' (None: the agent's default)."""
+    context_mode: Literal["concat", "window"] | None = None
+    """'concat' (one growing context per episode) or 'window' (a fresh prompt per turn); None: the agent's
+    default."""
     reset_options: dict = field(default_factory=dict)
     """Extra reset options for training episodes (e.g. {"family": "find_and_buy"})."""
-    task_families: tuple = ()
+    task_families: tuple[str, ...] = ()
     """Restrict training/eval tasks to these task families (empty: all)."""
-    num_envs: int = 8
+    num_envs: int = bounded(8, min=1)
+    """Env copies stepped together during rollouts and evaluation."""
     env_kwargs: dict = field(default_factory=dict)
     """Keyword options for the env constructor (e.g. {"max_turns": 20}) for training and evaluation."""
     agent_kwargs: dict = field(default_factory=dict)
     """Keyword options for `agents.make("lm", ...)` when no `init` checkpoint is given."""
-    max_length: int | None = None
+    max_length: int | None = bounded(None, min=1)
+    """Longest training row in tokens; a longer concat-mode row is an error (None: no limit)."""
     # evaluation / checkpoints
-    eval_every: int = 1
+    eval_every: int = bounded(1, min=0)
     """Evaluate on the dev split every N iterations (0: only after the last one)."""
-    eval_episodes: int = 16
+    eval_episodes: int = bounded(16, min=0)
+    """Evaluation episodes (the first tasks of the split; 0: no evaluation)."""
     eval_split: str = "dev"
     """Split(s) to evaluate on, comma-separated (e.g. "dev,test")."""
     eval_greedy: bool = True
+    """Evaluate with greedy decoding (False: sample at `temperature`)."""
     eval_seed: int | None = None
     """Seed of the evaluation episodes (episode i gets eval_seed + i); None: 10_000 + the training seed. A fixed
     value evaluates every run on the same episodes (paired comparisons across seeds and algorithms)."""
-    checkpoint_every: int = 1
+    checkpoint_every: int = bounded(1, min=0)
+    """Save the checkpoint every N iterations (0: only after the last one)."""
     device: str = "cpu"
+    """Torch device of the policy, critic and update (e.g. "cuda")."""
 
     @property
     def recomputes_old_logp(self) -> bool:
         return self.update_epochs > 1 if self.recompute_old_logp is None else bool(self.recompute_old_logp)
 
     def __post_init__(self) -> None:
-        if self.loss_agg not in AGG_MODES:
-            raise ConfigError(f"loss_agg={self.loss_agg!r}; choose one of {', '.join(AGG_MODES)}")
-        if self.kl_kind not in ("k1", "k3"):
-            raise ConfigError(f"kl_kind={self.kl_kind!r}; choose 'k1' or 'k3'")
-        if self.micro_batch_tokens < 0 or self.micro_batch_rows < 0:
-            raise ConfigError("micro_batch_tokens and micro_batch_rows must be >= 0 (0: no limit)")
-        for name in ("group_size", "tasks_per_iter", "update_epochs", "minibatches", "num_envs"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or self.critic_lr <= 0:
-            raise ConfigError("lr and critic_lr must be > 0")
-        if not (0 <= self.clip_low < 1) or self.clip_high < 0:
-            raise ConfigError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
-        if self.context_mode not in (None, "concat", "window"):
-            raise ConfigError(f"context_mode={self.context_mode!r}; choose 'concat' or 'window'")
+        if isinstance(self.task_families, str):  # "a,b" from a command line or a JSON config
+            self.task_families = tuple(f for f in self.task_families.split(",") if f)
+        validate(self)
         bad = [x for x in str(self.eval_split).split(",") if x not in ("train", "dev", "test")]
         if bad:
-            raise ConfigError(f"eval_split={self.eval_split!r}; use dev, test or train, comma-separated")
-        if self.eval_every < 0 or self.eval_episodes < 0:
-            raise ConfigError("eval_every and eval_episodes must be >= 0")
-        if isinstance(self.task_families, str):
-            self.task_families = tuple(f for f in self.task_families.split(",") if f)
-        self.task_families = tuple(self.task_families)
+            raise ConfigError(f"eval_split: expected dev, test or train, comma-separated, got {self.eval_split!r}")
 
 
 @dataclass

@@ -86,3 +86,40 @@ def make(env_id: str, **kwargs):
     import gymnasium
 
     return gymnasium.make(env_id, **kwargs)
+
+
+def check_env_kwargs(env_id: str, kwargs: dict, *, what: str = "env_kwargs") -> None:
+    """Raise a one-line `ConfigError` if `env_id`'s constructor rejects `kwargs` (an unknown option or a bad value),
+    naming `what` (the flag or field they came from) and the valid options; builds the env once to find out."""
+    import inspect
+    import re
+
+    from shopsim.errors import ConfigError, ShopsimError
+
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{what}: expected a JSON object of constructor options, got {kwargs!r}")
+    try:
+        env = make(env_id, **kwargs)
+    except ShopsimError as exc:  # the env's own message already says what to change
+        raise ConfigError(f"{what}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        unknown = re.search(r"unexpected keyword argument '([^']+)'", message)
+        if not unknown:
+            raise ConfigError(f"{what}: {env_id} rejects {kwargs}: {message}") from None
+        entry = ENV_SPECS[env_id][0] if env_id in ENV_SPECS else PZ_ENVS[env_id][0] + ":parallel_env"
+        module, _, attr = entry.partition(":")
+        import importlib
+
+        mod = importlib.import_module(module)
+        params = list(inspect.signature(getattr(mod, attr)).parameters.values())
+        owner = re.match(r"(\w+)\.__init__\(\)", message)  # e.g. the env's config dataclass took the **kwargs
+        if any(p.kind is p.VAR_KEYWORD for p in params) and owner and hasattr(mod, owner.group(1)):
+            params = list(inspect.signature(getattr(mod, owner.group(1))).parameters.values())
+        valid = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "render_mode")]
+        hint = f"; valid options: {', '.join(valid)}" if valid and not any(p.kind is p.VAR_KEYWORD for p in params) \
+            else ""
+        raise ConfigError(f"{what}: {env_id} has no option {unknown.group(1)!r}{hint}") from None
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
