@@ -55,7 +55,7 @@ DEFAULT_LR = {"vpg": 0.1, "vpg_swr": 0.1, "capg": 0.01, "top1": 0.01, "capg_swr"
 # ---------------------------------------------------------------------------------------------- estimator terms
 def capg_log_inclusion(scores: torch.Tensor, y: torch.Tensor, owners: np.ndarray, numerics: str = "released"
                        ) -> torch.Tensor:
-    """log P̂(y_ℓ ∈ S | x), (B, L), the released CA-PG inclusion probability (card §16).
+    """log P̂(y_ℓ ∈ S | x), (B, L), the released CA-PG inclusion probability (docs/algorithms/capg.md).
 
     p_k(a) = exp s_{o(k)}(a) / (Σ_all exp s_{o(k)} − Σ_{b ∈ B_{k−1}(a)} exp s_{o(k)}(b)), where B_{k−1}(a) is the
     first k−1 deterministic picks with a excluded (top-(k−1) by score for M = 1), a stand-in for the random earlier
@@ -134,18 +134,18 @@ def estimator_term(estimator: str, scores: torch.Tensor, cand: torch.Tensor, sho
 # ---------------------------------------------------------------------------------------------- trainer
 @dataclass
 class CAPGConfig:
-    """Options of the CA-PG family; the defaults are the released code's as the card records them."""
+    """Options of the CA-PG family; the defaults are the released code's."""
 
     lr: float | None = bounded(None, gt=0)
-    """Adagrad learning rate; None = the card's default for the estimator (vpg/vpg_swr 0.1, others 0.01)."""
+    """Adagrad learning rate; None = the released default for the estimator (vpg/vpg_swr 0.1, others 0.01)."""
     optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
-    """adagrad (card) | adam | sgd."""
+    """adagrad (the released code) | adam | sgd."""
     batch_size: int = bounded(128, min=1)
     """Contexts per gradient step."""
     steps_per_iteration: int = bounded(10, min=1)
     """Gradient steps per iteration (the released code's 'epoch')."""
     eval_every: int = bounded(100, min=1)
-    """Evaluate every this many iterations (card: every 1,000 steps); the last iteration is always evaluated."""
+    """Evaluate every this many iterations (the paper: every 1,000 steps); the last iteration is always evaluated."""
     eval_contexts: int = bounded(10_000, min=1)
     """Contexts of `eval_split` used for evaluation (deterministic top-K ESR and deterministic LSR)."""
     eval_split: Literal["dev", "test", "train"] = "dev"
@@ -158,13 +158,13 @@ class CAPGConfig:
     """linear (u = W x: generalises to held-out users, evaluated on `eval_split`) | id (one embedding per user of a
     fixed pool of `n_users` task ids 0..n_users−1, the released code's model; trained and evaluated on that pool)."""
     n_users: int = bounded(1000, min=1)
-    """Size of the user pool of the id tower (the card's n_user)."""
+    """Size of the user pool of the id tower (the released code's n_user)."""
     numerics: Literal["released", "stable"] = "released"
     """released (the released code's float32 normaliser) | stable (float64 + exact fallback); vpg and capg."""
     swr_inclusion: Literal["released", "literal"] = "released"
     """capg_swr term: released (logsumexp_m K_m log p_m) | literal (1 − Π_m (1 − p_m)^{K_m})."""
     stop_on_overflow: bool = True
-    """Stop at the first NaN/Inf gradient and log 'gradient overflow' (card)."""
+    """Stop at the first NaN/Inf gradient and log 'gradient overflow' (as the released code does)."""
     env_kwargs: dict = field(default_factory=dict)
     """TwoStageRetrievalConfig fields (k, l, lsr, n_items, ...)."""
 
@@ -186,7 +186,7 @@ def evaluate_policy(agent: PLRetriever, sim: TwoStageRetrievalSim, task_ids: np.
 
 
 class CAPGTrainer(LoopAlgorithm):
-    """Shared trainer of the CA-PG family; subclasses fix `estimator` (card §16)."""
+    """Shared trainer of the CA-PG family; subclasses fix `estimator` (docs/algorithms/capg.md)."""
 
     name: ClassVar[str] = "capg_family"
     families: ClassVar[tuple[str, ...]] = ("retrieval",)
@@ -245,7 +245,7 @@ class CAPGTrainer(LoopAlgorithm):
         self.opt = opt_cls(self.params, lr=self.lr)
         self.rng = np.random.default_rng(run.seed)
         self.splits = load_splits()
-        if c.user_tower == "id":  # the card's protocol: fresh draws of the same pool's users
+        if c.user_tower == "id":  # the paper's protocol: fresh draws of the same pool's users
             self.eval_ids = np.random.default_rng(run.seed + 1).integers(0, c.n_users, c.eval_contexts)
         elif c.eval_split == "train":
             self.eval_ids = split_ids("train", c.eval_contexts, np.random.default_rng(run.seed + 1), self.splits)
@@ -303,7 +303,7 @@ class CAPGTrainer(LoopAlgorithm):
         self.overflow, self.last_score_max = bool(state["overflow"]), float(state["last_score_max"])
 
     def save_checkpoint(self, directory: Path) -> Path:
-        """The deterministic top-K retriever the card evaluates (`greedy=True` only in the saved agent)."""
+        """The deterministic top-K retriever the paper evaluates (`greedy=True` only in the saved agent)."""
         training_greedy, self.agent.greedy = self.agent.greedy, True
         try:
             return self.agent.save(directory, algorithm=self.estimator, seed=self.run.seed, steps=self.step,
@@ -312,7 +312,7 @@ class CAPGTrainer(LoopAlgorithm):
             self.agent.greedy = training_greedy
 
     def result_agent(self) -> PLRetriever:
-        self.agent.greedy = True  # the card evaluates the deterministic top-K retriever
+        self.agent.greedy = True  # the paper evaluates the deterministic top-K retriever
         return self.agent
 
 
@@ -336,35 +336,35 @@ def gradient_variance(trainer: CAPGTrainer, agent: PLRetriever, sim: TwoStageRet
 
 
 class VPG(CAPGTrainer):
-    """v-pg: REINFORCE with the exact PL log-likelihood of the candidate set (card §16)."""
+    """v-pg: REINFORCE with the exact PL log-likelihood of the candidate set (docs/algorithms/capg.md)."""
 
     name = "vpg"
     estimator = "vpg"
 
 
 class VPGSwR(CAPGTrainer):
-    """v-pg-swr: each pick scored as a with-replacement softmax draw (card §16)."""
+    """v-pg-swr: each pick scored as a with-replacement softmax draw (docs/algorithms/capg.md)."""
 
     name = "vpg_swr"
     estimator = "vpg_swr"
 
 
 class CAPG(CAPGTrainer):
-    """ca-pg: credit assigned to each shown item via its approximate inclusion probability (card §16)."""
+    """ca-pg: credit assigned to each shown item via its approximate inclusion probability (docs/algorithms/capg.md)."""
 
     name = "capg"
     estimator = "capg"
 
 
 class CAPGSwR(CAPGTrainer):
-    """ca-pg-swr: the released MoE term logsumexp_m K_m log p_m(y) (card §16)."""
+    """ca-pg-swr: the released MoE term logsumexp_m K_m log p_m(y) (docs/algorithms/capg.md)."""
 
     name = "capg_swr"
     estimator = "capg_swr"
 
 
 class Top1(CAPGTrainer):
-    """top1-pg: log softmax of the shown item (card §16)."""
+    """top1-pg: log softmax of the shown item (docs/algorithms/capg.md)."""
 
     name = "top1"
     estimator = "top1"

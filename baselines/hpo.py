@@ -35,7 +35,7 @@ from shopsim.configs import bounded
 
 @dataclass
 class HPOConfig(HybridPPOConfig):
-    """HPO's options; the defaults are the card's paper-matching config (arXiv 2605.14297)."""
+    """HPO's options; the defaults are the paper's config (arXiv 2605.14297)."""
 
     lr: float = 0.003
     weight_decay: float = bounded(0.0, min=0)

@@ -43,7 +43,7 @@ __all__ = ["MPO", "MPOConfig", "mpo_advantages", "turn_ratio", "between_turn_var
 
 @dataclass
 class MPOConfig(LMConfig):
-    """MPO's options; the defaults are the card's (algorithms.md §7), the open choices of its §7 are options."""
+    """MPO's options; the defaults are docs/algorithms/mpo.md's; the choices the paper summary leaves open are options."""
 
     lam_turn: float = bounded(0.8, min=0, max=1)
     """λ of the turn-level GAE."""
@@ -64,10 +64,10 @@ class MPOConfig(LMConfig):
     critic_lr: float = 1e-5
     group_size: int = 1
     value_pretrain_steps: int = bounded(0, min=0)
-    """VAPO-style value pre-training steps before RL (0 = off, the card's default)."""
+    """VAPO-style value pre-training steps before RL (0 = off, the default)."""
     value_pretrain_batches: int = bounded(2, min=1)
     """Rollout batches collected once for value pre-training (each `tasks_per_iter` × `group_size` episodes)."""
-    # open choices (card §7 "Open choices")
+    # choices the paper summary leaves open
     projection: Literal["additive", "multiplicative"] = "additive"
     """1. 'additive' (default) or 'multiplicative' (a·A^turn/ā; undefined when ā ≈ 0)."""
     beta_role: Literal["correction", "mix"] = "correction"

@@ -59,7 +59,7 @@ COMPONENTS = ("IoI", "IoR", "CTR")
 
 @dataclass
 class RecPGConfig:
-    """Options shared by the three ProactiveRec algorithms; the defaults are ProRL's (ML-1M, card §15)."""
+    """Options shared by the three ProactiveRec algorithms; the defaults are ProRL's (ML-1M, docs/algorithms/prorl.md)."""
 
     catalog_size: int = bounded(5000, min=1)
     """Catalog size of the env world (the policy and simulator are built for it)."""
@@ -146,7 +146,7 @@ class RunningStats:
 
 
 def position_advantages(step_r: np.ndarray, lengths: np.ndarray, group_ids: np.ndarray, gamma: float = 1.0):
-    """ProRL's position-specific advantages (card §15).
+    """ProRL's position-specific advantages (docs/algorithms/prorl.md).
 
     step_r [B, L] (zero past the path), lengths [B] -> (A [B, L+1], active [B, L+1]): G_{i,k} = Σ_{j≥k} γ^{j−k} r_{i,j}
     (G = 0 at the EOS position k = n_i), active(i,k) = k ≤ n_i, b_k = mean of G over the group's active rollouts,
@@ -331,7 +331,7 @@ def evaluate(agent: RecPolicyAgent, scorer: PathScorer, task_ids, greedy: bool =
 
 def evaluate_beam(agent: RecPolicyAgent, scorer: PathScorer, task_ids, *, beams: int = 10,
                   ks=(1, 5, 10)) -> dict[str, float]:
-    """ProRL's evaluation (card §15): beam search with `beams` beams; Metric@K = per user the max of the metric
+    """ProRL's evaluation (docs/algorithms/prorl.md): beam search with `beams` beams; Metric@K = per user the max of the metric
     over the top-K beams, averaged over users, for IoI and IoR (path sums), CTR (mean per item, invalid = 0) and
     length (of the beam with the best IoI among the top K)."""
     world = agent.world
@@ -358,16 +358,16 @@ def evaluate_beam(agent: RecPolicyAgent, scorer: PathScorer, task_ids, *, beams:
 # ====================================================================== the three algorithms
 @dataclass
 class RecReinforceConfig(RecPGConfig):
-    """REINFORCE's options on ProactiveRec (card §1): no KL, the raw path return."""
+    """REINFORCE's options on ProactiveRec (docs/algorithms/reinforce.md): no KL, the raw path return."""
 
     beta: float = 0.0
     lr: float = 1e-4
     baseline: Literal["none", "batch_mean"] = "batch_mean"
-    """'none' or 'batch_mean' (card §1 default)."""
+    """'none' or 'batch_mean' (REINFORCE's default, docs/algorithms/reinforce.md)."""
 
 
 class RecReinforce(_RecPG):
-    """REINFORCE on the raw fused reward summed over the path (ProRL's vanilla arm; card §1)."""
+    """REINFORCE on the raw fused reward summed over the path (ProRL's vanilla arm; docs/algorithms/reinforce.md)."""
 
     name = "reinforce"
     Config = RecReinforceConfig
@@ -382,7 +382,7 @@ class RecReinforce(_RecPG):
 
 @dataclass
 class RecGRPOConfig(RecPGConfig):
-    """GRPO's options on ProactiveRec (card §3): group-normalised path returns, no KL by default."""
+    """GRPO's options on ProactiveRec (docs/algorithms/grpo.md): group-normalised path returns, no KL by default."""
 
     beta: float = 0.0
     eps_clip: float = bounded(0.2, gt=0, lt=1)
@@ -392,7 +392,7 @@ class RecGRPOConfig(RecPGConfig):
 
 
 class RecGRPO(_RecPG):
-    """GRPO on the raw path return (card §3): group-normalised A_i on every generated token, seq-mean-token-mean."""
+    """GRPO on the raw path return (docs/algorithms/grpo.md): group-normalised A_i on every generated token, seq-mean-token-mean."""
 
     name = "grpo"
     Config = RecGRPOConfig
@@ -416,7 +416,7 @@ class RecGRPO(_RecPG):
 
 @dataclass
 class ProRLConfig(RecPGConfig):
-    """ProRL's options (card §15): rectified, position-specific credit with per-component reward centring."""
+    """ProRL's options (docs/algorithms/prorl.md): rectified, position-specific credit with per-component reward centring."""
 
     gamma: float = bounded(1.0, min=0, max=1)
     """Discount of the position-wise returns G_{i,k}."""
@@ -430,12 +430,12 @@ class ProRLConfig(RecPGConfig):
     reward": the env's raw fused step reward w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items is centred and scaled
     by one running mean/std, same Welford/freeze/min_std rules)."""
     item_logprob: Literal["mean", "sum"] = "mean"
-    """'mean' (card §15: ℓ_k = mean of the item's 4 token log-probs) or 'sum' (ablation: the item's full log-prob,
+    """'mean' (docs/algorithms/prorl.md: ℓ_k = mean of the item's 4 token log-probs) or 'sum' (ablation: the item's full log-prob,
     so item tokens get 4x the gradient relative to the EOS token)."""
 
 
 class ProRL(_RecPG):
-    """ProRL: per-component step-reward centring (frozen after epoch 1) + position-specific advantages (card §15)."""
+    """ProRL: per-component step-reward centring (frozen after epoch 1) + position-specific advantages (docs/algorithms/prorl.md)."""
 
     name = "prorl"
     Config = ProRLConfig
@@ -449,7 +449,7 @@ class ProRL(_RecPG):
         """r_k = w_ctr·r̃_CTR/L_max + w_ioi·r̃_IoI + w_ior·r̃_IoR with r̃ = (r − μ)/max(σ, min_std)."""
         c = self.config
         real = scores.valid & ~scores.duplicate
-        if c.centering == "fused":  # one statistic of the env's raw fused step reward (card §15 [derived])
+        if c.centering == "fused":  # one statistic of the env's raw fused step reward (a derived reading)
             f = self.raw_fused(scores)[..., None]  # [B, L, 1]
             if update:
                 self.stats.update(f[real])

@@ -42,7 +42,7 @@ class ReinforceConfig(LMConfig):
     gamma: float = bounded(1.0, min=0, max=1)
     """Discount of the returns-to-go G."""
     group_size: int = bounded(0, min=0)
-    """Rollouts per task; 0 picks the card's default (1, or 4 with baseline='rloo')."""
+    """Rollouts per task; 0 picks the default (1, or 4 with baseline='rloo')."""
     loss_agg: AggMode = "seq-mean-token-sum"
     lr: float = 1e-6
 

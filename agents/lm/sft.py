@@ -77,7 +77,7 @@ class SFTConfig:
     # what the agent sees
     context_mode: Literal["window", "concat"] = "concat"
     """concat: the whole episode in one growing context, each token encoded once with the KV cache; window: a
-    fresh prompt per turn with the last `history` turns (design §4). The trained agent acts in this mode."""
+    fresh prompt per turn with the last `history` turns (docs/design.md). The trained agent acts in this mode."""
     history: int = bounded(1, min=0)
     """Window mode: past turns in the prompt."""
     history_obs_chars: int | None = bounded(100, min=0)
