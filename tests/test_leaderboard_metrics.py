@@ -89,6 +89,22 @@ def test_episode_record_and_seed_summary():
     assert s["pass^4"] == 0.0 and s["episodes"] == 8.0
 
 
+def test_seed_summary_splits_success_by_family():
+    fams = ["find_and_buy", "bundle", "find_and_buy", "bundle", "find_and_buy"]
+    oks = [True, False, True, True, False]
+    recs = []
+    for t, (fam, ok) in enumerate(zip(fams, oks, strict=True)):
+        tr = _traj(t, ok, [1.0 * ok])
+        tr.meta = {"family": fam}
+        recs.append(episode_record(tr))
+    assert recs[1]["family"] == "bundle"
+    s = seed_summary(recs, tries=1)
+    assert s["success/find_and_buy"] == pytest.approx(2 / 3) and s["success/bundle"] == pytest.approx(1 / 2)
+    assert s["success_rate"] == pytest.approx(3 / 5) and "family" not in s
+    plain = seed_summary([episode_record(_traj(0, True, [1.0]))], tries=1)  # no family recorded: no split
+    assert not any(k.startswith("success/") for k in plain)
+
+
 def test_gap_and_aggregate():
     entry = [{"cost": 110.0}, {"cost": 90.0}]
     ref = [{"cost": 100.0}, {"cost": 100.0}]

@@ -27,7 +27,8 @@ def sample_results(tmp_path):
         make_results(protocol=shop, entry="expert", kind="reference", metrics={
             "success_rate": _m(0.95, 0.01), "score": _m(0.97), "pass^1": _m(0.95), "pass^4": _m(0.81)}),
         make_results(protocol=shop, entry="grpo", kind="trained", budget={"mode": "quick", "iterations": 3},
-                     metrics={"success_rate": _m(0.4, 0.1), "score": _m(0.6)}, curve="../../runs/metrics.csv"),
+                     metrics={"success_rate": _m(0.4, 0.1), "score": _m(0.6), "success/bundle": _m(0.25)},
+                     curve="../../runs/metrics.csv"),
         make_results(protocol=shop, entry="mpo", kind="trained", metrics={}, status="error",
                      error="RuntimeError: boom | pipe"),
         make_results(protocol=inv, entry="s_S", kind="reference", metrics={"cost": _m(100.0, 5.0),
@@ -47,7 +48,8 @@ def test_tables_sorted_best_first_with_intervals(tmp_path):
     assert [r["entry"] for r in groups["shopsim/Replenishment-v0"]] == ["hpo", "s_S"]  # lower cost first
     md = to_markdown(results)
     assert "## shopsim/Shopping-v0" in md and "## shopsim/Replenishment-v0" in md
-    assert "| expert | reference | 0.950 ± 0.010 | 0.970 |" in md
+    assert "| expert | reference | 0.950 ± 0.010 | — | 0.970 |" in md
+    assert "success/bundle" in md and "| grpo | trained | 0.400 ± 0.100 | 0.250 | 0.600 |" in md
     assert "error: RuntimeError: boom \\| pipe" in md  # pipes escaped inside a cell
     rows = list(csv.DictReader(io.StringIO(to_csv(results))))
     hpo = next(r for r in rows if r["entry"] == "hpo")

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}: {name} on {args.env} ({args.split}, {len(protocol.task_ids)} tasks x {protocol.tries} "
           f"tries x {len(protocol.seeds)} seeds, {ev.wall_s:.1f}s)")
     for m in shown:
-        print(f"  {m:>16}: {fmt_metric(ev.metrics[m])}")
+        print(f"  {m:>24}: {fmt_metric(ev.metrics[m])}")
     return 0
 
 

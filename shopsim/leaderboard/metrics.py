@@ -8,7 +8,8 @@ The pipeline is episodes → one summary per eval seed → mean and interval ove
    ``invalid_rate`` (share of turns whose ``info["invalid_action"]`` is set) and every number the env put in
    ``info["episode_metrics"]`` (design contract: shopping success/score/turns, replenishment cost, rec IoI/IoR/CTR,
    retrieval policy value ...).
-2. `seed_summary(records, tries)` averages the records of one eval seed and adds ``success_rate`` and
+2. `seed_summary(records, tries)` averages the records of one eval seed and adds ``success_rate``,
+   ``success/<family>`` for every task family the episodes record (``traj.meta["family"]``, Shopping) and
    ``pass^k`` for k = 1..min(4, tries).
 3. `aggregate(summaries)` gives, per metric, the mean over seeds with a 95% Student-t interval
    (``mean ± t_{0.975, n-1} · sd / sqrt(n)``; no interval with one seed). The t quantiles are tabulated
@@ -87,6 +88,9 @@ def episode_record(traj) -> dict:
         "tokens": float(traj.num_generated_tokens),
         "invalid_rate": (sum(_is_invalid(t.info) for t in traj.turns) / turns) if turns else 0.0,
     }
+    family = (traj.meta or {}).get("family")
+    if family is not None:
+        rec["family"] = str(family)
     for name, value in (info.get("episode_metrics") or {}).items():
         try:
             rec[name] = float(value)
@@ -99,7 +103,7 @@ def seed_summary(records: Sequence[Mapping], tries: int | None = None, max_k: in
     """Mean of every numeric field over one seed's episodes, plus success_rate and pass^k (k <= tries)."""
     if not records:
         raise ConfigError("no episodes to summarise")
-    keys = sorted({k for r in records for k in r if k != "task_id"})
+    keys = sorted({k for r in records for k in r if k not in ("task_id", "family")})
     out: dict[str, float] = {}
     for key in keys:
         vals = [float(r[key]) for r in records if key in r and r[key] is not None and not math.isnan(float(r[key]))]
@@ -110,6 +114,12 @@ def seed_summary(records: Sequence[Mapping], tries: int | None = None, max_k: in
         return out  # an env without success (cost envs): success_rate and pass^k are not applicable
     success = [float(r.get("success") or 0.0) for r in records]  # an episode that reports none did not succeed
     out["success"] = out["success_rate"] = float(np.mean(success))
+    by_family: dict = defaultdict(list)
+    for r, ok in zip(records, success, strict=True):
+        if r.get("family") is not None:
+            by_family[r["family"]].append(ok)
+    for fam, oks in sorted(by_family.items()):
+        out[f"success/{fam}"] = float(np.mean(oks))
     by_task: dict = defaultdict(list)
     for r, ok in zip(records, success, strict=True):
         by_task[r["task_id"]].append(ok)
