@@ -17,7 +17,9 @@ product's title (a privileged fallback: about 3% of find_and_buy, 1% of clarify_
 episodes on the 10k catalog). Options for SFT data that a small LM copies more easily: ``click_by="index"`` opens
 a result by its position (``click[#3]``, see the env's ``numbered_results``) instead of its SKU; ``query="span"``
 searches ``<attributes> <type>`` only (a contiguous phrase of the instruction) instead of also the option values;
-``query="instruction"`` searches the task line itself up to its price clause or clarify hint (a prefix copy); ``arg_space=True``
+``query="instruction"`` searches the task line itself up to its price clause or clarify hint (a prefix copy; in a
+bundle, the current item's ``(k) <request>`` clause; plus a must-have feature the customer named when asked);
+``arg_space=True``
 writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env strips argument
 blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word the same
 token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``, ``edium``).
@@ -34,6 +36,13 @@ from shopsim.envs.shopping.grading import Goal, best_options, satisfies, score_p
 
 MAX_PAGES = 2
 MAX_VIEWS = 6  # product pages that turned out wrong before the expert falls back to the target's title
+
+
+def _bundle_items(instruction: str) -> list[str]:
+    """The item requests of a bundle task line, "... dollars: (1) a x, with size s; (2) a y. Put them ..."."""
+    body = instruction.split(". Put them")[0]
+    parts = re.split(r"\(\d+\) ", body)[1:]
+    return [p.strip().rstrip(";").strip() for p in parts]
 
 
 def _goal(d: dict) -> Goal:
@@ -161,7 +170,12 @@ class ShoppingExpert(ScriptedAgent):
         st["phase"] = "searched"
         st["pages"] = 0
         if self.query == "instruction" and st.get("instruction"):
-            return f"search[{st['instruction']}]"
+            items = _bundle_items(st["instruction"]) if bundle else []
+            # a bundle's task line lists its items as "(k) <request>"; search the current item's own request
+            query = items[gi] if gi < len(items) else st["instruction"]
+            # a must-have feature the customer named when asked (clarify_and_buy) goes into the query too
+            told = [a for a in goal.attributes if a not in query]
+            return f"search[{' '.join([query, *told])}]"
         opts = [v for _, v in goal.options] if self.query == "full" else []
         words = [*goal.attributes, *opts, goal.product_type]
         return f"search[{' '.join(words)}]"

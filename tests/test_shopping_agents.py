@@ -139,6 +139,40 @@ def test_expert_sft_options_click_by_index_and_copyable_query(query):
         ShoppingExpert(env_id=ENV_ID, click_by="title")
 
 
+@pytest.mark.parametrize("family", ["bundle", "clarify_and_buy"])
+def test_expert_instruction_queries_are_copies_of_what_the_agent_was_told(family):
+    """query="instruction" in a bundle searches each item's "(k) <request>" clause of the task line in turn; in
+    clarify_and_buy the task line plus the must-have feature the customer named. Only the rare title fallback
+    searches words the agent was never shown."""
+    env = ShoppingEnv(catalog_size=SIZE, numbered_results=True, results_per_page=5, obs_mode="terse")
+    expert = ShoppingExpert(env_id=ENV_ID, click_by="index", query="instruction")
+    expert.reset(1, 0)
+    copied = searches = successes = 0
+    ids = list(split_ids("test"))[:20]
+    for i, tid in enumerate(ids):
+        obs, info = env.reset(seed=i, options={"family": family, "task_id": tid, "split": "test"})
+        seen = obs.lower()
+        expert.begin_episode(0, obs, info)
+        items = [g for g in info["oracle"]["goals"]] if family == "bundle" else []
+        term = trunc = False
+        first_search = None
+        while not (term or trunc):
+            a = expert.act_one(0, obs, info)
+            if a.startswith("search["):
+                q = a[len("search["):-1].lower()
+                searches += 1
+                copied += all(w in seen for w in q.replace(",", " ").split())
+                first_search = first_search or q
+            obs, _, term, trunc, info = env.step(a)
+            seen += "\n" + obs.lower()
+        successes += info["episode_metrics"]["success"]
+        if family == "bundle":
+            assert first_search.split()[0] in ("a", "an") and "(1)" not in first_search and len(items) >= 2
+            assert first_search in seen.split("\n")[0]  # the first item's clause, verbatim
+    assert successes >= 0.9 * len(ids)
+    assert copied >= 0.85 * searches
+
+
 def test_expert_arg_space_writes_the_same_actions_with_a_blank():
     """``arg_space=True`` only inserts a blank after the bracket; the env strips it, so the episodes are the same
     (same pages, same success) and every bracketed argument starts with one blank."""

@@ -505,7 +505,8 @@ def test_terse_rendering_keeps_every_structured_fact(family):
             st = info["structured"]
             for pos, r in enumerate(st["results"], 1):
                 line = next(x for x in obs.splitlines() if x.startswith(f"#{pos} "))
-                assert r["sku"] not in obs
+                # the SKU only where a tool takes it (after-sales exchanges), else the agent clicks by position
+                assert (r["sku"] in line) == (family == "after_sales")
                 assert all(w in line.split() for w in r["title"].split()), (line, r["title"])
                 assert f"${r['price']:.2f}" in line
                 checked_results += 1
@@ -521,6 +522,18 @@ def test_terse_rendering_keeps_every_structured_fact(family):
     if family != "after_sales":
         assert checked_results > 0 and checked_options > 0
     assert lengths["terse"] < 0.8 * lengths["compact"]
+
+
+def test_terse_after_sales_results_keep_the_sku_the_exchange_tool_takes():
+    env = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5)
+    for family, with_sku in (("after_sales", True), ("find_and_buy", False)):
+        env.reset(seed=0, options={"family": family})
+        obs, *_, info = env.step("search[camping tent]")
+        rows = info["structured"]["results"]
+        assert rows
+        for pos, r in enumerate(rows, 1):
+            line = next(x for x in obs.splitlines() if x.startswith(f"#{pos} "))
+            assert (f"[{r['sku']}]" in line) == with_sku
 
 
 def test_terse_is_a_presentation_option():

@@ -17,7 +17,8 @@ and the list of valid actions.
 
 Terse mode (``obs_mode="terse"``, for language agents that keep the whole episode in context) states the task,
 strategy and policy once, in the first observation of the episode, and shortens the page: result lines are
-``#<position> <title> $<price>`` (full title, no SKU: the agent clicks by position), the product page is
+``#<position> <title> $<price>`` (full title, no SKU: the agent clicks by position; after-sales tasks keep the
+``[<sku>]``, since ``exchange_item`` takes it), the product page is
 ``Product: <title>`` / ``$<price>`` / ``Features: ...`` / option lines, and the product page's fixed buttons are
 left out (they never change; ``Buttons:`` appears where the set does: results paging, the cart); the customer's
 replies appear once, in the feedback of the turn that asked. Every position,
@@ -77,7 +78,10 @@ def _terse_page_lines(env) -> list[str] | None:
     if page == "results":
         n_pages = max(1, -(-len(env.hits) // env.results_per_page))
         lines = [f"Results page {env.page_num + 1}/{n_pages} ({len(env.hits)} hits):"]
-        lines += [f"#{pos} {title} ${price:.2f}" for pos, (_, _, title, price) in enumerate(env.page_rows(), 1)]
+        # after-sales tools name the replacement by SKU (exchange_item), so those tasks keep it on result lines
+        skus = env.task is not None and env.task.family == "after_sales"
+        lines += [f"#{pos} " + (f"[{sku}] " if skus else "") + f"{title} ${price:.2f}"
+                  for pos, (_, sku, title, price) in enumerate(env.page_rows(), 1)]
         return lines
     if page == "item":
         p = env.product
