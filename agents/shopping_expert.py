@@ -3,12 +3,18 @@
 Its episodes are the supervised-fine-tuning data of the language agent, so it acts like a good assistant would, in
 the text grammar, and keeps episodes short:
 
-| family | typical actions |
-|---|---|
-| find_and_buy | ``search[<attributes> <option values> <type>]`` -> ``click[<sku>]`` (best-looking result; ``click[< prev]`` and the next one if the product page lacks an option; ``click[next >]`` if none fits) -> ``click[<option value>]`` per option -> ``click[buy now]`` |
-| clarify_and_buy | one ``ask[...]`` per hidden preference (e.g. ``ask[Which color would you like?]``), then as find_and_buy |
-| bundle | per item: ``search`` -> ``click[<sku>]`` -> options -> ``click[add to cart]``; then ``view_cart`` -> ``answer[<summary>]`` -> ``click[checkout]`` |
-| after_sales | ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it -> ``answer[<what was done / why not>]`` -> ``finish`` |
+Typical actions per task family:
+
+* find_and_buy: ``search[<attributes> <option values> <type>]`` -> ``click[<sku>]`` (best-looking result;
+  ``click[< prev]`` and the next one if the product page lacks an option; ``click[next >]`` if none fits) ->
+  ``click[<option value>]`` per option -> ``click[buy now]``
+* clarify_and_buy: one ``ask[...]`` per hidden preference (e.g. ``ask[Which color would you like?]``), then as
+  find_and_buy
+* bundle: per item: ``search`` -> ``click[<sku>]`` -> options -> ``click[add to cart]``; then ``view_cart`` ->
+  ``answer[<summary>]`` -> ``click[checkout]``
+* after_sales: ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write
+  (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it ->
+  ``answer[<what was done / why not>]`` -> ``finish``
 
 It opens results judged from the result line alone (type and goal attributes in the title, price within the
 ceiling), as a language agent must, and goes back (``click[< prev]``) when the product page shows a missing option.
@@ -17,10 +23,11 @@ product's title (a privileged fallback: about 3% of find_and_buy, 1% of clarify_
 episodes on the 10k catalog). Options for SFT data that a small LM copies more easily: ``click_by="index"`` opens
 a result by its position (``click[#3]``, see the env's ``numbered_results``) instead of its SKU; ``query="span"``
 searches ``<attributes> <type>`` only (a contiguous phrase of the instruction) instead of also the option values;
-``query="instruction"`` searches the task line itself up to its price clause or clarify hint (a prefix copy); ``arg_space=True``
-writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env strips argument
-blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word the same
-token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``, ``edium``).
+``query="instruction"`` searches the task line itself up to its price clause or clarify hint (a prefix copy);
+``arg_space=True`` writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env
+strips argument blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word
+the same token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``,
+``edium``).
 Strategy instructions are followed: ``ask_first`` asks before searching,
 ``confirm_before_buying`` sends an ``answer[...]`` naming the product before buying.
 """
