@@ -7,4 +7,7 @@ virtual environment: `agents` is a generic top-level name that other packages us
 from agents.base import Agent, Decision, ScriptedAgent
 from agents.registry import available, load_checkpoint, make, register, resolve, save_manifest
 
-__all__ = ["Agent", "Decision", "ScriptedAgent", "available", "load_checkpoint", "make", "register", "resolve", "save_manifest"]
+__all__ = [
+    "Agent", "Decision", "ScriptedAgent", "available", "load_checkpoint", "make", "register", "resolve",
+    "save_manifest",
+]

@@ -26,7 +26,8 @@ def n_features(lead_time: int, past: int) -> int:
 
 def sku_features(on_hand, pipeline, mean, holding, backlog, fixed, past_demand, period) -> torch.Tensor:
     """Per-SKU feature tensor (..., N, F) from state tensors of shape (..., N) [(..., N, L), (..., N, K)];
-    `period` is a 0-dim tensor or has the batch shape (...). Differentiable in on_hand and pipeline (HPO's pathwise and cross terms)."""
+    `period` is a 0-dim tensor or has the batch shape (...). Differentiable in on_hand and pipeline (HPO's pathwise
+    and cross terms)."""
     scale = mean.clamp_min(1e-3)
     ip = on_hand + pipeline.sum(-1)
     per = period.expand_as(on_hand) if period.dim() == 0 else period.unsqueeze(-1).expand_as(on_hand)

@@ -135,8 +135,8 @@ def perfect_information_cost(scen: Scenario, cfg: ReplenishmentConfig, demand: n
     for t in range(T - 1, -1, -1):
         nxt = np.arange(S)[None, :] - d[t][:, None]  # index of y − d_t for every y on the grid
         ok = nxt >= 0
-        I = grid[None, :] - d[t][:, None]
-        c = (h[:, None] * np.maximum(I, 0) + b[:, None] * np.maximum(-I, 0)) if t >= W else 0.0
+        inv = grid[None, :] - d[t][:, None]
+        c = (h[:, None] * np.maximum(inv, 0) + b[:, None] * np.maximum(-inv, 0)) if t >= W else 0.0
         f = np.where(ok, c + V[rows, np.clip(nxt, 0, S - 1)], np.inf)
         if t < L:  # fixed arrival from the starting pipeline: V_t(x) = f(x + p_t)
             j = np.arange(S)[None, :] + pipe[:, t][:, None]

@@ -4,8 +4,8 @@
   `n_candidates` unseen items (closest to the target, plus closeness to the current user state), scores each one's
   exact step reward under the simulator and recommends the best by
   `IoI + IoR / n + CTR` among the candidates accepted with probability ≥ `min_ctr` (0.2); it stops (EOS) when no
-  acceptable candidate raises log P(target) by more than `stop_ioi` (0). Its paths are the SFT data of the policy (ProRL pre-trains on ground-truth
-  paths; we have none, so greedy simulator paths stand in).
+  acceptable candidate raises log P(target) by more than `stop_ioi` (0). Its paths are the SFT data of the policy
+  (ProRL pre-trains on ground-truth paths; we have none, so greedy simulator paths stand in).
 * `RandomRecAgent` ("random"): uniform over existing items, EOS with probability 1/(L_max + 1) per step
   (`valid_only=False`: uniform over all semantic-ID tuples, mostly hallucinations).
 * `RecPolicyAgent`: the transformer policy of `agents.rec_model` (greedy by default), `from_checkpoint(dir)`.

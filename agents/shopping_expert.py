@@ -3,12 +3,18 @@
 Its episodes are the supervised-fine-tuning data of the language agent, so it acts like a good assistant would, in
 the text grammar, and keeps episodes short:
 
-| family | typical actions |
-|---|---|
-| find_and_buy | ``search[<attributes> <option values> <type>]`` -> ``click[<sku>]`` (best-looking result; ``click[< prev]`` and the next one if the product page lacks an option; ``click[next >]`` if none fits) -> ``click[<option value>]`` per option -> ``click[buy now]`` |
-| clarify_and_buy | one ``ask[...]`` per hidden preference (e.g. ``ask[Which color would you like?]``), then as find_and_buy |
-| bundle | per item: ``search`` -> ``click[<sku>]`` -> options -> ``click[add to cart]``; then ``view_cart`` -> ``answer[<summary>]`` -> ``click[checkout]`` |
-| after_sales | ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it -> ``answer[<what was done / why not>]`` -> ``finish`` |
+Typical actions per task family:
+
+* find_and_buy: ``search[<attributes> <option values> <type>]`` -> ``click[<sku>]`` (best-looking result;
+  ``click[< prev]`` and the next one if the product page lacks an option; ``click[next >]`` if none fits) ->
+  ``click[<option value>]`` per option -> ``click[buy now]``
+* clarify_and_buy: one ``ask[...]`` per hidden preference (e.g. ``ask[Which color would you like?]``), then as
+  find_and_buy
+* bundle: per item: ``search`` -> ``click[<sku>]`` -> options -> ``click[add to cart]``; then ``view_cart`` ->
+  ``answer[<summary>]`` -> ``click[checkout]``
+* after_sales: ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write
+  (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it ->
+  ``answer[<what was done / why not>]`` -> ``finish``
 
 It opens results judged from the result line alone (type and goal attributes in the title, price within the
 ceiling), as a language agent must, and goes back (``click[< prev]``) when the product page shows a missing option.
@@ -19,10 +25,10 @@ a result by its position (``click[#3]``, see the env's ``numbered_results``) ins
 searches ``<attributes> <type>`` only (a contiguous phrase of the instruction) instead of also the option values;
 ``query="instruction"`` searches the task line itself up to its price clause or clarify hint (a prefix copy; in a
 bundle, the current item's ``(k) <request>`` clause; plus a must-have feature the customer named when asked);
-``arg_space=True``
-writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env strips argument
-blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word the same
-token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``, ``edium``).
+``arg_space=True`` writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env
+strips argument blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word
+the same token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``,
+``edium``).
 Strategy instructions are followed: ``ask_first`` asks before searching,
 ``confirm_before_buying`` sends an ``answer[...]`` naming the product before buying.
 """

@@ -89,10 +89,10 @@ def gigpo_advantages(R: torch.Tensor, step_returns: torch.Tensor, turn_mask: tor
     keys = [anchors[i][k] for i, k in idx.tolist()]
     if similarity is not None:
         by_group: dict = {}
-        for n, (gg, key) in enumerate(zip(g, keys, strict=False)):
+        for n, gg in enumerate(g):  # g and keys both have one entry per valid step
             by_group.setdefault(gg, []).append(n)
         clus = [0] * len(keys)
-        for gg, members in by_group.items():
+        for members in by_group.values():
             labels = similarity_clusters([str(keys[n]) for n in members], similarity)
             for n, lab in zip(members, labels, strict=False):
                 clus[n] = lab

@@ -105,4 +105,5 @@ class GRPO(LMAlgorithm):
         R = trajectory_reward(batch, c.reward)
         w = batch.turn_mask.sum(1) if c.stats_over == "rows" else None
         A = grpo_advantages(R, batch.group_ids, scale=c.scale_rewards, eps=c.eps_std, singleton=c.singleton, weights=w)
-        return Advantages(adv=batch.traj_to_tokens(A), metrics={"zero_variance_groups": zero_variance_share(R, batch.group_ids)})
+        return Advantages(adv=batch.traj_to_tokens(A),
+                          metrics={"zero_variance_groups": zero_variance_share(R, batch.group_ids)})

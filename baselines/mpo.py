@@ -8,9 +8,10 @@ options.
 Per trajectory, turns k (one env action each) with generated tokens t = 0..T_k−1, critic value V_{k,t} before
 token y_{k,t}, turn value V_k := V_{k,0} (``turn_value="first"``), V_K = 0 (terminated) or the bootstrap:
 
-1. turn GAE (λ = 0.8, γ = 1):      δ_k = r_k + γ V_{k+1} − V_k,  A^turn_k = Σ_j (γλ)^j δ_{k+j},  R^turn_k = A^turn_k + V_k
+1. turn GAE (λ = 0.8, γ = 1):  δ_k = r_k + γ V_{k+1} − V_k,  A^turn_k = Σ_j (γλ)^j δ_{k+j},  R^turn_k = A^turn_k + V_k
 2. within-turn token GAE (λ_intra = 0.95, no discount inside a turn):
-   δ_{k,t} = V_{k,t+1} − V_{k,t} (t < T_k−1);  δ_{k,T_k−1} = r_k + γ V_{k+1} − V_{k,T_k−1};  a_{k,t} = Σ_u λ_intra^{u−t} δ_{k,u}
+   δ_{k,t} = V_{k,t+1} − V_{k,t} (t < T_k−1);  δ_{k,T_k−1} = r_k + γ V_{k+1} − V_{k,T_k−1};
+   a_{k,t} = Σ_u λ_intra^{u−t} δ_{k,u}
 3. mean-preserving projection (β = 1):  A_{k,t} = A^turn_k + β (a_{k,t} − ā_k)   ⇒ mean_t A_{k,t} = A^turn_k exactly
 4. complete-turn ratio with per-token gradient routing:
    ℓ_{k,t} = log π_θ − log π_old,  L_k = Σ_t ℓ_{k,t} (clamped ±20),  ρ̂_{k,t} = exp(sg(L_k − ℓ_{k,t}) + ℓ_{k,t})
@@ -43,7 +44,8 @@ __all__ = ["MPO", "MPOConfig", "mpo_advantages", "turn_ratio", "between_turn_var
 
 @dataclass
 class MPOConfig(LMConfig):
-    """MPO's options; the defaults are docs/algorithms/mpo.md's; the choices the paper summary leaves open are options."""
+    """MPO's options; the defaults are docs/algorithms/mpo.md's; the choices the paper summary leaves open are
+    options."""
 
     lam_turn: float = bounded(0.8, min=0, max=1)
     """λ of the turn-level GAE."""
@@ -233,7 +235,8 @@ class MPO(LMAlgorithm):
                           value_groups=critic_groups(batch),
                           metrics={"between_turn_value_var_share": share,
                                    "turn_adv_abs": float((out["turn_adv"].abs() * tv).sum() / tv.sum().clamp_min(1)),
-                                   "intra_adv_abs": float(out["intra"].abs().sum() / batch.traj_tok_mask.sum().clamp_min(1))})
+                                   "intra_adv_abs": float(out["intra"].abs().sum()
+                                                          / batch.traj_tok_mask.sum().clamp_min(1))})
 
     def policy_loss_tok(self, mb, logp, adv, mask):
         c = self.config

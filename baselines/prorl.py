@@ -59,7 +59,8 @@ COMPONENTS = ("IoI", "IoR", "CTR")
 
 @dataclass
 class RecPGConfig:
-    """Options shared by the three ProactiveRec algorithms; the defaults are ProRL's (ML-1M, docs/algorithms/prorl.md)."""
+    """Options shared by the three ProactiveRec algorithms; the defaults are ProRL's (ML-1M,
+    docs/algorithms/prorl.md)."""
 
     catalog_size: int = bounded(5000, min=1)
     """Catalog size of the env world (the policy and simulator are built for it)."""
@@ -331,9 +332,9 @@ def evaluate(agent: RecPolicyAgent, scorer: PathScorer, task_ids, greedy: bool =
 
 def evaluate_beam(agent: RecPolicyAgent, scorer: PathScorer, task_ids, *, beams: int = 10,
                   ks=(1, 5, 10)) -> dict[str, float]:
-    """ProRL's evaluation (docs/algorithms/prorl.md): beam search with `beams` beams; Metric@K = per user the max of the metric
-    over the top-K beams, averaged over users, for IoI and IoR (path sums), CTR (mean per item, invalid = 0) and
-    length (of the beam with the best IoI among the top K)."""
+    """ProRL's evaluation (docs/algorithms/prorl.md): beam search with `beams` beams; Metric@K = per user the max of
+    the metric over the top-K beams, averaged over users, for IoI and IoR (path sums), CTR (mean per item, invalid =
+    0) and length (of the beam with the best IoI among the top K)."""
     world = agent.world
     hist, tgt = world.tasks(task_ids)
     prompts = agent.vocab.prompts(world.sids.codes[tgt], world.sids.codes[hist])
@@ -392,7 +393,8 @@ class RecGRPOConfig(RecPGConfig):
 
 
 class RecGRPO(_RecPG):
-    """GRPO on the raw path return (docs/algorithms/grpo.md): group-normalised A_i on every generated token, seq-mean-token-mean."""
+    """GRPO on the raw path return (docs/algorithms/grpo.md): group-normalised A_i on every generated token,
+    seq-mean-token-mean."""
 
     name = "grpo"
     Config = RecGRPOConfig
@@ -416,7 +418,8 @@ class RecGRPO(_RecPG):
 
 @dataclass
 class ProRLConfig(RecPGConfig):
-    """ProRL's options (docs/algorithms/prorl.md): rectified, position-specific credit with per-component reward centring."""
+    """ProRL's options (docs/algorithms/prorl.md): rectified, position-specific credit with per-component reward
+    centring."""
 
     gamma: float = bounded(1.0, min=0, max=1)
     """Discount of the position-wise returns G_{i,k}."""
@@ -430,12 +433,13 @@ class ProRLConfig(RecPGConfig):
     reward": the env's raw fused step reward w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items is centred and scaled
     by one running mean/std, same Welford/freeze/min_std rules)."""
     item_logprob: Literal["mean", "sum"] = "mean"
-    """'mean' (docs/algorithms/prorl.md: ℓ_k = mean of the item's 4 token log-probs) or 'sum' (ablation: the item's full log-prob,
-    so item tokens get 4x the gradient relative to the EOS token)."""
+    """'mean' (docs/algorithms/prorl.md: ℓ_k = mean of the item's 4 token log-probs) or 'sum' (ablation: the item's
+    full log-prob, so item tokens get 4x the gradient relative to the EOS token)."""
 
 
 class ProRL(_RecPG):
-    """ProRL: per-component step-reward centring (frozen after epoch 1) + position-specific advantages (docs/algorithms/prorl.md)."""
+    """ProRL: per-component step-reward centring (frozen after epoch 1) + position-specific advantages
+    (docs/algorithms/prorl.md)."""
 
     name = "prorl"
     Config = ProRLConfig

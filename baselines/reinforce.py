@@ -100,7 +100,8 @@ class Reinforce(LMAlgorithm):
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
         c = self.config
         A, self._ema = reinforce_advantages(batch, c.baseline, c.gamma, self._ema, c.ema_decay)
-        return Advantages(adv=batch.turn_to_tokens(A), metrics={"turn_adv_abs": float(A.abs().sum() / batch.turn_mask.sum().clamp_min(1))})
+        return Advantages(adv=batch.turn_to_tokens(A),
+                          metrics={"turn_adv_abs": float(A.abs().sum() / batch.turn_mask.sum().clamp_min(1))})
 
     def policy_loss_tok(self, mb, logp, adv, mask):
         # score-function estimator, no importance ratio (strictly on-policy)

@@ -62,7 +62,8 @@ def main(argv=None) -> None:
         t_ours = timed(lambda: write_dataset(tmp / "ours.parquet", trajs, {"bench": True}))
 
         def pandas_ref():
-            rows = [{"traj_id": t.traj_id, "turn": k, **turn.to_dict()} for t in trajs for k, turn in enumerate(t.turns)]
+            rows = [{"traj_id": t.traj_id, "turn": k, **turn.to_dict()}
+                    for t in trajs for k, turn in enumerate(t.turns)]
             for r in rows:
                 r["info"] = json.dumps(r["info"])
                 r["hidden"] = r["extra"] = None
@@ -108,7 +109,8 @@ def main(argv=None) -> None:
     steps_run = sum(t.num_turns for t in trajs)
     print(f"rollout runner on a toy env ({episodes} episodes):")
     print(f"  bare env.step loop    : {steps / t_bare:>10,.0f} steps/s")
-    print(f"  shopsim.rollout       : {steps_run / t_run:>10,.0f} steps/s  (overhead {(t_run / steps_run - t_bare / steps) * 1e6:.1f} us/step)")
+    print(f"  shopsim.rollout       : {steps_run / t_run:>10,.0f} steps/s  "
+          f"(overhead {(t_run / steps_run - t_bare / steps) * 1e6:.1f} us/step)")
 
 
 if __name__ == "__main__":

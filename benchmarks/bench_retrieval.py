@@ -31,7 +31,10 @@ def naive_step(sim, x: np.ndarray, cand: np.ndarray, rng: np.random.Generator) -
     if len(set(cand.tolist())) != c.k or cand.min() < 0 or cand.max() >= c.n_items:
         raise ValueError("bad candidate set")
     e = sim.items[cand]
-    sig = lambda v: 1.0 / (1.0 + np.exp(-v))
+
+    def sig(v):
+        return 1.0 / (1.0 + np.exp(-v))
+
     eta = np.sqrt(sig(x @ sim.w_x + 3.0) * sig(e @ sim.w_a + 3.0))
     q = 10.0 * ((1.0 - eta) * (e @ sim.m0.T @ x) + eta * (e @ sim.mz[0].T @ x))
     std = sig(e @ sim.w_noise.T @ x + 1.0)

@@ -222,7 +222,8 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> None:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-        lines = ["| algo | seeds | test start | test final (mean ± std) | per seed | dev start | dev final | rollouts |",
+        lines = [("| algo | seeds | test start | test final (mean ± std) | per seed | "
+                  "dev start | dev final | rollouts |"),
                  "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['algo']} | {r['seeds']} | {r['start_test']:.2f} | {r['final_test_mean']:.2f} ± "

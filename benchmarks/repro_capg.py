@@ -32,26 +32,26 @@ ENV = "shopsim/TwoStageRetrieval-v0"
 ESTIMATORS = ("vpg", "vpg_swr", "capg", "top1", "capg_swr")
 
 
-def reference_values(k: int, l: int, n_eval: int) -> dict:
+def reference_values(k: int, n_shown: int, n_eval: int) -> dict:
     from agents.retrieval_policies import RandomRetriever
     from shopsim.envs.two_stage_retrieval import TwoStageRetrievalSim, load_splits
 
-    sim = TwoStageRetrievalSim(k=k, l=l)
+    sim = TwoStageRetrievalSim(k=k, l=n_shown)
     ids = np.asarray(load_splits()["dev"][:n_eval])
     x, rng = sim.contexts(ids), np.random.default_rng(0)
-    rand = RandomRetriever(env_kwargs={"k": k, "l": l}, seed=0).sample(len(x))
+    rand = RandomRetriever(env_kwargs={"k": k, "l": n_shown}, seed=0).sample(len(x))
     return {"random": float(sim.evaluate_batch(x, rand, rng, deterministic=True).value.mean()),
             "oracle": float(sim.evaluate_batch(x, sim.oracle_candidates(x), rng, deterministic=True).value.mean())}
 
 
-def run_one(name: str, k: int, l: int, steps: int, seed: int, eval_steps: int, n_eval: int, out: Path,
+def run_one(name: str, k: int, n_shown: int, steps: int, seed: int, eval_steps: int, n_eval: int, out: Path,
             user_tower: str = "linear") -> dict:
     import baselines
 
-    algo = baselines.make(name, env_id=ENV, env_kwargs={"k": k, "l": l}, eval_every=max(1, eval_steps // 10),
+    algo = baselines.make(name, env_id=ENV, env_kwargs={"k": k, "l": n_shown}, eval_every=max(1, eval_steps // 10),
                           eval_contexts=n_eval, user_tower=user_tower)
-    res = algo.train(ENV, iterations=max(1, steps // 10), seed=seed, out_dir=out / f"K{k}_L{l}" / f"{name}_s{seed}",
-                     progress=False)
+    res = algo.train(ENV, iterations=max(1, steps // 10), seed=seed,
+                     out_dir=out / f"K{k}_L{n_shown}" / f"{name}_s{seed}", progress=False)
     h = res.history
     curve = [(r["step"], r["value"]) for r in h if "value" in r]
     overflow = h[-1]["overflow"] == 1
@@ -159,7 +159,8 @@ def print_tables(results: dict, names) -> None:
             halfs = [s for s in r["steps_to_half_gap"] if s is not None]
             cells.append(f"{r['final_value']:6.3f} ovf@{_fmt(min(ovf) if ovf else None):>5} "
                          f"half@{_fmt(min(halfs) if halfs else None):>5}")
-        print(f"{k:>3} {per['ref']['random']:7.3f} {per['ref']['oracle']:7.3f} | " + " | ".join(f"{c:>26}" for c in cells))
+        print(f"{k:>3} {per['ref']['random']:7.3f} {per['ref']['oracle']:7.3f} | "
+              + " | ".join(f"{c:>26}" for c in cells))
     print("\nSeconds per 1K steps (L = 1 runs above, and (K, L) = (20, 5)):")
     print(f"{'setting':>10} | " + " | ".join(f"{n:>9}" for n in names))
     for k, per in results["per_k"].items():

@@ -107,8 +107,9 @@ def main(argv=None) -> int:
     if args.resume and (out / "results.csv").is_file():
         with open(out / "results.csv") as f:
             for r in csv.DictReader(f):
-                rows.append({k: (v if k == "algo" else (int(v) if k in ("n_skus", "seed", "iteration", "simulated_periods")
-                                                        else float(v))) for k, v in r.items()})
+                rows.append({k: (v if k == "algo"
+                                 else (int(v) if k in ("n_skus", "seed", "iteration", "simulated_periods")
+                                       else float(v))) for k, v in r.items()})
     done = {(r["n_skus"], r["algo"], r["seed"]) for r in rows if r["iteration"] == iterations}
     for n in args.skus:
         refs[n] = reference_costs(n, tasks)
@@ -123,7 +124,8 @@ def main(argv=None) -> int:
                     rows.append({"n_skus": n, "algo": name, "seed": seed, **r,
                                  "gap_to_sS": r["test_cost"] / refs[n]["s_S"] - 1})
                 last = rows[-1]
-                print(f"  {name} seed {seed}: test cost {last['test_cost']:.0f} (gap to (s,S) {last['gap_to_sS']:+.1%}) "
+                print(f"  {name} seed {seed}: test cost {last['test_cost']:.0f} "
+                      f"(gap to (s,S) {last['gap_to_sS']:+.1%}) "
                       f"after {last['simulated_periods']} periods, {last['seconds']:.0f}s", flush=True)
                 _write(out, rows, refs, seeds, iterations, batch, n_test)
     _write(out, rows, refs, seeds, iterations, batch, n_test)
@@ -138,9 +140,11 @@ def _write(out: Path, rows: list[dict], refs: dict, seeds, iterations, batch, n_
         w.writerows(rows)
     (out / "references.json").write_text(json.dumps({str(k): v for k, v in refs.items()}, indent=2))
     final_it = max(r["iteration"] for r in rows)
-    lines = [f"Replenishment-v0 test cost (reported periods, mean of {n_test} test scenarios), after {iterations} updates "
-             f"x {batch} scenarios x 100 periods; seeds {list(seeds)}; mean ± std over seeds", "",
-             "| SKUs | perfect-info bound | (s,S) | constant | HPO | PPO | HPO gap to (s,S) | PPO gap to (s,S) | PPO/HPO |",
+    lines = [f"Replenishment-v0 test cost (reported periods, mean of {n_test} test scenarios), "
+             f"after {iterations} updates x {batch} scenarios x 100 periods; seeds {list(seeds)}; "
+             f"mean ± std over seeds", "",
+             ("| SKUs | perfect-info bound | (s,S) | constant | HPO | PPO | "
+              "HPO gap to (s,S) | PPO gap to (s,S) | PPO/HPO |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for n, ref in refs.items():
         fin = {a: [r["test_cost"] for r in rows if r["n_skus"] == n and r["algo"] == a and r["iteration"] == final_it]
@@ -148,8 +152,9 @@ def _write(out: Path, rows: list[dict], refs: dict, seeds, iterations, batch, n_
         if not fin["hpo"] or not fin["ppo"]:
             continue
         h, p = np.array(fin["hpo"]), np.array(fin["ppo"])
-        lines.append(f"| {n} | {ref['pi_bound']:.0f} | {ref['s_S']:.0f} | {ref['constant']:.0f} | {h.mean():.0f} ± {h.std():.0f} | "
-                     f"{p.mean():.0f} ± {p.std():.0f} | {h.mean() / ref['s_S'] - 1:+.1%} | {p.mean() / ref['s_S'] - 1:+.1%} | "
+        lines.append(f"| {n} | {ref['pi_bound']:.0f} | {ref['s_S']:.0f} | {ref['constant']:.0f} | "
+                     f"{h.mean():.0f} ± {h.std():.0f} | {p.mean():.0f} ± {p.std():.0f} | "
+                     f"{h.mean() / ref['s_S'] - 1:+.1%} | {p.mean() / ref['s_S'] - 1:+.1%} | "
                      f"{p.mean() / h.mean():.2f} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     try:
@@ -165,7 +170,8 @@ def _write(out: Path, rows: list[dict], refs: dict, seeds, iterations, batch, n_
                 sub = [r for r in rows if r["n_skus"] == n and r["algo"] == a]
                 for s in sorted({r["seed"] for r in sub}):
                     pts = [(r["simulated_periods"], r["test_cost"] / refs[n]["s_S"]) for r in sub if r["seed"] == s]
-                    ax.plot(*zip(*pts, strict=False), color=col, alpha=0.8, label=a.upper() if s == min(r["seed"] for r in sub) else None)
+                    ax.plot(*zip(*pts, strict=False), color=col, alpha=0.8,
+                            label=a.upper() if s == min(r["seed"] for r in sub) else None)
             ax.axhline(1.0, color="k", ls="--", label="(s,S)")
             ax.set_yscale("log")
             ax.set_title(f"{n} SKUs")

@@ -57,11 +57,13 @@ def test_entropy_and_logprobs():
 
 
 def test_value_loss_clip():
-    v = torch.tensor([2.0]); old = torch.tensor([0.0]); ret = torch.tensor([0.0])
-    l, c = value_loss(v, old, ret, clip=0.5)
-    assert l.item() == pytest.approx(2.0) and not c.item()
-    l, c = value_loss(torch.tensor([0.0]), torch.tensor([2.0]), torch.tensor([0.0]), clip=0.5)
-    assert l.item() == pytest.approx(0.5 * 1.5 ** 2) and c.item()
+    v = torch.tensor([2.0])
+    old = torch.tensor([0.0])
+    ret = torch.tensor([0.0])
+    loss, c = value_loss(v, old, ret, clip=0.5)
+    assert loss.item() == pytest.approx(2.0) and not c.item()
+    loss, c = value_loss(torch.tensor([0.0]), torch.tensor([2.0]), torch.tensor([0.0]), clip=0.5)
+    assert loss.item() == pytest.approx(0.5 * 1.5 ** 2) and c.item()
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])

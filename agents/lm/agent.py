@@ -3,9 +3,10 @@
 Interface for trainers (kept stable; the RL baselines build on it):
 
 * ``agent = LMAgent(env_id=..., checkpoint=DIR | None, context_mode="window" | "concat", kv_cache=True, ...)``;
-  ``checkpoint=None`` loads the shipped SFT checkpoint (``data/lm/sft``) when present, else (with a warning) a random-init default model
-  with the shipped tokenizer. A checkpoint's manifest options (`SAVED_OPTIONS`: context mode, history, ...) are
-  restored; arguments given explicitly override them. ``model=`` / ``tokenizer=`` objects can be passed instead.
+  ``checkpoint=None`` loads the shipped SFT checkpoint (``data/lm/sft``) when present, else (with a warning) a
+  random-init default model with the shipped tokenizer. A checkpoint's manifest options (`SAVED_OPTIONS`: context mode,
+  history, ...) are restored; arguments given explicitly override them. ``model=`` / ``tokenizer=`` objects can be
+  passed instead.
 * ``agent.model`` (a `PreTrainedModel`, train it in place), ``agent.tokenizer``, ``agent.policy`` (`LMPolicy`).
 * Every `Decision` carries ``prompt_ids`` (the exact context), ``action_ids`` (exactly the sampled ids, including
   the stop token when one was produced), ``action_logprobs`` (``log_softmax(logits / T)`` of each sampled token,

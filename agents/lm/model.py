@@ -3,9 +3,10 @@
 The default ("mini") is a Llama-architecture decoder (RoPE, so the context length is a config value, not a learned
 table): width 128, 4 layers, 4 heads, SwiGLU 384, tied input/output embeddings, about 1.3 million parameters (half of
 them the 4,096-token embedding), sized for CPU training (SFT in minutes on two cores). "small" (width 256, 4.2M) and
-"medium" are there for machines with more compute. Any other `transformers` causal LM works with the agent; `build_model(..., arch="gpt2")` builds a GPT-2 of
-the same size, which the architecture-independence test uses. Models are saved with ``save_pretrained``
-(safetensors) and reloaded with ``AutoModelForCausalLM.from_pretrained`` — ordinary Hugging Face checkpoints.
+"medium" are there for machines with more compute. Any other `transformers` causal LM works with the agent;
+`build_model(..., arch="gpt2")` builds a GPT-2 of the same size, which the architecture-independence test uses. Models
+are saved with ``save_pretrained`` (safetensors) and reloaded with ``AutoModelForCausalLM.from_pretrained`` — ordinary
+Hugging Face checkpoints.
 """
 
 from __future__ import annotations

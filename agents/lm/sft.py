@@ -11,9 +11,10 @@ is the cross-entropy of the agent tokens only (prompt and observation tokens are
 agent tokens of the batch (token-mean). An optional auxiliary language-modelling loss on the observation tokens
 (``obs_loss_weight``, default 0) exists because a from-scratch model learns to copy SKUs and query words from the
 page only slowly when ~3% of the tokens carry a target; it is off unless asked for and logged apart
-(``loss`` is always the agent-token loss, ``total_loss`` includes the auxiliary term). Held-out evaluation runs the agent greedily on the dev split with the
-rollout runner. Checkpoints are ``save_pretrained`` folders (safetensors) with the shopsim manifest
-(`agents.load_checkpoint` reads them). `train_sft` also writes ``metrics.csv`` and ``sft_curve.png``.
+(``loss`` is always the agent-token loss, ``total_loss`` includes the auxiliary term). Held-out evaluation runs
+the agent greedily on the dev split with the rollout runner. Checkpoints are ``save_pretrained`` folders (safetensors)
+with the shopsim manifest (`agents.load_checkpoint` reads them). `train_sft` also writes ``metrics.csv`` and
+``sft_curve.png``.
 
 What a from-scratch model needs (the `shopsim sft` defaults). Nearly every argument the agent writes is a copy from
 its context, and a million-parameter model trained on plain expert data learns the prior over those strings long

@@ -167,7 +167,8 @@ class Batch:
 
     def select_rows(self, rows: torch.Tensor, **per_token: torch.Tensor) -> dict[str, torch.Tensor]:
         """A minibatch of rows: the token tensors plus any extra per-token tensors given as keywords."""
-        out = {k: getattr(self, k)[rows] for k in ("input_ids", "attention_mask", "gen_mask", "turn_index", "old_logp", "row_traj")}
+        out = {k: getattr(self, k)[rows]
+               for k in ("input_ids", "attention_mask", "gen_mask", "turn_index", "old_logp", "row_traj")}
         out.update({k: v[rows] for k, v in per_token.items() if v is not None})
         return out
 

@@ -87,7 +87,8 @@ class LMConfig:
     value_clip: float | None = bounded(None, gt=0)
     """Clip of the value update around the old values (PPO-style value clipping); None: off."""
     critic_shared: bool = False
-    """Value head on the policy backbone instead of a separate copy (docs/algorithms/ppo.md, the shared-backbone alternative)."""
+    """Value head on the policy backbone instead of a separate copy (docs/algorithms/ppo.md, the shared-backbone
+    alternative)."""
     # rollouts
     temperature: float = bounded(1.0, gt=0)
     """Sampling temperature of the rollouts; log-probs are computed at the same temperature."""

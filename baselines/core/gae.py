@@ -94,7 +94,8 @@ def _per_step_scan(x: torch.Tensor, c: torch.Tensor, block: int) -> torch.Tensor
     P = torch.cumsum(lb, -1) - lb  # exclusive prefix: P[j] = Σ_{w<j} log c_w
     diff = P[..., None, :] - P[..., :, None]  # [B, nb, j, u] = Σ_{w=j}^{u-1} log c_w
     tri = torch.ones(block, block, dtype=torch.bool, device=x.device).triu()
-    E = torch.where(tri, torch.exp(diff.clamp_max(0.0) if bool((c <= 1).all()) else diff), torch.zeros((), dtype=x.dtype))
+    E = torch.where(tri, torch.exp(diff.clamp_max(0.0) if bool((c <= 1).all()) else diff),
+                    torch.zeros((), dtype=x.dtype))
     local = torch.einsum("bnju,bnu->bnj", E, xb)
     if nb == 1:
         return local.reshape(B, -1)[:, :T]
@@ -201,7 +202,8 @@ def gae_reference_loop(rewards, values, mask, *, gamma: float, lam: float, last_
     masked tokens). Kept as the reference for tests and the benchmark; use `gae` in code."""
     B, T = rewards.shape
     m = mask.to(rewards.dtype)
-    next_v = torch.zeros(B, dtype=rewards.dtype) if last_value is None else torch.as_tensor(last_value, dtype=rewards.dtype).expand(B).clone()
+    next_v = (torch.zeros(B, dtype=rewards.dtype) if last_value is None
+              else torch.as_tensor(last_value, dtype=rewards.dtype).expand(B).clone())
     last = torch.zeros(B, dtype=rewards.dtype)
     adv = torch.zeros_like(rewards)
     for t in reversed(range(T)):

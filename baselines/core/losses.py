@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "AGG_MODES", "aggregate", "aggregation_weights", "clipped_surrogate", "kl_term", "entropy_from_logits", "token_logprobs",
-    "value_loss",
+    "AGG_MODES", "aggregate", "aggregation_weights", "clipped_surrogate", "kl_term", "entropy_from_logits",
+    "token_logprobs", "value_loss",
 ]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

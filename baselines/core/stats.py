@@ -48,7 +48,8 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor | None, dim=None, unbiased: b
     return s / denom
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor | None, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor | None, shift_mean: bool = True,
+                  eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / std over the masked positions (global); masked-out positions are returned as 0.
 
     With ``shift_mean=False`` only the scale changes (the mean is added back), as in TRL/verl's option.

@@ -276,12 +276,14 @@ def validate_action(action: Any, n: int, q_max: float) -> tuple[np.ndarray, np.n
         quantity = action["quantity"]
     except (TypeError, KeyError, IndexError) as exc:
         raise InvalidActionError(
-            f"action must be a dict {{'order': (N,) of 0/1, 'quantity': (N,) floats in [0, q_max]}}, got {type(action).__name__}"
+            f"action must be a dict {{'order': (N,) of 0/1, 'quantity': (N,) floats in [0, q_max]}}, "
+            f"got {type(action).__name__}"
         ) from exc
     o = np.asarray(order)
     q = np.asarray(quantity, dtype=np.float64)
     if o.shape[-1:] != (n,) or q.shape != o.shape:
-        raise InvalidActionError(f"action['order'] and action['quantity'] must have shape ({n},), got {o.shape} and {q.shape}")
+        raise InvalidActionError(f"action['order'] and action['quantity'] must have shape ({n},), "
+                                 f"got {o.shape} and {q.shape}")
     if not np.isfinite(q).all():
         raise InvalidActionError("action['quantity'] contains NaN or inf")
     if q.min() < 0:
@@ -485,7 +487,8 @@ class ReplenishmentEnv(gym.Env):
         rows.append("sku  on_hand  pipeline            mean")
         for i in range(min(self.n_skus, 20)):
             pipe = ",".join(f"{x:.0f}" for x in self._pipeline[i])
-            rows.append(f"{i:>3}  {self._on_hand[i]:>7.1f}  [{pipe:<16}]  {self._mu[min(self._t, self.config.horizon - 1), i]:>5.1f}")
+            rows.append(f"{i:>3}  {self._on_hand[i]:>7.1f}  [{pipe:<16}]  "
+                        f"{self._mu[min(self._t, self.config.horizon - 1), i]:>5.1f}")
         return "\n".join(rows)
 
     def close(self) -> None:

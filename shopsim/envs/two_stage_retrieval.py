@@ -86,7 +86,7 @@ class TwoStageRetrievalConfig:
     """Catalog size (items the retriever chooses from)."""
     k: int = 10
     """Candidate-set size K chosen by the early-stage retriever."""
-    l: int = 1
+    l: int = 1  # noqa: E741 (the paper's L; a public env keyword)
     """Number of candidates the later-stage ranker shows (L <= K)."""
     lsr: str = "optimal"
     """Later-stage ranker: optimal | noisy | uniform | anti."""

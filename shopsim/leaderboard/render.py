@@ -255,7 +255,8 @@ def plot_env(env_id: str, rows: list[dict], out_dir: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------------------ HTML
-_CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}nav button{margin:0 .3em .3em 0;padding:.4em .8em;
+_CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
+nav button{margin:0 .3em .3em 0;padding:.4em .8em;
 border:1px solid #aaa;background:#f4f4f4;cursor:pointer}nav button.active{background:#3b6fb6;color:#fff}
 table{border-collapse:collapse;margin:.8em 0}th,td{border:1px solid #ccc;padding:.25em .6em;font-size:.9em}
 th{background:#eee;cursor:pointer;user-select:none}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
@@ -269,9 +270,11 @@ function sortTable(th){var table=th.closest('table'),idx=Array.prototype.indexOf
 var asc=th.dataset.dir!=='asc';th.parentNode.querySelectorAll('th').forEach(function(h){delete h.dataset.dir});
 th.dataset.dir=asc?'asc':'desc';var body=table.tBodies[0],rows=Array.prototype.slice.call(body.rows);
 rows.sort(function(a,b){var x=a.cells[idx].dataset.v,y=b.cells[idx].dataset.v,nx=parseFloat(x),ny=parseFloat(y);
-var c=(!isNaN(nx)&&!isNaN(ny))?nx-ny:(isNaN(nx)&&!isNaN(ny)?1:(!isNaN(nx)&&isNaN(ny)?-1:String(x).localeCompare(String(y))));
+var c=(!isNaN(nx)&&!isNaN(ny))?nx-ny:\
+(isNaN(nx)&&!isNaN(ny)?1:(!isNaN(nx)&&isNaN(ny)?-1:String(x).localeCompare(String(y))));
 return asc?c:-c});rows.forEach(function(r){body.appendChild(r)})}
-document.querySelectorAll('nav button').forEach(function(b){b.addEventListener('click',function(){showTab(b.dataset.tab)})});
+document.querySelectorAll('nav button').forEach(\
+function(b){b.addEventListener('click',function(){showTab(b.dataset.tab)})});
 document.querySelectorAll('th').forEach(function(th){th.addEventListener('click',function(){sortTable(th)})});
 var first=document.querySelector('nav button');if(first){showTab(first.dataset.tab)}
 document.body.dataset.rows=String(document.querySelectorAll('tbody tr').length);

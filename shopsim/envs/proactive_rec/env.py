@@ -40,7 +40,7 @@ class ProactiveRecEnv(gym.Env):
     `Dict`:
     | key | space | meaning |
     |-----|-------|---------|
-    | history | MultiDiscrete([n+1]*20) | item ids consumed so far (10 history items, then valid recommendations); n = pad |
+    | history | MultiDiscrete([n+1]*20) | item ids consumed (10 history items, then valid recommendations); n = pad |
     | history_sid | MultiDiscrete((20, 4)) | their semantic IDs; pad digit = size of that digit |
     | path_sid | MultiDiscrete((10, 4)) | the semantic IDs the agent emitted so far (invalid ones too); padded |
     | target | Discrete(n) | the target item id |
@@ -50,11 +50,11 @@ class ProactiveRecEnv(gym.Env):
     ## Rewards
     Per step, raw ProRL components (in `info`): `IoI` = change in log P(target | history), `IoR` = rank improvement
     of the target (positions), `CTR` = acceptance probability of the recommended item. The reward is the raw fused sum
-    `w_ctr·CTR + w_ioi·IoI + w_ior·IoR / ior_scale` (ior_scale = n_items by default: IoR as a share of the catalog). Invalid item: not appended,
-    CTR = −1, IoI = `invalid_ioi` (−2), IoR = `invalid_ior` (−n/10) — fixed constants standing in for ProRL's
-    batch-min rule, which needs a batch (`PathScorer(..., invalid="batch_min")` applies it). Duplicate item
-    (already in the history or path): appended, IoI/IoR kept, CTR = 0. EOS: reward 0. `info["clicked"]` is a
-    Bernoulli(CTR) draw from the env RNG (the only stochastic part; it does not affect the reward).
+    `w_ctr·CTR + w_ioi·IoI + w_ior·IoR / ior_scale` (ior_scale = n_items by default: IoR as a share of the catalog).
+    Invalid item: not appended, CTR = −1, IoI = `invalid_ioi` (−2), IoR = `invalid_ior` (−n/10) — fixed constants
+    standing in for ProRL's batch-min rule, which needs a batch (`PathScorer(..., invalid="batch_min")` applies it).
+    Duplicate item (already in the history or path): appended, IoI/IoR kept, CTR = 0. EOS: reward 0. `info["clicked"]`
+    is a Bernoulli(CTR) draw from the env RNG (the only stochastic part; it does not affect the reward).
 
     ## Starting State
     A scenario (task id) = (10-item history from the synthetic user process, far target); a pure function of the

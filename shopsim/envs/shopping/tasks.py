@@ -2,12 +2,14 @@
 
 Families (docs/envs.md):
 
-| family | goal | reward |
-|---|---|---|
-| find_and_buy | one product: type, 1-3 attributes, every option of a real catalog product, a price ceiling | WebShop partial credit (`grading.score_purchase`) |
-| clarify_and_buy | the same, but 1-3 constraints (options, one attribute, the price ceiling) are hidden; the customer reveals one per relevant question | same; 0 if the customer runs out of patience |
-| bundle | 2-4 products of different types (attributes + options) under one total budget | mean item score × budget satisfied (`grading.score_bundle`) |
-| after_sales | cancel / return / exchange an item of one of the customer's orders, or refuse a request that breaks the policy | binary on the final order database (`orders.grade`) |
+* find_and_buy — goal: one product: type, 1-3 attributes, every option of a real catalog product, a price ceiling;
+  reward: WebShop partial credit (`grading.score_purchase`)
+* clarify_and_buy — goal: the same, but 1-3 constraints (options, one attribute, the price ceiling) are hidden; the
+  customer reveals one per relevant question; reward: the same; 0 if the customer runs out of patience
+* bundle — goal: 2-4 products of different types (attributes + options) under one total budget; reward: mean item
+  score × budget satisfied (`grading.score_bundle`)
+* after_sales — goal: cancel / return / exchange an item of one of the customer's orders, or refuse a request that
+  breaks the policy; reward: binary on the final order database (`orders.grade`)
 
 **Splits.** Task ids live in disjoint ranges: train ``[0, 1_000_000)``, dev ``1_000_000 + i``, test
 ``2_000_000 + i``; the lists used for evaluation are in ``data/splits/Shopping-v0.json``. Target products are
@@ -249,7 +251,8 @@ def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
             if p.title in seen_titles:
                 continue
             seen_titles.add(p.title)
-            opts = {nm: vals[int(rng.integers(len(vals)))] for nm, vals in zip(p.option_names, p.option_values, strict=False)}
+            opts = {nm: vals[int(rng.integers(len(vals)))]
+                    for nm, vals in zip(p.option_names, p.option_values, strict=False)}
             items.append(Item(p.sku, int(p.product_id), p.title, p.product_type, opts, float(p.price)))
         if k == target_o:
             status = "processing" if kind == "cancel" and rng.random() < 0.5 else (
@@ -274,7 +277,10 @@ def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
     item = target.items[int(rng.integers(len(target.items)))]
     request = {"kind": kind, "order_id": target.order_id, "sku": item.sku}
     greet = tpl["after_sales_greeting"][int(rng.integers(3))].format(name=name)
-    pick = lambda key: tpl[key][int(rng.integers(len(tpl[key])))]
+
+    def pick(key):
+        return tpl[key][int(rng.integers(len(tpl[key])))]
+
     if kind == "cancel":
         reason = CANCEL_REASONS[int(rng.integers(2))]
         request["reason"] = reason
