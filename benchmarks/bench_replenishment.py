@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skus", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=64, help="scenarios per batched step call")
     ap.add_argument("--orgym-python", default=os.environ.get("ORGYM_PYTHON", "/tmp/orgym-venv/bin/python"))
-    ap.add_argument("--out", default=None, help="also write the results as JSON here")
+    ap.add_argument("--json", "--out", dest="out", default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
     import torch
 
@@ -168,8 +168,8 @@ def main(argv=None) -> int:
         print(f"  or-gym InvManagement-v0    : {o:>12,.0f} steps/s  = {o:>14,.0f} SKU-steps/s (1 product)")
         res["ratio_env_vs_orgym_sku_steps"] = env_sps * N / o
         res["ratio_env_vs_orgym_steps"] = env_sps / o
-        print(f"  ratio (ours / or-gym)      : {env_sps * N / o:,.0f}x in SKU-steps/s; {env_sps / o:.2f}x in env steps/s "
-              f"(ours at N={N})")
+        print(f"  ratio (ours / or-gym)      : {env_sps * N / o:,.0f}x in SKU-steps/s; "
+              f"{env_sps / o:.2f}x in env steps/s (ours at N={N})")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
