@@ -22,7 +22,8 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-# Ruff's rule selection (pyproject) and the layer contracts (.importlinter: lower layers never import upward).
+# Ruff's rule selection and import-linter's layer contracts (lower layers never import upward), both configured in
+# pyproject.toml (or .importlinter).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
