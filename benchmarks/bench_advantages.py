@@ -100,7 +100,8 @@ def bench_training(rows: int, length: int, repeats: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller sizes (256 trajectories, 2 repeats)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (2 threads on an oversubscribed machine stall every op)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (2 threads on an oversubscribed machine stall every op)")
     p.add_argument("--no-training", action="store_true")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)

@@ -34,7 +34,7 @@ def bench_generation(agent, prompts, max_new_tokens: int, repeats: int = 1) -> d
 
     from agents.lm.generation import SamplingConfig, left_pad, sample
 
-    model, tok = agent.model, agent.tokenizer
+    model = agent.model
     cfg = SamplingConfig(max_new_tokens=max_new_tokens)
     # no stop token (id -1 never occurs): both samplers produce the same number of tokens
     res = {}

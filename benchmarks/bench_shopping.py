@@ -94,7 +94,8 @@ def replay(env, plan, clear: bool) -> dict:
         per_family[opts["family"]][1] += len(actions)
     return {"steps": steps, "steps_per_s": steps / step_t, "reset_ms": 1e3 * reset_t / len(plan),
             "steps_per_cpu_s": steps / max(1e-9, step_cpu),
-            "step_ms": 1e3 * step_t / steps, "steps_per_s_by_family": {f: n / s for f, (s, n) in per_family.items() if n}}
+            "step_ms": 1e3 * step_t / steps,
+            "steps_per_s_by_family": {f: n / s for f, (s, n) in per_family.items() if n}}
 
 
 def memory(size: int, copies: int) -> dict:
@@ -140,15 +141,17 @@ def main(argv=None) -> int:
           f"{c['steps_per_cpu_s']:.0f} steps per CPU-second)")
     for f, v in c["steps_per_s_by_family"].items():
         print(f"    {f:22s}  {v:9.0f}")
-    print(f"  env steps/s, warm caches  {w['steps_per_s']:9.0f}   ({w['steps_per_cpu_s']:.0f} per CPU-second; same episodes again: queries/products cached, "
-          f"as in GRPO groups; warm/cold = {w['steps_per_s'] / c['steps_per_s']:.2f}x)")
+    print(f"  env steps/s, warm caches  {w['steps_per_s']:9.0f}   ({w['steps_per_cpu_s']:.0f} per CPU-second; "
+          f"same episodes again: queries/products cached, as in GRPO groups; "
+          f"warm/cold = {w['steps_per_s'] / c['steps_per_s']:.2f}x)")
     print(f"  reset, cold / warm        {c['reset_ms']:9.3f} / {w['reset_ms']:.3f} ms")
     print(f"  bare search (k=50)        {s['bare_search_ms']:9.3f} ms   (reference: one cold env step = "
           f"{c['step_ms'] / s['bare_search_ms']:.2f}x a bare search)")
     print(f"  memory: catalog+index {m1['catalog_mb']:9.1f} MB")
     print(f"          1 env         {m1['envs_mb']:9.1f} MB on top")
     print(f"          16 envs       {m16['envs_mb']:9.1f} MB on top (catalog shared: {m16['catalog_shared']}); "
-          f"16 copies total / 1 copy total = {(m16['catalog_mb'] + m16['envs_mb']) / (m1['catalog_mb'] + m1['envs_mb']):.2f}x")
+          f"16 copies total / 1 copy total = "
+          f"{(m16['catalog_mb'] + m16['envs_mb']) / (m1['catalog_mb'] + m1['envs_mb']):.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"speed": s, "memory_1": m1, "memory_16": m16}, f, indent=2)

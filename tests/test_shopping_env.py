@@ -64,7 +64,7 @@ def test_registered_with_step_limit_and_own_truncation():
     e = gym.make(ENV_ID, catalog_size=SIZE, max_turns=5)
     assert gym.spec(ENV_ID).max_episode_steps == 60
     e.reset(seed=0, options={"family": "find_and_buy", "task_id": 3})
-    for i in range(5):
+    for _ in range(5):
         _, _, term, trunc, info = e.step("view_cart")
     assert trunc and not term and info["end_reason"] == "turn_limit"
     assert info["episode_metrics"]["turns"] == 5.0
@@ -130,7 +130,8 @@ def test_copies_share_catalog_and_vector_envs_work():
     assert e1.catalog is e2.catalog and e1.index is e2.index
     fns = [lambda: gym.make(ENV_ID, catalog_size=SIZE) for _ in range(2)]
     # Text observations need AsyncVectorEnv(shared_memory=False): shared memory uses fixed-width buffers
-    for make_vec in (lambda: gym.vector.SyncVectorEnv(fns), lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=False)):
+    for make_vec in (lambda: gym.vector.SyncVectorEnv(fns),
+                     lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=False)):
         venv = make_vec()
         try:
             obs, infos = venv.reset(seed=[0, 1], options={"family": "find_and_buy"})
@@ -150,7 +151,7 @@ def test_invalid_actions_flagged_penalised_and_truncate():
     assert "Invalid action: cannot click" in obs
     obs, r, term, trunc, info = env.step("search[boots]")  # a valid action resets the run
     assert info["invalid_action"] is None and r == 0.0
-    for i in range(3):
+    for _ in range(3):
         obs, r, term, trunc, info = env.step("{bad json")
         assert info["invalid_action"].startswith("malformed JSON")
     assert trunc and not term and info["end_reason"] == "too_many_invalid"
@@ -433,7 +434,7 @@ def test_results_always_match_the_latest_search():
 
     env = ShoppingEnv(catalog_size=SIZE, max_turns=1000)
     env.reset(seed=0, options={"family": "find_and_buy", "task_id": 1})
-    for i, q in enumerate(["tent", "yoga mat", "tent", "coffee beans", "socks", "laptop"] * 12):
+    for q in ["tent", "yoga mat", "tent", "coffee beans", "socks", "laptop"] * 12:
         cache.clear()  # fresh result objects every time, as after evictions
         env.step("click[back to search]")
         _, _, _, _, info = env.step(f"search[{q}]")

@@ -137,7 +137,8 @@ def test_rewards_match_the_model():
     assert (out.reward > 0).mean() > 0.99
     # q = 10 xᵀ((1−η)M0 + ηMz)e_a recomputed by hand for one pair
     xa, e = x[0].astype(np.float64), sim.items[out.shown[0, 0]]
-    sig = lambda v: 1 / (1 + np.exp(-v))
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
     eta = np.sqrt(sig(sim.w_x @ xa + 3) * sig(sim.w_a @ e + 3))
     q = 10 * xa @ ((1 - eta) * sim.m0 + eta * sim.mz[0]) @ e
     assert mu == pytest.approx(np.logaddexp(0, q) + 1, rel=1e-5)

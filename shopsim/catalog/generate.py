@@ -137,7 +137,8 @@ def generate_chunk(tt: TaxonomyTables, vocab: Vocab, seed: int, chunk: int, star
     chars[:, 2:] = _B36[((num[:, None] // _B36_POW[None, :]) % np.uint64(36)).astype(np.intp)]
     sku = pa.array(chars.view("S10").ravel(), type=pa.binary()).cast(pa.string())
 
-    s = lambda words: pa.array(words, type=pa.string())
+    def s(words):
+        return pa.array(words, type=pa.string())
     brand_s = s(vocab.brands).take(brand)
     type_s = s(tt.types).take(t)
     attrs = _list_array(s(tt.attr_vocab).take(attr_ids), n_attr)

@@ -138,7 +138,8 @@ def tables(path: str | None = None) -> TaxonomyTables:
                 val_off.append(len(values))
                 val_cnt.append(len(dvals))
                 values.extend(dvals)
-    i32 = lambda x: np.asarray(x, dtype=np.int32)
+    def i32(x):
+        return np.asarray(x, dtype=np.int32)
     return TaxonomyTables(
         categories=categories, types=types, type_category=i32(type_cat),
         price_lo=np.asarray(lo), price_hi=np.asarray(hi),

@@ -6,7 +6,7 @@
 |---|---|
 | Agents | `warehouse_0` … `warehouse_{W-1}` (default W = 3) |
 | Action space (per agent) | `Dict(order=MultiBinary(N), quantity=Box(0, q_max, (N,), float32))`, as Replenishment-v0 |
-| Observation space (per agent) | Replenishment-v0's dict plus `supply_fill` (N,): last period's fill ratio of the supplier |
+| Observation space (per agent) | Replenishment-v0's dict plus `supply_fill` (N,): last period's supplier fill ratio |
 | Import | `from shopsim.envs.multi_warehouse import parallel_env, env` |
 
 Each warehouse has its own SKU parameters and demand (warehouse w of task t uses `make_scenario(64·t + w)`), and
@@ -95,7 +95,8 @@ class MultiWarehouseEnv(ParallelEnv):
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode={render_mode!r}; only 'ansi' is supported")
         self.config = ReplenishmentConfig.from_dict(kwargs)
-        self.n_warehouses, self.supplier_capacity, self.team_reward = int(n_warehouses), float(supplier_capacity), bool(team_reward)
+        self.n_warehouses = int(n_warehouses)
+        self.supplier_capacity, self.team_reward = float(supplier_capacity), bool(team_reward)
         self.render_mode = render_mode
         self.possible_agents = [f"warehouse_{w}" for w in range(self.n_warehouses)]
         self.agents: list[str] = []
@@ -191,7 +192,8 @@ class MultiWarehouseEnv(ParallelEnv):
                         "supply_fill_min": float(fill.min())}
             if done:
                 n_rep = cfg.horizon - cfg.warmup
-                infos[a]["episode_metrics"] = {"cost": float(self._acc[w]), "cost_per_period": float(self._acc[w]) / n_rep,
+                infos[a]["episode_metrics"] = {"cost": float(self._acc[w]),
+                                               "cost_per_period": float(self._acc[w]) / n_rep,
                                                "team_cost": float(self._acc.sum())}
                 infos[a]["score"] = -float(self._acc[w])
         obs = {a: self._obs(w) for w, a in enumerate(self.agents)}

@@ -22,8 +22,8 @@ strategy and policy once, in the first observation of the episode, and shortens 
 left out (they never change; ``Buttons:`` appears where the set does: results paging, the cart); the customer's
 replies appear once, in the feedback of the turn that asked. Every position,
 title word, option value and price of ``info["structured"]`` is in the text (tested). Cart lines and after-sales
-pages keep their SKUs and order ids, which their tools take as arguments. Text is ASCII only: anything else the agent typed is echoed as ``?``, so the
-observation always lies in the observation space's charset.
+pages keep their SKUs and order ids, which their tools take as arguments. Text is ASCII only: anything else the
+agent typed is echoed as ``?``, so the observation always lies in the observation space's charset.
 """
 
 from __future__ import annotations
