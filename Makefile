@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test setup bench clean
+.PHONY: run test lint setup bench wheel-check clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -22,8 +22,20 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
+# Ruff's rule selection and import-linter's layer contracts (lower layers never import upward), both configured in
+# pyproject.toml (or .importlinter).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+# The quick variant of every throughput benchmark (`python -m benchmarks --list` shows them; ARGS passes options,
+# e.g. ARGS="--json runs/bench" or ARGS="bench_lm --full").
 bench: setup
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(ARGS)
+
+# Build the wheel, install it without -e into a fresh venv and run `shopsim eval` from an empty folder.
+wheel-check: setup
+	PYTHON=$(PYTHON) .ci/wheel-check $(PY)
 
 clean:
 	rm -rf runs .pytest_cache

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skus", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=64, help="scenarios per batched step call")
     ap.add_argument("--orgym-python", default=os.environ.get("ORGYM_PYTHON", "/tmp/orgym-venv/bin/python"))
-    ap.add_argument("--out", default=None, help="also write the results as JSON here")
+    ap.add_argument("--json", "--out", dest="out", default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
     import torch
 

@@ -1,7 +1,9 @@
 """Where shopsim finds its shipped data and keeps its caches.
 
-* `DATA_DIR`: the repository's `data/` (taxonomy, templates, evaluation split manifests, small shipped artefacts);
-  override with `SHOPSIM_DATA_DIR`.
+* `data_dir()` / `DATA_DIR`: the shipped data (taxonomy, templates, evaluation split manifests, tokenizer, the LM
+  checkpoint). An installed wheel carries the repository's top-level `data/` as the package resource
+  `shopsim/_data` (pyproject maps the folder there), found with `importlib.resources`; a source or editable checkout
+  has no such folder and reads `data/` beside the package. `SHOPSIM_DATA_DIR` overrides both.
 * `cache_dir()`: built catalogs, search indexes and trained simulators; `SHOPSIM_CACHE_DIR` overrides the default
   `~/.cache/shopsim`. Read at call time so tests can point it at a temporary folder.
 """
@@ -9,13 +11,29 @@
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The resource folder that holds `data/` in an installed wheel (`[tool.setuptools.package-dir]` in pyproject).
+PACKAGE_DATA = "_data"
+
+
+def packaged_data_dir() -> Path | None:
+    """`shopsim/_data` of an installed wheel, or None (a source checkout, or a package not on a real filesystem)."""
+    root = resources.files(__package__).joinpath(PACKAGE_DATA)
+    # Callers hand these folders to code that needs real paths (transformers' from_pretrained), so a zip import's
+    # Traversable is not accepted.
+    return root if isinstance(root, Path) and root.is_dir() else None
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("SHOPSIM_DATA_DIR", _REPO_ROOT / "data"))
+    """The shipped data folder: `SHOPSIM_DATA_DIR` if set, else the wheel's `shopsim/_data`, else the checkout's
+    top-level `data/`."""
+    override = os.environ.get("SHOPSIM_DATA_DIR")
+    if override:
+        return Path(override)
+    return packaged_data_dir() or _REPO_ROOT / "data"
 
 
 DATA_DIR = data_dir()

@@ -36,3 +36,16 @@ def tok():
     from agents.lm.tokenizer import load_tokenizer
 
     return load_tokenizer()
+
+
+#: pyproject's `timeout` (300 s) is for the normal suite; a `slow` test (training, benchmark-sized) gets this much
+#: unless it sets its own `@pytest.mark.timeout`.
+SLOW_TIMEOUT_S = 1800
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
