@@ -67,10 +67,16 @@ def _algo(name: str, args, env_kwargs: dict, **over):
     return baselines.make(name, env_id=ENV, **{**common, **per, **over})
 
 
+def evaluate_metrics(agent, split: str, n: int, env_kwargs: dict, args) -> dict:
+    """The trainers' own greedy evaluation on the first `n` tasks of `split` (same seeds): ``{split}_success`` and
+    ``{split}_success/<family>``."""
+    algo = _algo("grpo", args, env_kwargs, eval_split=split, eval_episodes=n)
+    return algo.evaluate(ENV, agent, seed=EVAL_SEED, env_kwargs=env_kwargs)
+
+
 def evaluate(agent, split: str, n: int, env_kwargs: dict, args) -> float:
     """Greedy success on the first `n` tasks of `split` (the trainers' own evaluation, same seeds)."""
-    algo = _algo("grpo", args, env_kwargs, eval_split=split, eval_episodes=n)
-    return algo.evaluate(ENV, agent, seed=EVAL_SEED, env_kwargs=env_kwargs)[f"{split}_success"]
+    return evaluate_metrics(agent, split, n, env_kwargs, args)[f"{split}_success"]
 
 
 def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict, steps: int, args,
@@ -162,7 +168,11 @@ def run(args) -> None:
         start = json.loads(start_file.read_text())
     else:
         start_agent = LMAgent(env_id=ENV, checkpoint=out / "start")
-        start = {s: evaluate(start_agent, s, args.eval_episodes, env_kwargs, args) for s in ("dev", "test")}
+        start = {}
+        for split in ("dev", "test"):
+            m = evaluate_metrics(start_agent, split, args.eval_episodes, env_kwargs, args)
+            start[split] = m[f"{split}_success"]
+            start.update({f"{split}/{f}": m[f"{split}_success/{f}"] for f in FAMILIES if f"{split}_success/{f}" in m})
         start_file.write_text(json.dumps(start))
     print(f"start: dev {start['dev']:.2f}, test {start['test']:.2f} ({args.eval_episodes} episodes each)")
     parent = os.getpid() if args.jobs > 1 else None
@@ -184,8 +194,9 @@ def run(args) -> None:
 
 def _curves(out: Path, start: dict) -> list[dict]:
     """Every finished evaluation of every run under `out` (runs of earlier invocations included)."""
+    per_family = [f"test_success/{f}" for f in FAMILIES]
     curves = [{"algo": "start", "seed": -1, "iteration": 0, "dev_success": start["dev"], "test_success": start["test"],
-               "rollouts": 0}]
+               **{k: start.get(k.replace("_success", "")) for k in per_family}, "rollouts": 0}]
     for name in ALGOS:
         for path in sorted((out / name).glob("seed*/metrics.csv")):
             used = 0
@@ -196,7 +207,10 @@ def _curves(out: Path, start: dict) -> list[dict]:
                         curves.append({"algo": name, "seed": int(path.parent.name[4:]),
                                        "iteration": int(row["iteration"]),
                                        "dev_success": float(row["dev_success"]),
-                                       "test_success": float(row["test_success"]), "rollouts": used})
+                                       "test_success": float(row["test_success"]),
+                                       **{k: float(row[k]) if row.get(k) not in (None, "") else None
+                                          for k in per_family},
+                                       "rollouts": used})
     return curves
 
 
@@ -216,19 +230,25 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> None:
                      "final_test_std": te.std(), "start_dev": start["dev"], "final_dev_mean": dv.mean(),
                      "final_dev_std": dv.std(), "rollouts": finals[0]["rollouts"],
                      "test_per_seed": " ".join(f"{x:.2f}" for x in te),
+                     **{f"final_test/{f}": float(np.mean([c[f"test_success/{f}"] for c in finals
+                                                          if c.get(f"test_success/{f}") is not None] or [np.nan]))
+                        for f in FAMILIES},
                      "raised_test": bool(te.mean() > start["test"])})
     if rows:
         with (out / "summary.csv").open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
+        fams = " | ".join(f"test {f} (start → final)" for f in FAMILIES)
         lines = [("| algo | seeds | test start | test final (mean ± std) | per seed | "
-                  "dev start | dev final | rollouts |"),
-                 "|---|---|---|---|---|---|---|---|"]
+                  f"dev start | dev final | rollouts | {fams} |"),
+                 "|---|---|---|---|---|---|---|---|" + "---|" * len(FAMILIES)]
         for r in rows:
+            per = " | ".join(f"{start.get('test/' + f, float('nan')):.2f} → {r['final_test/' + f]:.2f}"
+                             for f in FAMILIES)
             lines.append(f"| {r['algo']} | {r['seeds']} | {r['start_test']:.2f} | {r['final_test_mean']:.2f} ± "
                          f"{r['final_test_std']:.2f} | {r['test_per_seed']} | {r['start_dev']:.2f} | "
-                         f"{r['final_dev_mean']:.2f} ± {r['final_dev_std']:.2f} | {r['rollouts']} |")
+                         f"{r['final_dev_mean']:.2f} ± {r['final_dev_std']:.2f} | {r['rollouts']} | {per} |")
         (out / "summary.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
     try:
