@@ -189,3 +189,36 @@ def test_micro_batches_respect_the_token_budget_and_cover_every_row():
     assert len(chunks) > 1
     for ch in chunks:
         assert len(ch) == 1 or int(lengths[ch].max()) * len(ch) <= 30
+
+
+def test_skipping_zero_advantage_rows_does_not_change_the_update():
+    """GRPO groups whose rollouts all got the same reward have zero advantage everywhere: leaving their rows out of
+    the forward/backward passes gives the same parameters, also over several optimizer steps (momentum)."""
+    import copy
+
+    from baselines.core.batch import build_batch
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent()
+    trajs = collect("toy", agent, seeds=[1, 2, 3], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
+    for t in trajs:  # the second group: every rollout gets the same reward
+        if t.group_id == trajs[4].group_id:
+            for turn in t.turns:
+                turn.reward = 0.5
+    batch = build_batch(trajs)
+    out = {}
+    for skip in (True, False):
+        a = copy.deepcopy(agent)
+        algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", group_size=4, lr=1e-2, minibatches=2,
+                              update_epochs=2, skip_zero_advantage_rows=skip)
+        algo.setup(a)
+        m = algo.update(batch, generator=torch.Generator().manual_seed(0))
+        out[skip] = (m, [p.detach().clone() for p in a.model.parameters()])
+    assert out[True][0]["rows_skipped_zero_adv"] > 0 and "rows_skipped_zero_adv" not in out[False][0]
+    # the same loss and gradient norm: the skipped rows still count in the step's normalisers
+    assert out[True][0]["loss_policy"] == pytest.approx(out[False][0]["loss_policy"], abs=1e-6)
+    assert out[True][0]["grad_norm"] == pytest.approx(out[False][0]["grad_norm"], rel=1e-4)
+    for p, q in zip(out[True][1], out[False][1], strict=True):  # float reduction order only (Adam, lr 1e-2)
+        assert torch.allclose(p, q, atol=1e-4)
+    moved = [not torch.equal(p, q) for p, q in zip(out[True][1], agent.model.parameters(), strict=True)]
+    assert any(moved)

@@ -79,6 +79,11 @@ class LMConfig:
     log-probs (False). None: recompute only with more than one update epoch; with one epoch of on-policy data the
     recorded log-probs are π_old (they agree with a recomputation within 1e-4, tested) and the extra forward pass
     is skipped."""
+    skip_zero_advantage_rows: bool = True
+    """Leave out of the update's forward and backward passes the rows whose advantage is zero at every trained
+    token (e.g. GRPO groups whose rollouts all got the same reward): their policy-loss gradient is exactly zero.
+    Applies only when nothing else in the loss reads those rows (no KL term, no entropy, no critic, no extra
+    loss); the step's normalisers still count them, so the update is the same."""
     # critic (ppo, vapo, mpo)
     vf_coef: float = bounded(0.5, min=0)
     """Weight of the critic's value loss (algorithms with a critic)."""

@@ -305,7 +305,15 @@ class LMAlgorithm(LoopAlgorithm):
             w_val = aggregation_weights(vmask_all, "token-mean")
         else:
             w_val = group_mean_weights(vmask_all, advs.value_groups[rows])
-        chunks = self.micro_batches(batch, rows)
+        full_rows = rows
+        if self._zero_rows_skippable(ctx, need_ent):
+            live = ((adv[rows] != 0) & (tok_mask[rows] > 0)).any(1)
+            keep = torch.nonzero(live).squeeze(1)
+            rows, mask_all_idx = rows[keep], keep  # the normalisers above still count the skipped rows
+            w_pol, w_tok, w_val = w_pol[keep], w_tok[keep], w_val[keep]
+        else:
+            mask_all_idx = None
+        chunks = self.micro_batches(batch, rows) if len(rows) else []
         self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, float] = {}
         stats: dict[str, float] = {}
@@ -318,7 +326,7 @@ class LMAlgorithm(LoopAlgorithm):
             mb = {
                 "rows": r, "gen_mask": batch.gen_mask[r], "turn_index": batch.turn_index[r],
                 "row_traj": batch.row_traj[r], "old_logp_pi": ctx.old_logp[r], "behav_logp": ctx.behav_logp[r],
-                "batch": batch, "adv": adv[r], "step_rows": rows, "step_mask": mask_all, "w_tok": w_tok[ch],
+                "batch": batch, "adv": adv[r], "step_rows": full_rows, "step_mask": mask_all, "w_tok": w_tok[ch],
             }
             pg_tok, st = self.policy_loss_tok(mb, logp, adv[r], mask)
             lp = (pg_tok * w_pol[ch]).sum()
@@ -348,13 +356,28 @@ class LMAlgorithm(LoopAlgorithm):
             parts["loss"] = loss
             for k, v in parts.items():
                 acc[k] = acc.get(k, 0.0) + float(v.detach())
-            share = float(mask.sum()) / max(float(mask_all.sum()), 1.0)
+            share = float(mask.sum()) / max(float(tok_mask[rows].sum()), 1.0)
             for k, v in st.items():  # token-weighted means of the surrogate's statistics
                 stats[k] = stats.get(k, 0.0) + float(v) * share
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for p in params:  # skipped rows contribute a zero gradient: momentum and weight decay still apply
+            if p.grad is None and p.requires_grad:
+                p.grad = torch.zeros_like(p)
         gn = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
         self.optimizer.step()
-        return {**acc, **stats, "grad_norm": float(gn)}
+        if not chunks:  # every row had zero advantage: the policy loss is exactly 0
+            acc = {"loss_policy": 0.0, "loss": 0.0}
+        out = {**acc, **stats, "grad_norm": float(gn)}
+        if mask_all_idx is not None:
+            out["rows_skipped_zero_adv"] = float(len(full_rows) - len(rows))
+        return out
+
+    def _zero_rows_skippable(self, ctx: Ctx, need_ent: bool) -> bool:
+        """Whether rows with zero advantage everywhere add nothing to the loss (see `skip_zero_advantage_rows`)."""
+        c = self.config
+        return (c.skip_zero_advantage_rows and not need_ent and self.critic is None
+                and (ctx.ref_logp is None or c.kl_coef == 0)
+                and type(self).extra_loss is LMAlgorithm.extra_loss)
 
     # ------------------------------------------------------------------ rollouts
     def train_tasks(self, env_id: str, rng: np.random.Generator, n: int) -> list | None:
