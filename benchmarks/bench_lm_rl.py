@@ -9,19 +9,21 @@ both paths) followed by GRPO's update on them. The two paths:
   its compact rendering, every turn re-encoding its whole prompt (``kv_cache=False``), rows that have finished
   their action decoding pad tokens until every row has (``keep_finished``), drawn with ``torch.multinomial``
   (``multinomial``), the KV cache a plain ``DynamicCache``, π_old recomputed by a second forward
-  pass, every update row padded to the batch's longest (``micro_batch_tokens=0``);
+  pass, every update row padded to the batch's longest (``micro_batch_tokens=0``) and every row in the update
+  (``skip_zero_advantage_rows=False``);
 * **current** (the defaults): the shipped checkpoint ``data/lm/sft`` (concat mode, ``obs_mode="terse"``), each
   episode's keys/values kept across turns (a turn encodes only what the env added), one row per episode,
-  length-bucketed micro-batches, the recorded log-probs used as π_old.
+  length-bucketed micro-batches, the recorded log-probs used as π_old, rows whose advantage is zero everywhere left
+  out of the forward/backward passes (GRPO groups whose rollouts all got the same reward; the update is the same).
 
 Printed per path, and written as JSON (current path at the top level, baseline under ``"baseline"``):
 
 * ``rollout_s``, ``update_s``: wall time of the 16 rollouts and of the update (π_old/advantages/optimizer step);
 * ``tokens_encoded_per_turn``: tokens the model ran over per agent turn while acting (uncached prompt tokens plus
   one decoding step per generated token but the last);
-* ``update_efficiency``: the update's tokens/s (real tokens of the batch) divided by the tokens/s of a plain
-  forward+backward of the same model over one packed batch (the same tokens in rows of equal length, no padding,
-  the output layer on the same share of positions), measured in the same run;
+* ``update_efficiency``: the update's tokens/s (the real tokens its forward/backward passes ran over) divided by
+  the tokens/s of a plain forward+backward of the same model over one packed batch (the same tokens in rows of
+  equal length, no padding, the output layer on the same share of positions), measured in the same run;
 * ``logprob_max_abs_diff``: largest |recorded − recomputed| log-prob of a generated token, recomputing the batch
   with the trainer's forward pass;
 * ``iteration_speedup`` (top level): baseline (rollout + update) / current (rollout + update).
@@ -56,8 +58,8 @@ def _grpo(fast: bool, seed: int):
 
     kw = dict(group_size=8, tasks_per_iter=2, num_envs=16, lr=1e-4, temperature=0.7, eval_episodes=0,
               task_families=("find_and_buy",))
-    if not fast:
-        kw.update(micro_batch_tokens=0, recompute_old_logp=True)
+    if not fast:  # the previous path: padded full-batch updates, π_old recomputed, every row in the update
+        kw.update(micro_batch_tokens=0, recompute_old_logp=True, skip_zero_advantage_rows=False)
     return baselines.make("grpo", env_id=ENV_ID, **kw)
 
 
@@ -124,9 +126,11 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         state = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
         opt_state = algo.optimizer.state_dict()
         t2 = time.perf_counter()
-        algo.update(batch, it, generator=torch.Generator().manual_seed(seed))
+        um = algo.update(batch, it, generator=torch.Generator().manual_seed(seed))
         t3 = time.perf_counter()
         tokens = float(batch.attention_mask.sum())
+        # tokens the update's forward/backward passes ran over (rows with zero advantage everywhere are left out)
+        processed = um.get("tokens_processed", tokens) * algo.config.minibatches * algo.config.update_epochs
         ref_tps = packed_reference(agent.model, batch, algo.temperature)
         # the benchmark measures one iteration from the same start each time
         agent.model.load_state_dict(state)
@@ -138,22 +142,30 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
             "prompt_tokens_per_turn": st["prompt_tokens"] / max(st["turns"], 1),
             "generated_tokens_per_turn": st["new_tokens"] / max(st["turns"], 1),
             "update_tokens": tokens, "update_rows": batch.num_rows, "update_padded_tokens": batch.input_ids.numel(),
+            "update_rows_skipped": um.get("rows_skipped_zero_adv", 0.0),
             "update_tokens_per_s": tokens / (t3 - t2), "reference_tokens_per_s": ref_tps,
-            "update_efficiency": tokens / (t3 - t2) / ref_tps, "logprob_max_abs_diff": diff,
+            # an update that skipped every row ran no passes: no efficiency to measure
+            "update_efficiency": processed / (t3 - t2) / ref_tps if processed else None,
+            "update_tokens_processed": processed,
+            "logprob_max_abs_diff": diff,
             "train_success": float(np.mean([t.success for t in trajs])),
         })
     for k in per_it[0]:
-        vals = [p[k] for p in per_it]
-        out[k] = max(vals) if k == "logprob_max_abs_diff" else float(np.median(vals))
+        vals = [p[k] for p in per_it if p[k] is not None]
+        out[k] = (max(vals) if k == "logprob_max_abs_diff" else float(np.median(vals))) if vals else None
     out["iterations"] = iterations
     out["per_iteration"] = per_it
     print(f"[{label}] {out['checkpoint']} ({out['context_mode']}, kv_cache={out['kv_cache']}): "
           f"rollout {out['rollout_s']:.1f}s, update {out['update_s']:.1f}s, "
           f"{out['tokens_encoded_per_turn']:.0f} tokens encoded/turn ({out['prompt_tokens_per_turn']:.0f}-token "
-          f"prompts), update {out['update_tokens_per_s']:.0f} tok/s = {out['update_efficiency']:.2f} x packed "
+          f"prompts), update {out['update_tokens_per_s']:.0f} tok/s = {_f(out['update_efficiency'])} x packed "
           f"fwd+bwd ({out['reference_tokens_per_s']:.0f} tok/s), |Δlogp| max {out['logprob_max_abs_diff']:.1e}, "
           f"train success {out['train_success']:.2f}", flush=True)
     return out
+
+
+def _f(x) -> str:
+    return "—" if x is None else f"{x:.2f}"
 
 
 def write_table(res: dict, path: Path, command: str) -> None:
@@ -166,7 +178,9 @@ def write_table(res: dict, path: Path, command: str) -> None:
             ("prompt tokens per turn", "prompt_tokens_per_turn", "{:.0f}"),
             ("tokens encoded per turn", "tokens_encoded_per_turn", "{:.0f}"),
             ("update rows / real tokens / padded tokens", "update_shape", "{}"),
-            ("update tokens/s", "update_tokens_per_s", "{:.0f}"),
+            ("rows skipped (zero advantage), mean per step", "update_rows_skipped", "{:.1f}"),
+            ("update tokens/s (all tokens of the batch)", "update_tokens_per_s", "{:.0f}"),
+            ("tokens through the update's passes", "update_tokens_processed", "{:.0f}"),
             ("packed fwd+bwd tokens/s (reference)", "reference_tokens_per_s", "{:.0f}"),
             ("update efficiency", "update_efficiency", "{:.2f}"),
             ("max abs log-prob difference", "logprob_max_abs_diff", "{:.1e}"),
@@ -184,7 +198,8 @@ def write_table(res: dict, path: Path, command: str) -> None:
              f"- wall time of the benchmark: {res['wall_s']:.0f} s", "",
              "| | baseline (previous path) | current default |", "|---|---|---|"]
     for name, key, fmt in rows:
-        lines.append(f"| {name} | {fmt.format(b[key])} | {fmt.format(res[key])} |")
+        cells = ["—" if d[key] is None else fmt.format(d[key]) for d in (b, res)]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
     lines += ["", f"**Iteration speedup: {res['iteration_speedup']:.1f}x** "
               f"(rollout {b['rollout_s'] / res['rollout_s']:.1f}x, update {b['update_s'] / res['update_s']:.1f}x).",
               ""]
@@ -222,7 +237,7 @@ def main(argv=None) -> int:
     print(f"iteration speedup {res['iteration_speedup']:.1f}x (baseline {base['rollout_s'] + base['update_s']:.1f}s, "
           f"current {cur['rollout_s'] + cur['update_s']:.1f}s); tokens encoded per turn "
           f"{base['tokens_encoded_per_turn']:.0f} -> {cur['tokens_encoded_per_turn']:.0f}; update efficiency "
-          f"{base['update_efficiency']:.2f} -> {cur['update_efficiency']:.2f}; wall {res['wall_s']:.0f}s")
+          f"{_f(base['update_efficiency'])} -> {_f(cur['update_efficiency'])}; wall {res['wall_s']:.0f}s")
     if not a.no_table:
         write_table(res, RESULTS, res["command"])
     if a.json:

@@ -370,6 +370,7 @@ class LMAlgorithm(LoopAlgorithm):
         out = {**acc, **stats, "grad_norm": float(gn)}
         if mask_all_idx is not None:
             out["rows_skipped_zero_adv"] = float(len(full_rows) - len(rows))
+        out["tokens_processed"] = float(batch.attention_mask[rows].sum()) if len(rows) else 0.0
         return out
 
     def _zero_rows_skippable(self, ctx: Ctx, need_ent: bool) -> bool:
