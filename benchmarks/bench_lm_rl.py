@@ -169,7 +169,7 @@ def _f(x) -> str:
 
 
 def write_table(res: dict, path: Path, command: str) -> None:
-    from shopsim.paths import atomic_path
+    from shopsim.paths import write_text_atomic
 
     b = res["baseline"]
     rows = [("checkpoint", "checkpoint", "{}"), ("context mode", "context_mode", "{}"),
@@ -203,10 +203,7 @@ def write_table(res: dict, path: Path, command: str) -> None:
     lines += ["", f"**Iteration speedup: {res['iteration_speedup']:.1f}x** "
               f"(rollout {b['rollout_s'] / res['rollout_s']:.1f}x, update {b['update_s'] / res['update_s']:.1f}x).",
               ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_path(path)
-    tmp.write_text("\n".join(lines))
-    tmp.replace(path)
+    write_text_atomic(path, "\n".join(lines))
 
 
 def main(argv=None) -> int:
@@ -241,7 +238,9 @@ def main(argv=None) -> int:
     if not a.no_table:
         write_table(res, RESULTS, res["command"])
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=2, default=str))
+        from shopsim.paths import write_text_atomic
+
+        write_text_atomic(a.json, json.dumps(res, indent=2, default=str))
     return 0
 
 

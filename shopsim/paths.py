@@ -49,3 +49,14 @@ def atomic_path(final: Path) -> Path:
     """A temporary sibling of `final` to write to before `os.replace` (same folder, so the rename is atomic)."""
     final = Path(final)
     return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+def write_text_atomic(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """Write `text` to `path` through `atomic_path` and a rename (creating the folder): readers never see half a
+    file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_path(path)
+    tmp.write_text(text, encoding=encoding)
+    os.replace(tmp, path)
+    return path

@@ -25,13 +25,12 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from shopsim.errors import DatasetError
-from shopsim.paths import atomic_path
+from shopsim.paths import write_text_atomic
 from shopsim.trajectory import to_jsonable
 
 SCHEMA = "shopsim.results"
@@ -144,11 +143,7 @@ def write_results(path: str | Path, data: dict) -> Path:
     """Validate and write atomically (temporary sibling, then rename)."""
     path = Path(path)
     validate_results(data, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_path(path)
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def read_results(path: str | Path) -> dict:

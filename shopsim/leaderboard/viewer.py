@@ -134,15 +134,8 @@ def read_dataset(path: str | Path) -> list[Trajectory]:
 
 def write_viewer(dataset: str | Path, out: str | Path, **kwargs) -> Path:
     """Read `dataset` and write its viewer page to `out` (atomically)."""
-    import os
-
-    from shopsim.paths import atomic_path
+    from shopsim.paths import write_text_atomic
 
     trajs = read_dataset(dataset)
     kwargs.setdefault("title", f"shopsim trajectories: {Path(dataset).name}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_path(out)
-    tmp.write_text(render_viewer(trajs, **kwargs), encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return write_text_atomic(out, render_viewer(trajs, **kwargs))
