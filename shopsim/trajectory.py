@@ -161,3 +161,14 @@ class Trajectory:
         traj = cls(**{k: v for k, v in data.items() if k in names})
         traj.turns = turns
         return traj
+
+
+def success_by_family(trajs) -> dict[str, float]:
+    """Mean success per task family (``traj.meta["family"]``, set by the rollout runner from the env's info), over
+    the trajectories that record one."""
+    fams: dict[str, list[float]] = {}
+    for t in trajs:
+        fam = (t.meta or {}).get("family")
+        if fam is not None:
+            fams.setdefault(str(fam), []).append(float(t.success))
+    return {f: float(np.mean(v)) for f, v in sorted(fams.items())}

@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 
-from shopsim.trajectory import Trajectory, Turn, to_jsonable
+from shopsim.trajectory import Trajectory, Turn, success_by_family, to_jsonable
 
 
 def test_derived_views_and_json_round_trip():
@@ -22,3 +22,14 @@ def test_score_defaults_to_return_and_numpy_is_converted():
     assert t.score == -2.0 and not t.success and t.truncated
     assert to_jsonable(t.turns[0].observation) == {"a": [0, 1, 2]}
     assert t.episode_record()["num_turns"] == 1
+
+
+def test_success_by_family_counts_only_trajectories_that_record_one():
+    def traj(fam, ok):
+        t = Trajectory("x", turns=[Turn("o", "a", reward=float(ok), terminated=True, info={"success": ok})])
+        t.meta = {} if fam is None else {"family": fam}
+        return t
+
+    got = success_by_family([traj("bundle", True), traj("bundle", False), traj("after_sales", True),
+                             traj(None, True)])
+    assert got == {"after_sales": 1.0, "bundle": 0.5}

@@ -50,6 +50,7 @@ from agents.lm.prompts import ChatFormat, EpisodeContext, concat_layout
 from shopsim.configs import bounded, validate
 from shopsim.datasets import write_metrics_csv
 from shopsim.errors import ConfigError
+from shopsim.trajectory import success_by_family
 
 
 @dataclass
@@ -313,11 +314,7 @@ def evaluate(agent, env_id: str, *, episodes: int, split: str = "dev", seed: int
         trajs = collect(env_id, agent, episodes=episodes, seed=seed, split=split, num_envs=num_envs,
                         reset_options=reset_options, progress=progress, env_kwargs=env_kwargs or None)
     out = summarize(trajs)
-    fams: dict[str, list[bool]] = {}
-    for t in trajs:
-        fams.setdefault(str(t.meta.get("family", "all")), []).append(t.success)
-    for fam, succ in fams.items():
-        out[f"success/{fam}"] = float(np.mean(succ))
+    out.update({f"success/{fam}": v for fam, v in success_by_family(trajs).items()})
     inv = [bool(turn.info.get("invalid_action")) for t in trajs for turn in t.turns]
     out["invalid_rate"] = float(np.mean(inv)) if inv else 0.0
     return out

@@ -29,6 +29,7 @@ import torch
 from baselines.base import TrainResult
 from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.errors import ConfigError
+from shopsim.trajectory import success_by_family
 
 from .batch import Batch, build_batch
 from .config import Advantages, Ctx, LMConfig
@@ -83,16 +84,6 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
         ent = entropy_from_logits(logits)
         ent = torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
     return lp, ent, (out.hidden_states[-1] if need_hidden else None)
-
-
-def success_by_family(trajs) -> dict[str, float]:
-    """Mean success per task family (``traj.meta["family"]``), for trajectories whose env records one."""
-    fams: dict[str, list[float]] = {}
-    for t in trajs:
-        fam = (t.meta or {}).get("family")
-        if fam is not None:
-            fams.setdefault(str(fam), []).append(float(t.success))
-    return {f: float(np.mean(v)) for f, v in sorted(fams.items())}
 
 
 class LMAlgorithm(LoopAlgorithm):
