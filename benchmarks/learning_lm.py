@@ -62,7 +62,8 @@ def _algo(name: str, args, env_kwargs: dict, **over):
         per["max_gen_batches"] = args.max_gen_batches
     common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
                   temperature=args.temperature,
-                  task_families=FAMILIES, eval_split="dev,test", eval_episodes=args.eval_episodes,
+                  task_families=tuple(getattr(args, "families", FAMILIES)), eval_split="dev,test",
+                  eval_episodes=args.eval_episodes,
                   eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=8, checkpoint_every=0)
     return baselines.make(name, env_id=ENV, **{**common, **per, **over})
 
@@ -112,7 +113,8 @@ def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict,
             lo, hi = (mid, hi) if s > target else (lo, mid)
     at(best[0])
     agent.save(out, env_kwargs={k: v for k, v in env_kwargs.items() if k != "max_turns"})
-    info = {"alpha": best[0], "calib_success": best[1], "sft_success": s0, "trace": trace, "calib_tasks": n_calib}
+    info = {"alpha": best[0], "calib_success": best[1], "sft_success": s0, "trace": trace, "calib_tasks": n_calib,
+            "families": list(getattr(args, "families", FAMILIES)), "start": getattr(args, "start", "weaken")}
     (out / "weaken.json").write_text(json.dumps(info, indent=2))
     return info
 
@@ -144,7 +146,7 @@ def _train_one(job: tuple) -> tuple[str, int, list[dict], float]:
     return name, seed, res.history, time.perf_counter() - t1
 
 
-def run(args) -> None:
+def run(args, argv=None) -> None:
     from agents.lm.agent import LMAgent, default_checkpoint_dir
     from agents.registry import manifest_env_kwargs
 
@@ -157,7 +159,12 @@ def run(args) -> None:
     # the rendering the checkpoint was fine-tuned on (e.g. numbered results), the benchmark's turn limit
     env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
     t0 = time.perf_counter()
-    info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
+    target = args.target if args.start == "weaken" else float("inf")  # "init": α = 0, the checkpoint as it is
+    info = weaken(init, out / "start", target, args.calib, env_kwargs, args.bisect_steps, args)
+    made = {"families": info.get("families", list(FAMILIES)), "start": info.get("start", "weaken")}
+    if made != {"families": list(args.families), "start": args.start}:
+        raise SystemExit(f"{out / 'start'} was made for {made}, not for families={args.families} start={args.start};"
+                         " use another --out")
     print(f"start checkpoint: alpha={info['alpha']:.3f}, dev success {info['calib_success']:.2f} "
           f"(SFT {info['sft_success']:.2f}) [{time.perf_counter() - t0:.0f}s]")
     if info["sft_success"] < args.target:
@@ -172,7 +179,8 @@ def run(args) -> None:
         for split in ("dev", "test"):
             m = evaluate_metrics(start_agent, split, args.eval_episodes, env_kwargs, args)
             start[split] = m[f"{split}_success"]
-            start.update({f"{split}/{f}": m[f"{split}_success/{f}"] for f in FAMILIES if f"{split}_success/{f}" in m})
+            start.update({f"{split}/{f}": m[f"{split}_success/{f}"] for f in args.families
+                          if f"{split}_success/{f}" in m})
         start_file.write_text(json.dumps(start))
     print(f"start: dev {start['dev']:.2f}, test {start['test']:.2f} ({args.eval_episodes} episodes each)")
     parent = os.getpid() if args.jobs > 1 else None
@@ -189,12 +197,19 @@ def run(args) -> None:
         print(f"{name} seed {seed}: test {start['test']:.2f} -> {history[-1].get('test_success', float('nan')):.2f}"
               f", dev {start['dev']:.2f} -> {history[-1].get('dev_success', float('nan')):.2f}"
               f" ({sum(int(r.get('rollouts', 0)) for r in history)} rollouts, {secs:.0f}s)")
-    _write(out, _curves(out, start), start, args)
+    rows = _write(out, _curves(out, start, args.families), start, args)
+    if args.results and rows:
+        import shlex
+        import sys
+
+        command = "python -m benchmarks.learning_lm " + shlex.join(sys.argv[1:] if argv is None else argv)
+        write_results(Path(args.results), rows, start, args, time.perf_counter() - t0, command)
+        print(f"wrote {Path(args.results) / 'learning_lm.md'} and learning_lm.json")
 
 
-def _curves(out: Path, start: dict) -> list[dict]:
+def _curves(out: Path, start: dict, families=FAMILIES) -> list[dict]:
     """Every finished evaluation of every run under `out` (runs of earlier invocations included)."""
-    per_family = [f"test_success/{f}" for f in FAMILIES]
+    per_family = [f"test_success/{f}" for f in families]
     curves = [{"algo": "start", "seed": -1, "iteration": 0, "dev_success": start["dev"], "test_success": start["test"],
                **{k: start.get(k.replace("_success", "")) for k in per_family}, "rollouts": 0}]
     for name in ALGOS:
@@ -214,41 +229,105 @@ def _curves(out: Path, start: dict) -> list[dict]:
     return curves
 
 
-def _write(out: Path, curves: list[dict], start: dict, args) -> None:
+def _fmt_stat(st: dict) -> str:
+    """``+0.12 [+0.05, +0.19]`` (mean gain and its 95% t-interval over seeds)."""
+    if st["ci95"] is None:
+        return f"{st['mean']:+.2f}"
+    return f"{st['mean']:+.2f} [{st['ci95'][0]:+.2f}, {st['ci95'][1]:+.2f}]"
+
+
+def summarise(curves: list[dict], start: dict, iterations: int, families=FAMILIES) -> list[dict]:
+    """One row per algorithm with finished runs: the test-success gain over the start, final − start per seed,
+    its mean and 95% Student-t interval over seeds (`shopsim.leaderboard.metrics.stat`), overall and per family,
+    and whether every seed gained. The start is one checkpoint evaluated once on the same episodes, so each seed's
+    gain is a paired difference."""
+    from shopsim.leaderboard.metrics import stat
+
+    rows = []
+    algos = [a for a in dict.fromkeys(c["algo"] for c in curves) if a != "start"]
+    for algo in algos:
+        finals = sorted((c for c in curves if c["algo"] == algo and c["iteration"] == iterations),
+                        key=lambda c: c["seed"])
+        if not finals:
+            continue
+        gain = stat([c["test_success"] - start["test"] for c in finals])
+        fam = {}
+        for f in families:
+            vals = [c[f"test_success/{f}"] - start[f"test/{f}"] for c in finals
+                    if c.get(f"test_success/{f}") is not None and start.get(f"test/{f}") is not None]
+            fam[f] = stat(vals) if vals else None
+        rows.append({"algo": algo, "seeds": [c["seed"] for c in finals], "rollouts": finals[0]["rollouts"],
+                     "start_test": start["test"], "start_dev": start["dev"],
+                     "final_test": stat([c["test_success"] for c in finals]),
+                     "final_dev": stat([c["dev_success"] for c in finals]),
+                     "gain_test": gain, "all_seeds_gain": all(g > 0 for g in gain["per_seed"]),
+                     "gain_test_family": fam})
+    return rows
+
+
+def summary_table(rows: list[dict], families=FAMILIES) -> list[str]:
+    """The markdown table of `summarise`'s rows."""
+    fams = " | ".join(f"gain {f}" for f in families)
+    lines = [f"| algo | seeds | rollouts | test start | test final | test gain [95% CI] | gain per seed | every seed "
+             f"gains | dev start → final | {fams} |",
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(families)]
+    for r in rows:
+        per = " | ".join(_fmt_stat(r["gain_test_family"][f]) if r["gain_test_family"].get(f) else "–"
+                         for f in families)
+        lines.append(
+            f"| {r['algo']} | {len(r['seeds'])} | {r['rollouts']} | {r['start_test']:.2f} | "
+            f"{r['final_test']['mean']:.2f} | {_fmt_stat(r['gain_test'])} | "
+            f"{' '.join(f'{g:+.2f}' for g in r['gain_test']['per_seed'])} | "
+            f"{'yes' if r['all_seeds_gain'] else 'no'} | {r['start_dev']:.2f} → {r['final_dev']['mean']:.2f} | {per} |")
+    return lines
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: float, command: str) -> None:
+    """``learning_lm.md`` and ``learning_lm.json`` in `directory` (atomic writes): the gains table, the protocol,
+    the command, commit, seeds and wall time."""
+    from shopsim.paths import write_text_atomic
+
+    directory.mkdir(parents=True, exist_ok=True)
+    protocol = {k: getattr(args, k) for k in ("families", "start", "target", "iterations", "rollouts", "group_size",
+                                               "minibatches", "lr", "temperature", "max_new_tokens", "max_turns",
+                                               "eval_episodes", "seeds")}
+    meta = {"command": command, "commit": _commit(), "seeds": list(args.seeds), "wall_s": round(wall_s, 1),
+            "init": str(args.init or "data/lm/sft"), "protocol": protocol, "start": start}
+    write_text_atomic(directory / "learning_lm.json", json.dumps({**meta, "rows": rows}, indent=2, default=float))
+    fam = ", ".join(args.families)
+    md = ["# Learning benchmark: Shopping LM algorithms", "",
+          "Generated by `benchmarks/learning_lm.py`; do not edit by hand.", "",
+          f"- command: `{command}`", f"- commit: `{meta['commit']}`", f"- seeds: {', '.join(map(str, args.seeds))}",
+          f"- wall time: {wall_s / 60:.1f} min (this invocation; runs found finished in the output folder are reused)",
+          f"- families: {fam}; start: `{args.start}`"
+          + (f" (weakened to ≈{args.target:.2f} dev success)" if args.start == "weaken" else ""),
+          f"- budget per run: {args.iterations} iterations × {args.rollouts} rollouts, lr {args.lr}, rollout "
+          f"temperature {args.temperature}; evaluation: greedy, the first {args.eval_episodes} test (and dev) tasks "
+          "of the families, the same episodes for the start and every run", "",
+          "Gain = final test success − the start's, per seed; the interval is the 95% Student-t interval of the "
+          "mean over seeds.", "", *summary_table(rows, args.families), ""]
+    write_text_atomic(directory / "learning_lm.md", "\n".join(md))
+
+
+def _write(out: Path, curves: list[dict], start: dict, args) -> list[dict]:
     with (out / "curves.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(curves[0]))
         w.writeheader()
         w.writerows(curves)
-    rows = []
-    for algo in ALGOS:
-        finals = [c for c in curves if c["algo"] == algo and c["iteration"] == args.iterations]
-        if not finals:
-            continue
-        te = np.array([c["test_success"] for c in finals], dtype=float)
-        dv = np.array([c["dev_success"] for c in finals], dtype=float)
-        rows.append({"algo": algo, "seeds": len(finals), "start_test": start["test"], "final_test_mean": te.mean(),
-                     "final_test_std": te.std(), "start_dev": start["dev"], "final_dev_mean": dv.mean(),
-                     "final_dev_std": dv.std(), "rollouts": finals[0]["rollouts"],
-                     "test_per_seed": " ".join(f"{x:.2f}" for x in te),
-                     **{f"final_test/{f}": float(np.mean([c[f"test_success/{f}"] for c in finals
-                                                          if c.get(f"test_success/{f}") is not None] or [np.nan]))
-                        for f in FAMILIES},
-                     "raised_test": bool(te.mean() > start["test"])})
+    rows = summarise(curves, start, args.iterations, args.families)
     if rows:
-        with (out / "summary.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        fams = " | ".join(f"test {f} (start → final)" for f in FAMILIES)
-        lines = [("| algo | seeds | test start | test final (mean ± std) | per seed | "
-                  f"dev start | dev final | rollouts | {fams} |"),
-                 "|---|---|---|---|---|---|---|---|" + "---|" * len(FAMILIES)]
-        for r in rows:
-            per = " | ".join(f"{start.get('test/' + f, float('nan')):.2f} → {r['final_test/' + f]:.2f}"
-                             for f in FAMILIES)
-            lines.append(f"| {r['algo']} | {r['seeds']} | {r['start_test']:.2f} | {r['final_test_mean']:.2f} ± "
-                         f"{r['final_test_std']:.2f} | {r['test_per_seed']} | {r['start_dev']:.2f} | "
-                         f"{r['final_dev_mean']:.2f} ± {r['final_dev_std']:.2f} | {r['rollouts']} | {per} |")
+        (out / "summary.json").write_text(json.dumps(rows, indent=2, default=float))
+        lines = summary_table(rows, args.families)
         (out / "summary.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
     try:
@@ -266,7 +345,7 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> None:
                 ys = [np.mean([c[f"{split}_success"] for c in curves if c["algo"] == algo and c["iteration"] == i])
                       for i in its]
                 ax.plot([0, *its], [start[split], *ys], marker="o", label=algo)
-            ax.set_title(f"{split} success (find_and_buy + clarify_and_buy)")
+            ax.set_title(f"{split} success ({' + '.join(args.families)})")
             ax.set_xlabel("iteration")
         axes[0].set_ylabel("success rate (mean over seeds)")
         axes[1].legend()
@@ -274,6 +353,7 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> None:
         fig.savefig(out / "curves.png", dpi=120)
     except Exception as exc:  # plotting must not lose the numbers
         print(f"plot skipped: {exc}")
+    return rows
 
 
 def main(argv=None) -> int:
@@ -303,13 +383,27 @@ def main(argv=None) -> int:
     p.add_argument("--max-gen-batches", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--jobs", type=int, default=1, help="(algorithm, seed) runs in parallel processes")
+    p.add_argument("--families", default=",".join(FAMILIES),
+                   help="task families trained and evaluated, comma-separated (default %(default)s)")
+    p.add_argument("--start", choices=("weaken", "init"), default="weaken",
+                   help="weaken: interpolate --init toward a random model until dev success ≈ --target; "
+                        "init: start from --init as it is")
+    p.add_argument("--results", default=None,
+                   help="also write learning_lm.md and learning_lm.json (gains with 95%% intervals, command, commit, "
+                        "seeds, wall time) into this folder, e.g. docs/results")
     p.add_argument("--quick", action="store_true", help="grpo + mpo, 1 seed, 3 iterations, 8 rollouts, 12 eval tasks")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
         a.algos, a.seeds, a.iterations, a.rollouts, a.group_size = ["grpo", "mpo"], [0], 3, 8, 4
         a.eval_episodes, a.eval_every, a.calib, a.bisect_steps, a.max_turns = 12, 1, 12, 4, 10
-    run(a)
+    a.families = [f for f in str(a.families).split(",") if f]
+    from shopsim.envs.shopping import FAMILIES as ALL_FAMILIES
+
+    bad = [f for f in a.families if f not in ALL_FAMILIES]
+    if bad or not a.families:
+        p.error(f"--families: unknown {bad or 'empty'}; choose from {', '.join(ALL_FAMILIES)}")
+    run(a, argv)
     return 0
 
 
