@@ -56,3 +56,18 @@ def test_explained_variance():
     t = torch.tensor([1.0, 2.0, 3.0])
     assert explained_variance(t, t) == pytest.approx(1.0)
     assert explained_variance(torch.zeros(3), t) == pytest.approx(1.0 - 1.0)  # Var(t-0)/Var(t) = 1
+
+
+def test_tied_group_gets_exactly_zero_advantage():
+    """Six rewards of 0.3: the float mean is not exactly 0.3, and (R − mean)/(std + 1e-6) used to give every member
+    the same advantage of about +0.03 (and std > 0 hid the group from the zero-variance count)."""
+    from baselines.core.stats import group_normalize, group_stats
+
+    r = torch.tensor([0.3] * 6 + [0.0, 1.0], dtype=torch.float32)
+    g = torch.tensor([0] * 6 + [1, 1])
+    assert float(r[:6].sum() / 6) != 0.3  # the rounding the fix guards against
+    mean, std, _ = group_stats(r, g)
+    assert torch.equal(std[:6], torch.zeros(6)) and torch.equal(mean[:6], r[:6])
+    a = group_normalize(r, g, "mean_std")
+    assert torch.equal(a[:6], torch.zeros(6))
+    assert a[6] == pytest.approx(-1 / (2 ** 0.5 + 1e-6)) and a[7] == pytest.approx(1 / (2 ** 0.5 + 1e-6))

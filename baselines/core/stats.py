@@ -86,7 +86,9 @@ def group_stats(values: torch.Tensor, group_ids, weights: torch.Tensor | None = 
     """Per-element (mean, std, count) of the element's group. `values` is 1-D; `weights` (0/1) excludes elements.
 
     std uses Bessel's correction (torch.std / verl); a group of one has std 0 here (callers decide what a
-    singleton means, see `group_normalize`).
+    singleton means, see `group_normalize`). A group whose (included) values are all equal gets exactly its value
+    as mean and std 0: the float sum/count of e.g. six rewards of 0.3 is not exactly 0.3, and dividing that rounding
+    error by a tiny std would hand every member the same spurious advantage.
     """
     ids = _ids(group_ids).to(values.device)
     w = torch.ones_like(values) if weights is None else weights.to(values.dtype)
@@ -98,6 +100,12 @@ def group_stats(values: torch.Tensor, group_ids, weights: torch.Tensor | None = 
     ss = torch.zeros_like(cnt).index_add_(0, ids, dev)
     denom = (cnt - 1.0).clamp_min(1.0) if unbiased else cnt.clamp_min(1.0)
     std = torch.sqrt(ss / denom)
+    big = torch.finfo(values.dtype).max
+    lo = torch.full_like(cnt, big).scatter_reduce(0, ids, torch.where(w > 0, values, big), "amin")
+    hi = torch.full_like(cnt, -big).scatter_reduce(0, ids, torch.where(w > 0, values, -big), "amax")
+    tied = (lo == hi) & (cnt > 0)
+    mean = torch.where(tied, lo, mean)
+    std = torch.where(tied, torch.zeros_like(std), std)
     return mean[ids], std[ids], cnt[ids]
 
 
