@@ -36,7 +36,8 @@ from baselines.grpo import Reward, trajectory_reward
 from shopsim.configs import bounded
 from shopsim.errors import ConfigError
 
-__all__ = ["WAPOConfig", "WAPO", "wapo_advantages", "wapo_weights", "wapo_token_loss", "token_bins"]
+__all__ = ["WAPOConfig", "WAPO", "TokenBinLogging", "wapo_advantages", "wapo_weights", "wapo_token_loss",
+           "token_bins"]
 
 
 @dataclass
@@ -133,19 +134,40 @@ def token_bins(logp: torch.Tensor, coll: torch.Tensor, adv: torch.Tensor, mask: 
             "zero_adv_tokens": float((m & (adv == 0)).sum())}
 
 
-class WAPO(LMAlgorithm):
+class TokenBinLogging:
+    """Logging-only mixin for an `LMAlgorithm` (before it in the bases): the four token bins and the entropy over
+    every generated token of each optimizer step, from the update's own forward (`token_bins`). The loss is
+    unchanged; zero-advantage rows are no longer skipped, since the bins need them. Off when the config has
+    ``log_token_bins=False``."""
+
+    @property
+    def needs_entropy(self) -> bool:  # logging only: no entropy term is added
+        return bool(getattr(self.config, "log_token_bins", True))
+
+    @property
+    def needs_collision(self) -> bool:
+        return bool(getattr(self.config, "log_token_bins", True))
+
+    def token_metrics(self, mb: dict, logp: torch.Tensor, ent: torch.Tensor | None,
+                      coll: torch.Tensor | None) -> dict:
+        """Shares of the four bins and the mean entropy over all generated tokens of the step (this micro-batch's
+        part of them)."""
+        if coll is None:
+            return {}
+        batch = mb["batch"]
+        total = max(float(batch.gen_mask[mb["step_rows"]].sum()), 1.0)
+        gen = mb["gen_mask"]
+        out = {k: v / total for k, v in token_bins(logp, coll, mb["adv"], gen).items()}
+        if ent is not None:
+            out["entropy_gen"] = float((ent.detach() * gen).sum()) / total
+        return out
+
+
+class WAPO(TokenBinLogging, LMAlgorithm):
     """Winner Advantage Policy Optimization: mean-centred outcome advantage, only the winners trained."""
 
     name = "wapo"
     Config = WAPOConfig
-
-    @property
-    def needs_entropy(self) -> bool:  # logging only: WAPO has no entropy term
-        return self.config.log_token_bins
-
-    @property
-    def needs_collision(self) -> bool:
-        return self.config.log_token_bins
 
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
         """A_i on every generated token (losers keep their A ≤ 0 for the bins); the token mask keeps winners."""
@@ -188,17 +210,3 @@ class WAPO(LMAlgorithm):
             stats = {"ratio": (ratio * m).sum() / n, "clipfrac": ((ratio > 1.0 + c.clip_eps).float() * m).sum() / n,
                      "approx_kl": ((torch.exp(-log_ratio) - 1 + log_ratio) * m).sum() / n}
         return loss, stats
-
-    def token_metrics(self, mb: dict, logp: torch.Tensor, ent: torch.Tensor | None,
-                      coll: torch.Tensor | None) -> dict:
-        """Shares of the four bins and the mean entropy over all generated tokens of the step (this micro-batch's
-        part of them)."""
-        if coll is None:
-            return {}
-        batch = mb["batch"]
-        total = max(float(batch.gen_mask[mb["step_rows"]].sum()), 1.0)
-        gen = mb["gen_mask"]
-        out = {k: v / total for k, v in token_bins(logp, coll, mb["adv"], gen).items()}
-        if ent is not None:
-            out["entropy_gen"] = float((ent.detach() * gen).sum()) / total
-        return out
