@@ -12,7 +12,7 @@ import baselines
 from baselines.core.batch import build_batch
 from baselines.core.losses import collision_from_logits
 from baselines.core.trainer import forward_policy
-from baselines.wapo import WAPOConfig, token_bins, wapo_advantages, wapo_token_loss, wapo_weights
+from baselines.wapo import TokenBinLogging, WAPOConfig, token_bins, wapo_advantages, wapo_token_loss, wapo_weights
 from shopsim.errors import ConfigError
 from shopsim.trajectory import Trajectory, Turn
 
@@ -216,6 +216,40 @@ def test_update_uses_wapo_weights_and_logs_bins_over_all_tokens():
         peak[:, 1:] = p_tok >= probs.square().sum(-1)
     loser = torch.isin(b.row_traj, torch.tensor([1, 10]))[:, None] & b.gen_mask
     assert m["neg_peak"] == pytest.approx(float((peak & loser).sum()) / n)
+
+
+def test_bin_logging_leaves_the_grpo_update_unchanged():
+    """`TokenBinLogging` on GRPO (the check's grpo+bins arm): same loss and gradient, bins over every token."""
+    import copy
+
+    from agents.lm.model import build_model
+    from agents.lm.tokenizer import load_tokenizer
+    from baselines.grpo import GRPO
+
+    class GRPOBins(TokenBinLogging, GRPO):
+        pass
+
+    tok = load_tokenizer()
+    model = build_model(tok, size="tiny", seed=0)
+    b = _hand_batch()
+    with torch.no_grad():
+        lp, _, _ = forward_policy(model, b.input_ids, b.attention_mask, positions=b.gen_mask)
+    b.old_logp = lp * b.gen_mask
+    out = []
+    for cls in (GRPO, GRPOBins):
+        algo = cls(minibatches=1, lr=1e-4)
+        algo.setup(SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok))
+        out.append(algo.update(b, generator=torch.Generator().manual_seed(0)))
+    plain, logged = out
+    assert logged["loss_policy"] == pytest.approx(plain["loss_policy"], rel=1e-5)
+    assert logged["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
+    assert "pos_peak" not in plain
+    n = float(b.gen_mask.sum())
+    assert logged["neg_peak"] + logged["neg_valley"] == pytest.approx(5 / n)
+    # GRPO's own signs (its std-normalised tie group is not exactly zero, so it is read from its advantages)
+    adv = GRPO().compute_advantages(b, None).adv * b.gen_mask
+    assert logged["pos_peak"] + logged["pos_valley"] == pytest.approx(float((adv > 0).sum()) / n)
+    assert logged["zero_adv_tokens"] == pytest.approx(float(((adv == 0) & b.gen_mask).sum()) / n)
 
 
 def test_config_validation():
