@@ -133,8 +133,9 @@ def _markdown(res: dict) -> str:
              f"lr {a['lr']} for every arm (the learning benchmark's common rate; WAPO's card default is 1e-5), "
              f"{a['minibatches']} optimizer steps per iteration, rollout temperature {a['temperature']}, "
              f"{a['eval_episodes']} greedy dev and test episodes at the end.  ",
-             f"Wall time of this invocation: {res['wall_s']:.0f} s; training time per run (rollout + update, summed "
-             "from metrics.csv) is in the last table.", "",
+             f"Wall time of this invocation: {res['wall_s']:.0f} s (finished runs are reused, not retrained; "
+             f"rollout + update time of all the runs in the tables, summed from their metrics.csv: "
+             f"{res['train_s']:.0f} s, per run in the last table).", "",
              "Arms: `wapo` (this repository's WAPO); `grpo` (the learning benchmark's GRPO runs, which log no "
              "entropy and no token bins); `grpo+bins` (the same GRPO update with WAPO's logging-only bins and "
              "entropy over every generated token).", "",
@@ -190,12 +191,14 @@ def _reading(arms: dict) -> list[str]:
     """Plain statements of what the numbers show, computed from them (no hand-written claims)."""
     out = []
     w = arms.get("wapo")
-    ref = arms.get("grpo+bins") or arms.get("grpo")
-    if w and ref:
+    for ref_name in ("grpo", "grpo+bins"):
+        ref = arms.get(ref_name)
+        if not (w and ref):
+            continue
         for split in ("dev", "test"):
             dw, dg = w["final"][split]["mean"], ref["final"][split]["mean"]
             verdict = "at or above" if dw >= dg else "below"
-            out.append(f"- Final {split} success: wapo {dw:.2f} vs grpo {dg:.2f} ({verdict} GRPO; "
+            out.append(f"- Final {split} success: wapo {dw:.2f} vs {ref_name} {dg:.2f} ({verdict}; "
                        f"{len(w['seeds'])} vs {len(ref['seeds'])} seeds, std {w['final'][split]['std']:.2f} / "
                        f"{ref['final'][split]['std']:.2f}).")
     for name, s in arms.items():
@@ -274,6 +277,7 @@ def main(argv=None) -> int:
     res = {"command": "python -m benchmarks.repro_wapo " + " ".join(sys.argv[1:] if argv is None else argv),
            "git_commit": _git_commit(), "args": {k: v for k, v in vars(args).items()}, "start": start,
            "families": list(FAMILIES), "wall_s": time.perf_counter() - t0, "arms": arms}
+    res["train_s"] = float(sum(p["wall_s"] for s in arms.values() for p in s["per_seed"].values()))
     res["reading"] = _reading(arms)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
