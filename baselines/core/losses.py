@@ -13,7 +13,7 @@ import torch
 
 __all__ = [
     "AGG_MODES", "aggregate", "aggregation_weights", "clipped_surrogate", "kl_term", "entropy_from_logits",
-    "token_logprobs", "value_loss",
+    "collision_from_logits", "token_logprobs", "value_loss",
 ]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -176,6 +176,22 @@ def entropy_from_logits(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor
         z = flat[i : i + chunk].to(torch.promote_types(flat.dtype, torch.float32))
         lse = torch.logsumexp(z, dim=-1)
         out.append(lse - (torch.softmax(z, dim=-1) * z).sum(-1))
+    if not out:
+        return logits.new_zeros(logits.shape[:-1])
+    return torch.cat(out).reshape(logits.shape[:-1])
+
+
+def collision_from_logits(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Collision probability Σ_v p_v² of the full next-token distribution at each position (WAPO's peak/valley
+    threshold: a sampled token is a peak when its probability is at least this).
+
+    Computed in chunks over positions, like `entropy_from_logits`, so no full [.., V] probability tensor is kept.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = []
+    for i in range(0, flat.shape[0], chunk):
+        z = flat[i : i + chunk].to(torch.promote_types(flat.dtype, torch.float32))
+        out.append(torch.softmax(z, dim=-1).square().sum(-1))
     if not out:
         return logits.new_zeros(logits.shape[:-1])
     return torch.cat(out).reshape(logits.shape[:-1])

@@ -12,6 +12,9 @@ An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 * `compute_advantages(batch, ctx)`  → `Advantages` (token advantages [R, S], optional critic targets)
 * `policy_loss_tok(mb, logp, adv)`  → per-token policy loss (default: PPO's clipped surrogate)
 * `extra_loss(mb, logp)`            → additional loss terms (VAPO's positive-example NLL)
+* `policy_weights(batch, rows, mask)` → the step-wide per-token weights of the policy loss (default: `loss_agg`;
+  WAPO's per-group normaliser)
+* `token_metrics(mb, logp, ent, coll)` → logging-only statistics of each micro-batch's forward (WAPO's token bins)
 * `collect_batch(...)`              → rollout policy (DAPO's dynamic sampling)
 * `before_training(...)`            → e.g. VAPO's value pre-training
 """
@@ -37,6 +40,7 @@ from .losses import (
     aggregate,
     aggregation_weights,
     clipped_surrogate,
+    collision_from_logits,
     entropy_from_logits,
     group_mean_weights,
     kl_term,
@@ -50,8 +54,11 @@ __all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "forward_policy"]
 
 
 def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0, need_hidden: bool = False,
-                   need_entropy: bool = False, positions=None):
+                   need_entropy: bool = False, positions=None, need_collision: bool = False):
     """One forward over right-padded rows: (logp [B,S] aligned with tokens, entropy [B,S] or None, hidden or None).
+
+    `need_collision`: also return, as a fourth element, the collision probability Σ_v p_v² [B,S] of the full
+    next-token distribution (WAPO's peak/valley threshold), computed from the same logits as the entropy.
 
     Position ids are ``cumsum(mask) − 1`` (the LM agent's convention), log-probs use the sampling temperature.
     `positions` (bool [B,S], e.g. the batch's ``gen_mask``): compute log-probs and entropy only there (zeros
@@ -73,6 +80,10 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
         if need_entropy:
             ent = torch.zeros_like(lp)
             ent[:, 1:][sel] = entropy_from_logits(logits)
+        if need_collision:
+            coll = torch.zeros_like(lp)
+            coll[:, 1:][sel] = collision_from_logits(logits)
+            return lp, ent, (hidden if need_hidden else None), coll
         return lp, ent, (hidden if need_hidden else None)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
                 output_hidden_states=need_hidden)
@@ -83,6 +94,10 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     if need_entropy:
         ent = entropy_from_logits(logits)
         ent = torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
+    if need_collision:
+        coll = collision_from_logits(logits)
+        coll = torch.cat([torch.zeros_like(coll[:, :1]), coll], dim=1)
+        return lp, ent, (out.hidden_states[-1] if need_hidden else None), coll
     return lp, ent, (out.hidden_states[-1] if need_hidden else None)
 
 
@@ -96,6 +111,8 @@ class LMAlgorithm(LoopAlgorithm):
     min_iterations: ClassVar[int] = 0
     uses_critic: ClassVar[bool] = False
     needs_entropy: ClassVar[bool] = False
+    #: compute Σ_v p_v² at the trained positions in the update's forward and hand it to `token_metrics`
+    needs_collision: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ hooks
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
@@ -107,6 +124,19 @@ class LMAlgorithm(LoopAlgorithm):
 
     def extra_loss(self, mb: dict, logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
         return None, {}
+
+    def policy_weights(self, batch: Batch, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-token weights w [len(rows), S] of one optimizer step's policy loss (Σ w·ℓ is the step's loss), built
+        once over the whole step (`mask` = the step's trained tokens). Default: the `loss_agg` aggregation, where a
+        sequence is a trajectory (its turns in window mode, its segments in a cut concat episode)."""
+        seq_index = torch.unique(batch.row_traj[rows], return_inverse=True)[1]
+        return aggregation_weights(mask, self.config.loss_agg, seq_index=seq_index)
+
+    def token_metrics(self, mb: dict, logp: torch.Tensor, ent: torch.Tensor | None,
+                      coll: torch.Tensor | None) -> dict:
+        """Logging-only statistics of one micro-batch's forward (`coll`: Σ_v p_v² when `needs_collision`). The
+        values are summed over the step's micro-batches, so return each micro-batch's share of a step-wide mean."""
+        return {}
 
     def before_training(self, env_id: str, agent, rng: np.random.Generator, out_dir: Path) -> dict:
         return {}
@@ -172,9 +202,10 @@ class LMAlgorithm(LoopAlgorithm):
                 p.requires_grad_(False)
 
     # ------------------------------------------------------------------ one update
-    def _rows_forward(self, model, ids, attn, *, need_entropy=False, need_hidden=False, positions=None):
+    def _rows_forward(self, model, ids, attn, *, need_entropy=False, need_hidden=False, positions=None,
+                      need_collision=False):
         return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
-                              need_hidden=need_hidden, positions=positions)
+                              need_hidden=need_hidden, positions=positions, need_collision=need_collision)
 
     def micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Split `rows` into micro-batches, returned as positions into `rows`: length-bucketed under
@@ -285,11 +316,10 @@ class LMAlgorithm(LoopAlgorithm):
         c = self.config
         need_ent = c.entropy_coef > 0 or self.needs_entropy
         shared = self.critic is not None and self.critic.shared
-        # a sequence is a trajectory: its turns (window) or its segments (a cut concat episode) share one index
-        seq_index = torch.unique(batch.row_traj[rows], return_inverse=True)[1]
+        need_coll = self.needs_collision
         mask_all = tok_mask[rows]
         # weights computed over the whole step: Σ_micro Σ w·ℓ equals the aggregate over the step exactly
-        w_pol = aggregation_weights(mask_all, c.loss_agg, seq_index=seq_index)
+        w_pol = self.policy_weights(batch, rows, mask_all)
         w_tok = aggregation_weights(mask_all, "token-mean")
         vmask_all = (batch.gen_mask if advs.value_mask is None else advs.value_mask)[rows].float()
         if advs.value_groups is None:
@@ -311,15 +341,19 @@ class LMAlgorithm(LoopAlgorithm):
         for ch in chunks:
             r = rows[ch]
             mask = tok_mask[r]
-            logp, ent, hid = self._trimmed(lambda i, a, g: self._rows_forward(
-                self.model, i, a, need_entropy=need_ent, need_hidden=shared, positions=g), batch, r,
-                batch.gen_mask[r])
+            fwd = self._trimmed(lambda i, a, g: self._rows_forward(
+                self.model, i, a, need_entropy=need_ent, need_hidden=shared, positions=g,
+                **({"need_collision": True} if need_coll else {})), batch, r, batch.gen_mask[r])
+            logp, ent, hid = fwd[:3]
+            coll = fwd[3] if need_coll else None
             mb = {
                 "rows": r, "gen_mask": batch.gen_mask[r], "turn_index": batch.turn_index[r],
                 "row_traj": batch.row_traj[r], "old_logp_pi": ctx.old_logp[r], "behav_logp": ctx.behav_logp[r],
                 "batch": batch, "adv": adv[r], "step_rows": full_rows, "step_mask": mask_all, "w_tok": w_tok[ch],
             }
             pg_tok, st = self.policy_loss_tok(mb, logp, adv[r], mask)
+            for k, v in self.token_metrics(mb, logp, ent, coll).items():
+                stats[k] = stats.get(k, 0.0) + float(v)
             lp = (pg_tok * w_pol[ch]).sum()
             loss = lp
             parts = {"loss_policy": lp}
@@ -367,7 +401,7 @@ class LMAlgorithm(LoopAlgorithm):
     def _zero_rows_skippable(self, ctx: Ctx, need_ent: bool) -> bool:
         """Whether rows with zero advantage everywhere add nothing to the loss (see `skip_zero_advantage_rows`)."""
         c = self.config
-        return (c.skip_zero_advantage_rows and not need_ent and self.critic is None
+        return (c.skip_zero_advantage_rows and not need_ent and not self.needs_collision and self.critic is None
                 and (ctx.ref_logp is None or c.kl_coef == 0)
                 and type(self).extra_loss is LMAlgorithm.extra_loss)
 
