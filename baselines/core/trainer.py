@@ -96,6 +96,8 @@ class LMAlgorithm(LoopAlgorithm):
     min_iterations: ClassVar[int] = 0
     uses_critic: ClassVar[bool] = False
     needs_entropy: ClassVar[bool] = False
+    #: record per-turn hidden summaries during rollouts (the LM agent's ``sampling.record_hidden``; BiPACE)
+    needs_hidden: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ hooks
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
@@ -144,6 +146,8 @@ class LMAlgorithm(LoopAlgorithm):
                 samp.max_new_tokens = c.max_new_tokens
             if hasattr(samp, "greedy"):
                 samp.greedy = False
+            if self.needs_hidden and hasattr(samp, "record_hidden"):
+                samp.record_hidden = True
         if c.context_mode is not None and hasattr(agent, "context_mode"):
             agent.context_mode = c.context_mode
 

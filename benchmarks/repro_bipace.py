@@ -1,0 +1,287 @@
+"""Reproduction check of BiPACE (docs/algorithms/bipace.md) against GiGPO on Shopping-v0 at the same budget.
+
+    python -m benchmarks.repro_bipace [--out runs/seedcheck] [--seeds 0 1 2] [--iterations 10] [--rollouts 32]
+        [--group-size 8] [--eval-episodes 50] [--eval-every 10] [--overhead-rollouts 32]
+
+Claims checked (Wang et al., arXiv 2606.25556): hidden-state clusters leave fewer singleton step groups than
+GiGPO's exact anchor-state groups; success improves over GiGPO; no giant cluster forms (watch the P90 cluster size).
+
+Protocol: `benchmarks.learning_lm`'s (the weakened SFT start in ``OUT/start``, the same rollouts, learning rate,
+temperature, env settings, update schedule and paired greedy evaluation; `learning_lm._algo`). BiPACE trains in
+``OUT/bipace/seed<S>`` (the card's defaults), plus two ablations: ``bipace-distinct`` (ε from the non-duplicate
+pairs, `eps_pairs="distinct"`) and ``bipace-state`` (state-only step baseline, `baseline="state"`). GiGPO (and
+GRPO, for context) are read from ``OUT/gigpo/seed<S>`` / ``OUT/grpo/seed<S>`` when present and never trained here (``--train-refs`` trains the missing ones); a finished run is reused, an
+interrupted one resumes.
+
+Singleton share = the share of step groups (GiGPO: anchor groups, metric ``anchor_singleton_share``; BiPACE:
+hidden-state clusters, ``bipace_singleton_share``) that hold one step, averaged over iterations; "steps in
+singletons" is the share of steps that get no step signal. The hidden-state recording cost is measured on the start
+checkpoint: the same rollouts (tasks, seeds, sampling generator) collected with and without ``record_hidden``.
+
+Writes ``docs/results/bipace_check.md`` and ``docs/results/bipace_check.json`` (table, command, git commit, seeds,
+wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.learning_lm import ENV, EVAL_SEED, FAMILIES, _algo, _train_one, evaluate_metrics, weaken
+from shopsim.paths import write_text_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+#: BiPACE arms: the card's defaults and two ablations (config overrides)
+VARIANTS = {"bipace": {}, "bipace-distinct": {"eps_pairs": "distinct"}, "bipace-state": {"baseline": "state"}}
+ARMS = ("grpo", "gigpo", *VARIANTS)
+
+
+def _read(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _f(row: dict, key: str) -> float | None:
+    v = row.get(key)
+    return None if v in (None, "") else float(v)
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if x is not None and np.isfinite(x)]
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+def _std(xs) -> float:
+    xs = [x for x in xs if x is not None and np.isfinite(x)]
+    return float(np.std(xs)) if xs else float("nan")
+
+
+def _finished(out: Path, name: str, seed: int, iterations: int) -> bool:
+    path = out / name / f"seed{seed}" / "metrics.csv"
+    return path.is_file() and len(_read(path)) >= iterations
+
+
+def overhead(out: Path, env_kwargs: dict, args) -> dict:
+    """Rollout time with and without hidden-state recording on the start checkpoint (same tasks, seeds and
+    sampling generator; each setting run `reps` times, alternating)."""
+    from agents.lm.agent import LMAgent
+    from baselines.core.tasks import sample_tasks
+    from shopsim.rollout import collect
+
+    agent = LMAgent(env_id=ENV, checkpoint=out / "start", temperature=args.temperature)
+    G = args.group_size
+    n = max(1, args.overhead_rollouts // G)
+    rng = np.random.default_rng(123)
+    tasks = sample_tasks(ENV, "train", rng, n, families=FAMILIES)
+    seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=n)]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    turns: dict[bool, int] = {False: 0, True: 0}
+    for _ in range(args.overhead_reps):
+        for rec in (False, True):
+            agent.sampling.record_hidden = rec
+            t0 = time.perf_counter()
+            trajs = collect(ENV, agent, tasks=tasks, seeds=seeds, split="train", group_size=G, num_envs=8,
+                            env_kwargs=env_kwargs, progress=False, agent_seed=7)
+            times[rec].append(time.perf_counter() - t0)
+            turns[rec] = sum(t.num_turns for t in trajs)
+    off, on = float(np.median(times[False])), float(np.median(times[True]))
+    return {"rollouts": n * G, "reps": args.overhead_reps, "turns_off": turns[False], "turns_on": turns[True],
+            "rollout_s_off": off, "rollout_s_on": on, "overhead": on / off - 1.0}
+
+
+def summarise(out: Path, start: dict, args) -> dict:
+    """Per arm: final success, singleton shares, cluster sizes and timing over the finished seeds."""
+    res = {}
+    for name in ARMS:
+        runs = [(s, _read(out / name / f"seed{s}" / "metrics.csv")) for s in args.seeds
+                if _finished(out, name, s, args.iterations)]
+        if not runs:
+            continue
+        finals = [r[-1] for _, r in runs]
+        d = {"seeds": [s for s, _ in runs]}
+        for split in ("dev", "test"):
+            d[f"{split}_success"] = [_f(f, f"{split}_success") for f in finals]
+            for fam in FAMILIES:
+                d[f"{split}_success/{fam}"] = _mean(_f(f, f"{split}_success/{fam}") for f in finals)
+        pre = "anchor_" if name == "gigpo" else "bipace_" if name in VARIANTS else None
+        if pre:
+            d["singleton_share"] = [_mean(_f(x, f"{pre}singleton_share") for x in r) for _, r in runs]
+            d["steps_in_singletons"] = [_mean(_f(x, f"{pre}steps_in_singletons") for x in r) for _, r in runs]
+            d["group_size_mean"] = _mean(_mean(_f(x, "anchor_group_size" if name == "gigpo" else
+                                                  "bipace_cluster_size") for x in r) for _, r in runs)
+        if name in VARIANTS:
+            for k in ("cluster_p90", "pace_share", "rloo_share", "peer_count", "parse_rate", "epsilon",
+                      "giant_clusters", "adv_s"):
+                d[k] = _mean(_mean(_f(x, f"bipace_{k}") for x in r) for _, r in runs)
+            d["cluster_p90_max"] = max(max(_f(x, "bipace_cluster_p90") or 0.0 for x in r) for _, r in runs)
+        d["iteration_s"] = _mean(_mean((_f(x, "rollout_s") or 0) + (_f(x, "update_s") or 0) for x in r)
+                                 for _, r in runs)
+        res[name] = d
+    return res
+
+
+def _fmt(xs) -> str:
+    return f"{_mean(xs):.3f} ± {_std(xs):.3f}" if isinstance(xs, list) else f"{xs:.3f}"
+
+
+def render(res: dict, start: dict, ov: dict | None, meta: dict) -> str:
+    lines = ["# BiPACE reproduction check (Shopping-v0)", "",
+             "Generated by `benchmarks/repro_bipace.py`; do not edit by hand.", "",
+             f"Command: `{meta['command']}`  ", f"Commit: `{meta['commit']}`  ",
+             f"Seeds: {meta['seeds']}; {meta['iterations']} iterations × {meta['rollouts']} rollouts "
+             f"(G = {meta['group_size']}); {meta['eval_episodes']} greedy dev and test episodes; wall time "
+             f"{meta['wall_s']:.0f} s.", "",
+             "## Step groups and success (mean ± std over seeds; success after the last iteration)", "",
+             "| arm | seeds | singleton share | steps in singletons | mean group size | dev success | test success | "
+             + " | ".join(f"test {f}" for f in FAMILIES) + " | s / iteration |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(FAMILIES) + "---|",
+             f"| start | - | - | - | - | {start['dev']:.3f} | {start['test']:.3f} | "
+             + " | ".join(f"{start.get('test/' + f, float('nan')):.3f}" for f in FAMILIES) + " | - |"]
+    for name, d in res.items():
+        single = _fmt(d["singleton_share"]) if "singleton_share" in d else "-"
+        steps = _fmt(d["steps_in_singletons"]) if "steps_in_singletons" in d else "-"
+        gsz = f"{d['group_size_mean']:.2f}" if "group_size_mean" in d else "-"
+        lines.append(f"| {name} | {len(d['seeds'])} | {single} | {steps} | {gsz} | {_fmt(d['dev_success'])} | "
+                     f"{_fmt(d['test_success'])} | "
+                     + " | ".join(f"{d['test_success/' + f]:.3f}" for f in FAMILIES) + f" | {d['iteration_s']:.0f} |")
+    b = res.get("bipace")
+    if any(v in res for v in VARIANTS):
+        lines += ["", "## BiPACE internals (mean over iterations and seeds)", "",
+                  "Arms: `bipace` = the card's defaults; `bipace-distinct` = ε from the distinct (non-duplicate) pairs "
+                  "(`eps_pairs=distinct`); `bipace-state` = state-only step baseline (`baseline=state`).", "",
+                  "| arm | ε | P90 cluster size (mean / max) | giant clusters per batch | PACE share | RLOO share | "
+                  "same-action peers | action parse rate | advantage time (s) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for v in VARIANTS:
+            if v in res:
+                x = res[v]
+                lines.append(f"| {v} | {x['epsilon']:.4g} | {x['cluster_p90']:.2f} / {x['cluster_p90_max']:.2f} | "
+                             f"{x['giant_clusters']:.2f} | {x['pace_share']:.3f} | {x['rloo_share']:.3f} | "
+                             f"{x['peer_count']:.2f} | {x['parse_rate']:.3f} | {x['adv_s']:.3f} |")
+    if ov:
+        lines += ["", "## Hidden-state recording cost (start checkpoint, same rollouts)", "",
+                  f"{ov['rollouts']} rollouts, median of {ov['reps']}: {ov['rollout_s_off']:.1f} s without, "
+                  f"{ov['rollout_s_on']:.1f} s with `record_hidden` ({100 * ov['overhead']:+.1f}%; "
+                  f"{ov['turns_off']} / {ov['turns_on']} turns)."]
+    lines += ["", "## Claims", ""]
+    g = res.get("gigpo")
+    if b and g:
+        sb, sg = _mean(b["singleton_share"]), _mean(g["singleton_share"])
+        lines.append(f"- Singleton share lower than GiGPO's: {'shows' if sb < sg else 'does not show'} "
+                     f"({sb:.3f} vs {sg:.3f}; steps in singletons {_mean(b['steps_in_singletons']):.3f} vs "
+                     f"{_mean(g['steps_in_singletons']):.3f}).")
+        for split in ("dev", "test"):
+            xb, xg = _mean(b[f"{split}_success"]), _mean(g[f"{split}_success"])
+            sd = max(_std(b[f"{split}_success"]), _std(g[f"{split}_success"]))
+            verdict = ("within seed noise" if abs(xb - xg) <= sd else
+                       "BiPACE higher" if xb > xg else "BiPACE lower")
+            lines.append(f"- {split} success vs GiGPO: {xb:.3f} vs {xg:.3f} ({verdict}; largest seed std {sd:.3f}).")
+        lines.append(f"- No giant cluster: {'shows' if b['giant_clusters'] == 0 else 'does not show'} "
+                     f"(P90 cluster size {b['cluster_p90']:.2f}, max {b['cluster_p90_max']:.2f}).")
+        for v in ("bipace-distinct", "bipace-state"):
+            if v in res:
+                x = res[v]
+                lines.append(f"- {v}: singleton share {_mean(x['singleton_share']):.3f}, dev "
+                             f"{_mean(x['dev_success']):.3f}, test {_mean(x['test_success']):.3f} "
+                             f"(bipace: dev {_mean(b['dev_success']):.3f}, test {_mean(b['test_success']):.3f}).")
+    else:
+        lines.append("- GiGPO reference runs not finished in OUT: no comparison.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="BiPACE vs GiGPO reproduction check (module docstring)")
+    p.add_argument("--init", default=None, help="SFT checkpoint folder (default data/lm/sft)")
+    p.add_argument("--out", default="runs/seedcheck")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--rollouts", type=int, default=32)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--eval-episodes", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--overhead-rollouts", type=int, default=32, help="0: skip the recording-cost measurement")
+    p.add_argument("--overhead-reps", type=int, default=2)
+    p.add_argument("--arms", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                   help="BiPACE arms to train (the card's defaults and two ablations)")
+    p.add_argument("--train-refs", action="store_true", help="also train missing grpo / gigpo runs")
+    p.add_argument("--results", default=str(ROOT / "docs" / "results"))
+    # learning_lm's protocol settings (same defaults)
+    p.add_argument("--minibatches", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--temperature", type=float, default=0.5)
+    p.add_argument("--critic-lr", type=float, default=1e-4)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-turns", type=int, default=15)
+    p.add_argument("--target", type=float, default=0.30)
+    p.add_argument("--calib", type=int, default=40)
+    p.add_argument("--bisect-steps", type=int, default=6)
+    p.add_argument("--value-pretrain-steps", type=int, default=20)
+    p.add_argument("--max-gen-batches", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    from agents.lm.agent import LMAgent, default_checkpoint_dir
+    from agents.registry import manifest_env_kwargs
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    init = Path(args.init) if args.init else default_checkpoint_dir()
+    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
+    start_file = out / "start" / f"eval-{args.eval_episodes}.json"
+    if start_file.is_file():
+        start = json.loads(start_file.read_text())
+    else:
+        agent = LMAgent(env_id=ENV, checkpoint=out / "start")
+        start = {}
+        for split in ("dev", "test"):
+            m = evaluate_metrics(agent, split, args.eval_episodes, env_kwargs, args)
+            start[split] = m[f"{split}_success"]
+            start.update({f"{split}/{f}": m[f"{split}_success/{f}"] for f in FAMILIES if f"{split}_success/{f}" in m})
+        write_text_atomic(start_file, json.dumps(start))
+    ov = overhead(out, env_kwargs, args) if args.overhead_rollouts > 0 else None
+    if args.train_refs:
+        for seed in args.seeds:
+            for name in ("grpo", "gigpo"):
+                if not _finished(out, name, seed, args.iterations):
+                    _train_one((name, seed, args, env_kwargs, out, None))
+    for name in args.arms:  # every seed of one arm before the next: the default arm finishes first
+        for seed in args.seeds:
+            if not _finished(out, name, seed, args.iterations):
+                t1 = time.perf_counter()
+                hist = _algo("bipace", args, env_kwargs, **VARIANTS[name]).train(
+                    ENV, iterations=args.iterations, seed=seed, out_dir=out / name / f"seed{seed}",
+                    init=out / "start", progress=not args.no_progress).history
+                print(f"{name} seed {seed}: dev {hist[-1].get('dev_success', float('nan')):.2f} "
+                      f"test {hist[-1].get('test_success', float('nan')):.2f} ({time.perf_counter() - t1:.0f}s)",
+                      flush=True)
+    res = summarise(out, start, args)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    meta = {"command": "python -m benchmarks.repro_bipace " + " ".join(sys.argv[1:] if argv is None else argv),
+            "commit": commit, "seeds": args.seeds, "iterations": args.iterations, "rollouts": args.rollouts,
+            "group_size": args.group_size, "eval_episodes": args.eval_episodes, "eval_seed": EVAL_SEED,
+            "wall_s": time.perf_counter() - t0}
+    results = Path(args.results)
+    write_text_atomic(results / "bipace_check.json",
+                      json.dumps({"meta": meta, "start": start, "arms": res, "overhead": ov}, indent=2, default=float))
+    text = render(res, start, ov, meta)
+    write_text_atomic(results / "bipace_check.md", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
