@@ -10,8 +10,8 @@ Protocol: `benchmarks.learning_lm`'s (the weakened SFT start in ``OUT/start``, t
 temperature, env settings, update schedule and paired greedy evaluation; `learning_lm._algo`). BiPACE trains in
 ``OUT/bipace/seed<S>`` (the card's defaults), plus two ablations: ``bipace-distinct`` (ε from the non-duplicate
 pairs, `eps_pairs="distinct"`) and ``bipace-state`` (state-only step baseline, `baseline="state"`). GiGPO (and
-GRPO, for context) are read from ``OUT/gigpo/seed<S>`` / ``OUT/grpo/seed<S>`` when present and never trained here (``--train-refs`` trains the missing ones); a finished run is reused, an
-interrupted one resumes.
+GRPO, for context) are read from ``OUT/gigpo/seed<S>`` / ``OUT/grpo/seed<S>`` when present and never trained here
+(``--train-refs`` trains the missing ones); a finished run is reused, an interrupted one resumes.
 
 Singleton share = the share of step groups (GiGPO: anchor groups, metric ``anchor_singleton_share``; BiPACE:
 hidden-state clusters, ``bipace_singleton_share``) that hold one step, averaged over iterations; "steps in
