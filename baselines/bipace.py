@@ -343,18 +343,19 @@ class BiPACE(LMAlgorithm):
         R = trajectory_reward(batch, c.reward)
         Rk = turn_returns_to_go(batch, c.gamma)
         idx = batch.turn_mask.nonzero(as_tuple=False)
-        eps, calibrated = self.current_epsilon(hid[idx[:, 0], idx[:, 1]], batch.group_ids[idx[:, 0]])
+        eps, calibrated = self.current_epsilon(hid[idx[:, 0], idx[:, 1]].cpu(), batch.group_ids[idx[:, 0]].cpu())
+        if not math.isfinite(eps):  # non-finite hidden states (a diverged model)
+            raise ConfigError(f"bipace: ε is {eps}; the hidden states are not finite, or set `epsilon` in [0, 2]")
         actions = [[t.action for t in tr.turns] for tr in batch.trajectories]
-        A, m = bipace_advantages(R, Rk, batch.turn_mask.float(), batch.group_ids, hid.cpu(), actions, eps,
-                                 mode=c.mode, w=c.step_advantage_w, ref=c.cluster_ref, key_kind=c.action_key,
-                                 baseline=c.baseline, min_peers=c.min_peers, step_norm=c.step_norm,
-                                 giant_share=c.giant_cluster_share)
+        # clustering loops over steps in Python: do it on the CPU whatever the batch's device
+        A, m = bipace_advantages(R.cpu(), Rk.cpu(), batch.turn_mask.float().cpu(), batch.group_ids.cpu(), hid.cpu(),
+                                 actions, eps, mode=c.mode, w=c.step_advantage_w, ref=c.cluster_ref,
+                                 key_kind=c.action_key, baseline=c.baseline, min_peers=c.min_peers,
+                                 step_norm=c.step_norm, giant_share=c.giant_cluster_share)
         if m.get("bipace_giant_clusters", 0) > 0:
             warnings.warn(f"bipace: {int(m['bipace_giant_clusters'])} cluster(s) hold more than "
                           f"{c.giant_cluster_share:.0%} of their prompt group's steps (ε = {eps:.4g}); the step "
                           "baseline degrades toward GRPO's", stacklevel=2)
         m["bipace_epsilon_calibrated"] = float(calibrated)
         m["bipace_adv_s"] = time.perf_counter() - t0
-        if not math.isfinite(eps):
-            raise ConfigError(f"bipace: ε is {eps}; set `epsilon` to a fixed distance in [0, 2]")
         return Advantages(adv=batch.turn_to_tokens(A.to(batch.turn_mask.device)), metrics=m)
