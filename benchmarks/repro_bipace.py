@@ -146,6 +146,7 @@ def summarise(out: Path, start: dict, args) -> dict:
                       "giant_clusters", "adv_s"):
                 d[k] = _mean(_mean(_f(x, f"bipace_{k}") for x in r) for _, r in runs)
             d["cluster_p90_max"] = max(max(_f(x, "bipace_cluster_p90") or 0.0 for x in r) for _, r in runs)
+        d["train_s"] = float(sum((_f(x, "rollout_s") or 0) + (_f(x, "update_s") or 0) for _, r in runs for x in r))
         d["iteration_s"] = _mean(_mean((_f(x, "rollout_s") or 0) + (_f(x, "update_s") or 0) for x in r)
                                  for _, r in runs)
         res[name] = d
@@ -162,7 +163,8 @@ def render(res: dict, start: dict, ov: dict | None, meta: dict) -> str:
              f"Command: `{meta['command']}`  ", f"Commit: `{meta['commit']}`  ",
              f"Seeds: {meta['seeds']}; {meta['iterations']} iterations × {meta['rollouts']} rollouts "
              f"(G = {meta['group_size']}); {meta['eval_episodes']} greedy dev and test episodes; wall time "
-             f"{meta['wall_s']:.0f} s.", "",
+             f"of this call {meta['wall_s']:.0f} s (finished runs are reused; each arm's rollout + update time "
+             "summed over its seeds is `train_s` in the JSON).", "",
              "## Step groups and success (mean ± std over seeds; success after the last iteration)", "",
              "| arm | seeds | singleton share | steps in singletons | mean group size | dev success | test success | "
              + " | ".join(f"test {f}" for f in FAMILIES) + " | s / iteration |",
