@@ -25,6 +25,7 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("vapo", "shopping"): "baselines.vapo:VAPO",
     ("mpo", "shopping"): "baselines.mpo:MPO",
     ("wapo", "shopping"): "baselines.wapo:WAPO",
+    ("bipace", "shopping"): "baselines.bipace:BiPACE",
     # ProactiveRec-v0
     ("reinforce", "rec"): "baselines.prorl:RecReinforce",
     ("grpo", "rec"): "baselines.prorl:RecGRPO",

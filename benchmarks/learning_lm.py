@@ -1,4 +1,5 @@
-"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo, wapo) at one
+"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo and the seed
+algorithms) at one
 budget.
 
     python -m benchmarks.learning_lm [--algos grpo mpo ...] [--seeds 0 1 2] [--jobs 2] [--init CKPT] [--out DIR]
@@ -44,7 +45,7 @@ import torch
 
 ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
-ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo")
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bipace")
 SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce"}
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 

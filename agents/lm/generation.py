@@ -14,7 +14,8 @@ Padding: prompts are left-padded; position ids are ``cumsum(attention_mask) - 1`
 not depend on how much padding its row got, both while sampling and while recomputing (right padding works too).
 
 Hidden summary (``record_hidden=True``): from the prefill pass, the last layer's hidden states averaged over the
-real prompt tokens (``"mean"``) and at the last prompt token (``"last"``, the state the action is generated from).
+real prompt tokens (``"mean"``) and at the last prompt token (``"last"``, the state the action is generated from);
+``hidden_layer`` picks another entry of ``hidden_states``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class SamplingConfig:
     """Arg-max decoding (log-probs then use temperature 1)."""
     record_hidden: bool = False
     """Also return the last-layer mean / last-token summaries of each prompt."""
+    hidden_layer: int = -1
+    """Which entry of the model's ``hidden_states`` the summaries read (-1: the last block's output, after the
+    final norm; 0 is the embeddings, L the last block)."""
     keep_finished: bool = False
     """Keep rows that have produced their stop token in the batch, decoding ignored pad tokens until every row has
     stopped (the behaviour before finished rows left the batch; benchmarks use it as their baseline)."""
@@ -291,7 +295,7 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
         cache.encoded_tokens += sum(len(x) for x in new)
     hidden, prompt_hidden = None, [None] * batch
     if config.record_hidden:
-        h = out.hidden_states[-1].float()
+        h = out.hidden_states[config.hidden_layer].float()
         hidden = []
         for i in range(batch):
             rows = h[i, h.shape[1] - len(new[i]):]
@@ -363,7 +367,7 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
         out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=last_pos.unsqueeze(-1),
                     use_cache=True, output_hidden_states=track, **{cache_kw: past})
         if track:
-            h = out.hidden_states[-1][:, -1].float()
+            h = out.hidden_states[config.hidden_layer][:, -1].float()
             for b, i in enumerate(alive):
                 fed_hidden[i].append(h[b: b + 1])
         past = _cache_of(out)

@@ -113,6 +113,8 @@ class LMAlgorithm(LoopAlgorithm):
     needs_entropy: ClassVar[bool] = False
     #: compute Σ_v p_v² at the trained positions in the update's forward and hand it to `token_metrics`
     needs_collision: ClassVar[bool] = False
+    #: record per-turn hidden summaries during rollouts (the LM agent's ``sampling.record_hidden``; BiPACE)
+    needs_hidden: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ hooks
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
@@ -174,6 +176,8 @@ class LMAlgorithm(LoopAlgorithm):
                 samp.max_new_tokens = c.max_new_tokens
             if hasattr(samp, "greedy"):
                 samp.greedy = False
+            if self.needs_hidden and hasattr(samp, "record_hidden"):
+                samp.record_hidden = True
         if c.context_mode is not None and hasattr(agent, "context_mode"):
             agent.context_mode = c.context_mode
 
