@@ -3,6 +3,7 @@ fraction of the rollouts.
 
     python -m benchmarks.repro_basis [--out runs/seedcheck] [--seeds 0 1 2] [--iterations 10] [--rollouts 32]
         [--group-size 8] [--eval-episodes 50] [--eval-every 10] [--task-pool 16] [--mse-tasks 64] [--equal]
+    python -m benchmarks.repro_basis --quick    # 1 seed, 2 iterations, into runs/repro_basis_quick
 
 The claims (Gong et al., arXiv 2605.27293): BASIS's baseline predicts the realised reward far better than a batch
 mean and, from one rollout, better than the group mean of 8 rollouts; trained with one rollout per task it reaches
@@ -27,7 +28,8 @@ temperature, per-turn token limit, turn limit, optimizer steps per iteration, pa
     and evaluation) are the references; this script never trains them. A finished run is reused, not retrained.
 
 Writes ``docs/results/basis_check.md`` and ``docs/results/basis_check.json`` (tables, command, git commit, seeds,
-wall time) and ``OUT/basis_mse/rewards.json`` (the rewards of (a), reused by a rerun).
+wall time; ``--results DIR`` elsewhere, ``--quick`` into OUT) and ``OUT/basis_mse/rewards.json`` (the rewards of
+(a), reused by a rerun).
 """
 
 from __future__ import annotations
@@ -246,16 +248,16 @@ def write_results(args, start: dict, mse: list[dict], mse_data: dict | None, run
                      f" | {_fmt(m('offline_mean_baseline_mse'), '.4f')} | {_fmt(m('basis_active_share'))} | "
                      f"{_fmt(m('beta_star_log10_mean'))} | {_fmt(m('train_success'))} |")
     lines.append("")
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    results = Path(args.results)
     from shopsim.paths import write_text_atomic
 
-    write_text_atomic(RESULTS / "basis_check.md", "\n".join(lines))
+    write_text_atomic(results / "basis_check.md", "\n".join(lines))
     payload = {"command": ["python", "-m", "benchmarks.repro_basis", *sys.argv[1:]], "commit": _commit(),
                "seeds": args.seeds, "wall_s": wall, "start": start,
                "settings": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, list))},
                "mse": mse, "mse_rollouts": mse_data["rollouts"] if mse_data else 0,
                "runs": {k: v for k, v in runs.items()}}
-    write_text_atomic(RESULTS / "basis_check.json", json.dumps(payload, indent=2, default=float))
+    write_text_atomic(results / "basis_check.json", json.dumps(payload, indent=2, default=float))
     print("\n".join(lines))
 
 
@@ -331,8 +333,19 @@ def main(argv=None) -> int:
     p.add_argument("--value-pretrain-steps", type=int, default=20)
     p.add_argument("--max-gen-batches", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--results", default=str(RESULTS), help="folder of basis_check.md/.json (default docs/results)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="1 seed, 2 iterations, 8 rollouts (G = 4), 4-task pool, 8 MSE tasks, 12 eval episodes")
     args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.iterations, args.rollouts, args.group_size, args.task_pool = [0], 2, 8, 4, 4
+        args.mse_tasks, args.mse_perms, args.eval_episodes, args.eval_every = 8, 5, 12, 1
+        args.calib, args.bisect_steps, args.max_turns = 12, 4, 10
+        if args.out == "runs/seedcheck":
+            args.out = "runs/repro_basis_quick"
+        if args.results == str(RESULTS):  # a smoke run never replaces the committed check
+            args.results = args.out
     run(args)
     return 0
 
