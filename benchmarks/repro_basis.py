@@ -23,7 +23,8 @@ temperature, per-turn token limit, turn limit, optimizer steps per iteration, pa
 (b) **Success.** BASIS trained with one rollout on each of ``rollouts / group_size`` tasks per iteration (the same
     number of tasks as GRPO, 1/8 of its online rollouts) from a pool of ``--task-pool`` tasks whose offline table
     costs ``task_pool × 8`` more rollouts, ``--seeds`` seeds, into ``OUT/basis/seed<S>``; ``--equal`` also trains
-    BASIS on ``rollouts`` tasks per iteration (GRPO's online rollout count) into ``OUT/basis-equal/seed<S>``. The
+    BASIS on ``rollouts`` tasks per iteration (GRPO's online rollout count) into ``OUT/basis-equal/seed<S>``
+    (``--equal-seeds``; the same seed's table is reused and its rollouts counted again). The
     GRPO and GiGPO runs of the learning benchmark found in ``OUT/grpo`` and ``OUT/gigpo`` (same start, iterations
     and evaluation) are the references; this script never trains them. A finished run is reused, not retrained.
 
@@ -141,6 +142,12 @@ def train_basis(args, env_kwargs: dict, out: Path, seed: int, tasks: int, folder
     """One BASIS run from OUT/start (reused when finished); returns its final metrics and costs."""
     torch.set_num_threads(args.threads)
     run_dir = out / folder / f"seed{seed}"
+    shared = out / "basis" / f"seed{seed}" / "basis_table.json"
+    if folder != "basis" and shared.is_file() and not (run_dir / "basis_table.json").exists():
+        # same seed → same task pool and start: the trainer reuses the table (it checks pool, N_ref and start)
+        from shopsim.paths import write_text_atomic
+
+        write_text_atomic(run_dir / "basis_table.json", shared.read_text())
     algo = _algo("basis", args, env_kwargs, group_size=1, tasks_per_iter=tasks, task_pool=args.task_pool,
                  n_ref=N_REF)
     t0 = time.perf_counter()
@@ -294,8 +301,9 @@ def run(args) -> None:
         runs[f"BASIS (1 rollout × {args.rollouts} tasks)"] = {"shape": f"{args.rollouts} × 1",
                                                                 "folder": "basis-equal", "tasks": args.rollouts}
     for info in runs.values():
+        seeds = args.equal_seeds if info["folder"] == "basis-equal" and args.equal_seeds else args.seeds
         info["runs"] = [train_basis(args, env_kwargs, out, s, info["tasks"], info["folder"]) if not args.no_train
-                        else _run_summary(out / info["folder"] / f"seed{s}", None) for s in args.seeds]
+                        else _run_summary(out / info["folder"] / f"seed{s}", None) for s in seeds]
     for ref in ("grpo", "gigpo"):  # the learning benchmark's runs, read only
         runs[f"{ref} (G = {G}, reference)"] = {"shape": f"{tasks} × {G}", "folder": ref,
                                                "runs": [_run_summary(out / ref / f"seed{s}", None)
@@ -313,7 +321,9 @@ def main(argv=None) -> int:
     p.add_argument("--group-size", type=int, default=8, help="GRPO's G; BASIS gets rollouts/G tasks, 1 rollout each")
     p.add_argument("--task-pool", type=int, default=16,
                    help="BASIS's fixed task pool (its offline table costs task_pool × 8 rollouts)")
-    p.add_argument("--equal", action="store_true", help="also train BASIS on `rollouts` tasks per iteration")
+    p.add_argument("--equal", action="store_true", help="also train BASIS on `rollouts` tasks per iteration "
+                   "(reusing the offline table of the same seed's basis run)")
+    p.add_argument("--equal-seeds", nargs="+", type=int, default=None, help="seeds of the --equal runs")
     p.add_argument("--no-train", action="store_true", help="only (a) and the tables of runs already in OUT")
     p.add_argument("--mse-tasks", type=int, default=64, help="tasks of the baseline-MSE check (0: skip it)")
     p.add_argument("--mse-perms", type=int, default=50)
