@@ -26,6 +26,7 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("mpo", "shopping"): "baselines.mpo:MPO",
     ("wapo", "shopping"): "baselines.wapo:WAPO",
     ("bipace", "shopping"): "baselines.bipace:BiPACE",
+    ("basis", "shopping"): "baselines.basis:BASIS",
     # ProactiveRec-v0
     ("reinforce", "rec"): "baselines.prorl:RecReinforce",
     ("grpo", "rec"): "baselines.prorl:RecGRPO",

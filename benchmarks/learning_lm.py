@@ -13,8 +13,8 @@ Protocol:
    toward a random initialisation of the same architecture, θ = (1 − α)·θ_SFT + α·θ_rand, with α found by
    bisection. The weakened checkpoint is saved once in ``OUT/start`` and shared by every run.
 2. Every algorithm gets the same budget: ``--iterations`` × ``--rollouts`` rollouts per iteration (group methods:
-   G rollouts × rollouts/G tasks; ppo, mpo and reinforce(batch_mean): one rollout per task), the same learning rate,
-   rollout temperature, per-turn token limit, env settings and update schedule (``--minibatches``
+   G rollouts × rollouts/G tasks; ppo, mpo, basis and reinforce(batch_mean): one rollout per task), the same
+   learning rate, rollout temperature, per-turn token limit, env settings and update schedule (``--minibatches``
    clipped-surrogate steps per iteration; REINFORCE, strictly on-policy, takes one); ``--seeds`` seeds each;
    ``--jobs`` runs them in parallel processes. Every evaluation (the start, every algorithm and seed) runs the same
    episodes (``EVAL_SEED``), so the comparisons are paired.
@@ -44,8 +44,8 @@ import torch
 
 ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
-ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bipace")
-SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce"}
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bipace", "basis")
+SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce", "basis"}
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
 
