@@ -1,4 +1,4 @@
-"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo) at one budget.
+"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo, arc) at one budget.
 
     python -m benchmarks.learning_lm [--algos grpo mpo ...] [--seeds 0 1 2] [--jobs 2] [--init CKPT] [--out DIR]
     python -m benchmarks.learning_lm --quick      # grpo + mpo, 1 seed, 3 iterations: a few CPU minutes
@@ -43,8 +43,10 @@ import torch
 
 ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
-ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo")
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "arc")
 SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce"}
+#: ARC's n rollouts per (task, strategy) and its M strategies (the card's defaults): n·M rollouts per task
+ARC_N, ARC_M = 4, 3
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
 
@@ -54,6 +56,8 @@ def _algo(name: str, args, env_kwargs: dict, **over):
 
     G = 1 if name in SINGLE_ROLLOUT else args.group_size
     per = dict(group_size=G, tasks_per_iter=max(1, args.rollouts // G))
+    if name == "arc":  # every rollout of every strategy counts in the budget: fewer tasks per iteration
+        per = dict(group_size=ARC_N, tasks_per_iter=max(1, args.rollouts // (ARC_N * ARC_M)))
     if name != "reinforce":  # REINFORCE is strictly on-policy: one step per batch
         per["minibatches"] = args.minibatches
     if name == "vapo":
