@@ -121,6 +121,9 @@ def run_metrics(d: Path, iterations: int) -> dict | None:
     for k in rows[0]:
         if k.startswith(("strategy_asked/", "strategy_success/")):
             out[f"{k}_mean"] = float(np.mean([r[k] for r in rows if k in r]))
+    # any question asked in any training rollout of the run (the bias can only matter if some rollouts ask)
+    out["train_asked_max"] = max([r.get("train_asked", 0.0) for r in rows]
+                                 + [r[k] for r in rows for k in r if k.startswith("strategy_asked/")])
     out["rollouts"] = sum(r.get("rollouts", 0.0) for r in rows)
     out["train_s"] = sum(r.get("rollout_s", 0.0) + r.get("update_s", 0.0) for r in rows)
     return out
@@ -173,12 +176,20 @@ def _mean(runs: list[dict], key: str) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
-def _claims(summ: dict[str, list[dict]], start: dict) -> list[str]:
+def _sft_families(args) -> list[str] | None:
+    """The task families the start's SFT checkpoint was fine-tuned on (its manifest), if recorded."""
+    from agents.lm.agent import default_checkpoint_dir
+
+    f = Path(args.init or default_checkpoint_dir()) / "shopsim_agent.json"
+    try:
+        return list(json.loads(f.read_text())["sft"]["families"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _claims(summ: dict[str, list[dict]], start: dict, sft_families: list[str] | None = None) -> list[str]:
     """The card's claims, checked against the means (with the seeds' spread named)."""
     lines = []
-    gb, ab = summ.get("grpo_bias", []), summ.get("arc_bias", [])
-    if not gb or not ab:
-        return ["The biased GRPO and ARC runs are not both finished; no claim is checked."]
 
     def cmp(key: str, label: str) -> str:
         g, a = _mean(gb, key), _mean(ab, key)
@@ -188,6 +199,25 @@ def _claims(summ: dict[str, list[dict]], start: dict) -> list[str]:
         return (f"- {label}: ARC {a:.2f} vs GRPO {g:.2f} with the biased reward (ARC {rel} GRPO; the difference "
                 f"{abs(a - g):.2f} is {noise} than the seeds' spread {sd:.2f}).")
 
+    runs = [r for v in summ.values() for r in v]
+    asked = max([r.get("train_asked_max", 0.0) for r in runs] + [r.get(f"{sp}_asked", 0.0) for r in runs
+                                                                  for sp in ("dev", "test")]
+                + [start.get("dev_asked", 0.0), start.get("test_asked", 0.0)])
+    if asked == 0:
+        lines.append("- **The check is degenerate on this start.** No episode asked the customer a question: not the "
+                     "start's evaluation episodes, not one training rollout of any run"
+                     + (" (under every strategy instruction, `ask_first` included)"
+                        if any(k.startswith("strategy_asked/") for r in runs for k in r) else "")
+                     + ", not one evaluation episode after training. The style "
+                     "bonus was therefore the same for every rollout; it shifts every group's rewards by the same "
+                     "constant and cancels in GRPO's advantages as in ARC's, so GRPO with the biased reward is GRPO "
+                     "with the plain reward, and the claim can neither show nor fail here: `ask[...]` is outside the "
+                     "start policy's support"
+                     + (f" (its SFT checkpoint was fine-tuned on {', '.join(sft_families)} expert episodes)"
+                        if sft_families else "") + ".")
+    gb, ab = summ.get("grpo_bias", []), summ.get("arc_bias", [])
+    if not gb or not ab:
+        return [*lines, "- The biased GRPO and ARC runs are not both finished; no comparison is made."]
     s_ask, g_first, g_last = start.get("test_asked", float("nan")), _mean(gb, "train_asked_first"), \
         _mean(gb, "train_asked_last3")
     shows = "shows" if g_last < g_first else "does not show"
@@ -276,7 +306,7 @@ def write_results(out: Path, args, start: dict, wall: float) -> dict:
         "",
         "## The card's claims",
         "",
-        *_claims(summ, start),
+        *_claims(summ, start, _sft_families(args)),
         *strat,
         "",
     ]
