@@ -155,6 +155,7 @@ COLUMNS = [
     (f"test asked ({CLARIFY})", f"test_asked/{CLARIFY}", ".2f"),
     ("test turns before 1st answer", "test_turns_before_first_answer", ".2f"),
     ("test chars before 1st answer", "test_chars_before_first_answer", ".0f"),
+    ("train success (it 1 → last 3)", ("train_success_first", "train_success_last3"), ".2f"),
     ("train asked (it 1 → last 3)", ("train_asked_first", "train_asked_last3"), ".2f"),
     ("entropy (it 1 → last 3)", ("entropy_first", "entropy_last3"), ".3f"),
 ]
@@ -231,6 +232,15 @@ def _claims(summ: dict[str, list[dict]], start: dict, sft_families: list[str] | 
     lines.append(cmp(f"test_success/{CLARIFY}", f"{CLARIFY} test success"))
     lines.append(cmp("test_success/find_and_buy", "find_and_buy test success"))
     lines.append(cmp(f"test_asked/{CLARIFY}", f"share of {CLARIFY} test episodes that ask (no instruction)"))
+    for v, rs in summ.items():
+        lines.append(f"- {v} against the start: test success {start.get('test_success', float('nan')):.2f} → "
+                     f"{_mean(rs, 'test_success'):.2f}, dev {start.get('dev_success', float('nan')):.2f} → "
+                     f"{_mean(rs, 'dev_success'):.2f}.")
+    a1, g1 = _mean(ab, "train_success_first"), _mean(gb, "train_success_first")
+    lines.append(f"- Instructed rollouts: at iteration 1 (the start policy, sampled) ARC's rollouts, all under a "
+                 f"strategy instruction, succeed in {a1:.2f} of episodes, GRPO's uninstructed ones in {g1:.2f}"
+                 + (": the instruction line moves the start policy off its training distribution, and ARC's "
+                    "updates are computed on those rollouts only." if a1 < g1 else "."))
     ne = summ.get("arc_bias_noent", [])
     if ne:
         lines.append(f"- Entropy bonus: ARC's token entropy goes {_mean(ab, 'entropy_first'):.3f} → "
@@ -278,9 +288,13 @@ def write_results(out: Path, args, start: dict, wall: float) -> dict:
     strat = []
     for v in ("arc_bias", "arc", "arc_bias_free"):
         if v in summ:
-            keys = sorted(k for k in summ[v][0] if k.startswith("strategy_asked/"))
-            cells = ", ".join(f"{k.split('/')[1][:-5]} {_mean(summ[v], k):.2f}" for k in keys)
-            strat.append(f"- {labels[v]}: share of training rollouts that ask, per instructed strategy: {cells}.")
+            for kind, what in (("asked", "share of training rollouts that ask"),
+                               ("success", "training success")):
+                keys = sorted(k for k in summ[v][0] if k.startswith(f"strategy_{kind}/"))
+                cells = ", ".join(f"{k.split('/')[1][:-5]} {_mean(summ[v], k):.2f}" for k in keys)
+                strat.append(f"- {labels[v]}: {what} per instructed strategy (mean over iterations; free = no "
+                             f"instruction): {cells}; all rollouts, last three iterations: "
+                             f"{_mean(summ[v], 'train_' + kind + '_last3'):.2f}.")
     cmd = "python -m benchmarks.repro_arc " + " ".join(sys.argv[1:])
     text = [
         "# ARC reproduction check: the style-bias experiment",
