@@ -27,6 +27,7 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("wapo", "shopping"): "baselines.wapo:WAPO",
     ("bipace", "shopping"): "baselines.bipace:BiPACE",
     ("basis", "shopping"): "baselines.basis:BASIS",
+    ("arc", "shopping"): "baselines.arc:ARC",
     # ProactiveRec-v0
     ("reinforce", "rec"): "baselines.prorl:RecReinforce",
     ("grpo", "rec"): "baselines.prorl:RecGRPO",

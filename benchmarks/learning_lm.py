@@ -44,8 +44,10 @@ import torch
 
 ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
-ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bipace", "basis")
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bipace", "basis", "arc")
 SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce", "basis"}
+#: ARC's n rollouts per (task, strategy) and its M strategies (the card's defaults): n·M rollouts per task
+ARC_N, ARC_M = 4, 3
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
 
@@ -55,6 +57,8 @@ def _algo(name: str, args, env_kwargs: dict, **over):
 
     G = 1 if name in SINGLE_ROLLOUT else args.group_size
     per = dict(group_size=G, tasks_per_iter=max(1, args.rollouts // G))
+    if name == "arc":  # every rollout of every strategy counts in the budget: fewer tasks per iteration
+        per = dict(group_size=ARC_N, tasks_per_iter=max(1, args.rollouts // (ARC_N * ARC_M)))
     if name != "reinforce":  # REINFORCE is strictly on-policy: one step per batch
         per["minibatches"] = args.minibatches
     if name == "vapo":

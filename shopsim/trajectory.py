@@ -172,3 +172,29 @@ def success_by_family(trajs) -> dict[str, float]:
         if fam is not None:
             fams.setdefault(str(fam), []).append(float(t.success))
     return {f: float(np.mean(v)) for f, v in sorted(fams.items())}
+
+
+#: `episode_metrics` keys whose mean `style_metrics` reports (the Shopping env's answer-latency proxy)
+LATENCY_KEYS = ("turns_before_first_answer", "chars_before_first_answer")
+
+
+def style_metrics(trajs) -> dict[str, float]:
+    """How episodes talk to the customer, from the final ``info["episode_metrics"]`` (Shopping-v0): ``asked`` (share
+    of episodes that asked at least one question), ``asked/<family>`` per task family, and the means of the latency
+    proxy (`LATENCY_KEYS`). Episodes without episode metrics are left out; empty when none has them."""
+    em = [(t, (t.final_info or {}).get("episode_metrics") or {}) for t in trajs]
+    em = [(t, m) for t, m in em if "questions" in m]
+    if not em:
+        return {}
+    out = {"asked": float(np.mean([m["questions"] > 0 for _, m in em]))}
+    fams: dict[str, list[float]] = {}
+    for t, m in em:
+        fam = (t.meta or {}).get("family")
+        if fam is not None:
+            fams.setdefault(str(fam), []).append(float(m["questions"] > 0))
+    out.update({f"asked/{f}": float(np.mean(v)) for f, v in sorted(fams.items())})
+    for k in LATENCY_KEYS:
+        vals = [float(m[k]) for _, m in em if k in m]
+        if vals:
+            out[k] = float(np.mean(vals))
+    return out

@@ -1,4 +1,4 @@
-"""benchmarks.learning_lm's summary: paired gains over the start with 95% t-intervals, per family, written atomically."""
+"""benchmarks.learning_lm summary: paired gains over the start with 95% t-intervals, per family, atomic files."""
 
 import json
 import math

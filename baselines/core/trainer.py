@@ -32,7 +32,7 @@ import torch
 from baselines.base import TrainResult
 from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.errors import ConfigError
-from shopsim.trajectory import success_by_family
+from shopsim.trajectory import style_metrics, success_by_family
 
 from .batch import Batch, build_batch
 from .config import Advantages, Ctx, LMConfig
@@ -456,6 +456,8 @@ class LMAlgorithm(LoopAlgorithm):
                 out[f"{split}_score"] = float(np.mean([t.score for t in trajs]))
                 out[f"{split}_turns"] = float(np.mean([t.num_turns for t in trajs]))
                 out.update({f"{split}_success/{fam}": v for fam, v in success_by_family(trajs).items()})
+                # how the policy talks when no strategy is instructed (ARC's check): question share, latency proxy
+                out.update({f"{split}_{k}": v for k, v in style_metrics(trajs).items()})
         finally:
             if samp is not None and old is not None:
                 samp.greedy = old
@@ -575,6 +577,8 @@ class LMAlgorithm(LoopAlgorithm):
                 "train_score": float(np.mean([t.score for t in trajs])),
                 "train_return": float(np.mean([t.total_reward for t in trajs])),
                 "train_turns": float(np.mean([t.num_turns for t in trajs])),
+                # question share and answer-latency proxy of the rollouts (empty for envs without episode metrics)
+                **{f"train_{k}": v for k, v in style_metrics(trajs).items()},
                 "gen_tokens": batch.num_generated_tokens,
                 "rollout_s": t1 - t0, "update_s": t2 - t1,
                 "train_tokens_per_s": float(batch.attention_mask.sum()) * c.update_epochs / max(t2 - t1, 1e-9),

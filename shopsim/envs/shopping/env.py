@@ -44,7 +44,10 @@ class ShoppingEnv(gym.Env):
     table, ``env.tools`` (a copy of `shopsim.envs.shopping.tools.TOOLS`; `register_tool` adds one to this env), and
     ``env.tool_schemas`` is its OpenAI-style function list. Anything that does not parse, whose arguments do not fit the
     tool's schema, or that does not apply to the current page is an *invalid action*: ``info["invalid_action"]`` holds
-    the reason, the observation says it, the reward is ``-invalid_penalty`` and the episode continues.
+    the reason, the observation says it, the reward is ``-invalid_penalty`` and the episode continues;
+    ``info["invalid_kind"]`` says whether the action did not parse (``"parse"``: unknown action, malformed JSON,
+    wrong argument count) or parsed but the tool call failed (``"tool"``: not applicable here, bad argument value),
+    None for a valid action.
 
     ## Observation Space
     `Text(max_length=20000, charset=printable ASCII + newline)`: the page rendered as text (`render`): compact
@@ -87,7 +90,8 @@ class ShoppingEnv(gym.Env):
     ``(task, rng)`` returning a simulated user with the `customer.Customer` interface: the plug-in point for other user
     simulators, e.g. an LLM-backed one; default: the seeded programmatic `Customer`), ``numbered_results=False`` (prefix
     each result line with its position on the page, ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
-    instead of copying a 10-character SKU; positional clicks are accepted either way).
+    instead of copying a 10-character SKU; positional clicks are accepted either way), ``style_bias=0.0`` (see
+    Rewards).
 
     ## Vector envs
     Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
@@ -107,7 +111,7 @@ class ShoppingEnv(gym.Env):
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
-                 numbered_results: bool = False):
+                 numbered_results: bool = False, style_bias: float = 0.0):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
         if family is not None and family not in FAMILIES:
@@ -119,6 +123,8 @@ class ShoppingEnv(gym.Env):
                 raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
         if not np.isfinite(invalid_penalty) or invalid_penalty < 0:
             raise ConfigError(f"invalid_penalty must be a finite number >= 0, got {invalid_penalty!r}")
+        if isinstance(style_bias, bool) or not isinstance(style_bias, (int, float)) or not np.isfinite(style_bias):
+            raise ConfigError(f"style_bias must be a finite number (0 turns it off), got {style_bias!r}")
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode={render_mode!r}; choose None or 'ansi'")
         self.catalog_size, self.catalog_seed = int(catalog_size), int(catalog_seed)
@@ -131,6 +137,7 @@ class ShoppingEnv(gym.Env):
                               "shopsim.envs.shopping.customer for the protocol")
         self.customer_factory = customer or Customer
         self.numbered_results = bool(numbered_results)
+        self.style_bias = float(style_bias)
         self._attach_catalog()
         self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
@@ -221,12 +228,18 @@ class ShoppingEnv(gym.Env):
             raise RuntimeError("the episode has ended; call reset()")
         self.turns += 1
         self.feedback = []
-        invalid, reward = None, 0.0
+        invalid, invalid_kind, reward = None, None, 0.0
         text = action if isinstance(action, str) else repr(action)
+        # a parse failure (format) and a failed tool call (execution) are told apart in info["invalid_kind"]
         try:
-            self._dispatch(parse(action, self.max_input_chars, self.tools))
-        except (ActionError, ToolError) as exc:
-            invalid = str(exc)
+            act = parse(action, self.max_input_chars, self.tools)
+        except ActionError as exc:
+            invalid, invalid_kind = str(exc), "parse"
+        else:
+            try:
+                self._dispatch(act)
+            except (ActionError, ToolError) as exc:
+                invalid, invalid_kind = str(exc), "tool"
         if self.first_answer_turn is None:
             self.chars_before_answer += len(text)
         truncated = False
@@ -245,8 +258,15 @@ class ShoppingEnv(gym.Env):
         elif not truncated and self.turns >= self.max_turns:
             truncated, self.end_reason = True, "turn_limit"
         self.done = terminated or truncated
+        style_bonus = 0.0
+        if self.done and self.style_bias and self.customer.questions == 0:
+            # a deliberately style-biased reward (ARC's check): episodes that never asked the customer get a bonus
+            style_bonus = self.style_bias
+            reward += style_bonus
         info = self._info(invalid)
+        info["invalid_kind"] = invalid_kind
         if self.done:
+            info["style_bonus"] = style_bonus
             info["episode_metrics"] = {
                 "success": float(self.score >= 1.0 - 1e-9), "score": float(self.score), "turns": float(self.turns),
                 "invalid_actions": float(self.invalid_total), "questions": float(self.customer.questions),
