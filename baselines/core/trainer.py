@@ -13,6 +13,7 @@ An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 * `policy_loss_tok(mb, logp, adv)`  → per-token policy loss (default: PPO's clipped surrogate)
 * `extra_loss(mb, logp)`            → additional loss terms (VAPO's positive-example NLL)
 * `collect_batch(...)`              → rollout policy (DAPO's dynamic sampling)
+* `policy_forward(batch, rows, ...)` → the update's forward, plus extra per-row tensors for the loss (TrOPD)
 * `before_training(...)`            → e.g. VAPO's value pre-training
 """
 
@@ -176,6 +177,18 @@ class LMAlgorithm(LoopAlgorithm):
         return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
                               need_hidden=need_hidden, positions=positions)
 
+    def policy_forward(self, batch: Batch, r: torch.Tensor, *, need_entropy: bool = False,
+                       need_hidden: bool = False) -> tuple:
+        """The update's differentiable forward over rows `r`: ``(logp, entropy, hidden, extras)``.
+
+        `extras` (a dict, empty here) is merged into the micro-batch dict `mb` that `policy_loss_tok` and
+        `extra_loss` receive, so an algorithm that needs more than the sampled tokens' log-probs from the same
+        forward (TrOPD: the student's log-probs at the teacher's top-k ids) overrides this one method."""
+        logp, ent, hid = self._trimmed(lambda i, a, g: self._rows_forward(
+            self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g), batch, r,
+            batch.gen_mask[r])
+        return logp, ent, hid, {}
+
     def micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Split `rows` into micro-batches, returned as positions into `rows`: length-bucketed under
         `micro_batch_tokens` (and `micro_batch_rows`).
@@ -311,13 +324,12 @@ class LMAlgorithm(LoopAlgorithm):
         for ch in chunks:
             r = rows[ch]
             mask = tok_mask[r]
-            logp, ent, hid = self._trimmed(lambda i, a, g: self._rows_forward(
-                self.model, i, a, need_entropy=need_ent, need_hidden=shared, positions=g), batch, r,
-                batch.gen_mask[r])
+            logp, ent, hid, fwd_extra = self.policy_forward(batch, r, need_entropy=need_ent, need_hidden=shared)
             mb = {
                 "rows": r, "gen_mask": batch.gen_mask[r], "turn_index": batch.turn_index[r],
                 "row_traj": batch.row_traj[r], "old_logp_pi": ctx.old_logp[r], "behav_logp": ctx.behav_logp[r],
                 "batch": batch, "adv": adv[r], "step_rows": full_rows, "step_mask": mask_all, "w_tok": w_tok[ch],
+                **fwd_extra,
             }
             pg_tok, st = self.policy_loss_tok(mb, logp, adv[r], mask)
             lp = (pg_tok * w_pol[ch]).sum()

@@ -1,0 +1,352 @@
+"""TrOPD: trust-region on-policy distillation for the Shopping LM agent (docs/algorithms/tropd.md).
+
+Xing, Wang, Gao, Li, Tang, "Trust Region On-Policy Distillation", arXiv 2606.01249. The student samples its own
+rollouts (G = 1); a frozen teacher LM that shares the student's tokenizer scores the same ids. Per generated token
+(p_S: the student's behaviour probability of the sampled token, p_T: the teacher's)::
+
+    k1_t    = log p_S − log p_T                       (K1 estimator of the reverse KL on the sampled token)
+    trust_t = min(p_T / p_S, 1)                       (decoding-agreement ratio)
+    trust region: trust_t ≥ τ (τ = 1: the tokens with p_T ≥ p_S); outliers: the rest
+    L_RKD   = agg_{t ∈ trust}    sg(k1_t)·log π_S(y_t|·)           policy-gradient form of the reverse KL
+    L_FKD   = agg_{t ∈ outliers} Σ_{v ∈ TopK_T(t)} p̃_T(v)·[log p̃_T(v) − log π_S(v|·)]
+              p̃_T: the teacher's top-k probabilities renormalised over the top-k set ([derived])
+    L       = L_RKD + λ_out·L_FKD
+
+Minimising L_RKD lowers the reverse KL: its gradient k1·∇log π_S is the score-function estimate of
+∇ KL(π_S ‖ π_T) on the student's own samples (reward −k1). The outlier tokens are those where the student sampled
+something the teacher finds less likely than the student does; there K1's reward −k1 is unbounded below and the
+paper replaces it by a top-k forward KL toward the teacher (`outlier="topk_fkd"`), or compares clipping the reward
+(`"clip"`) and dropping the token (`"mask"`). `objective="opd"` is plain on-policy distillation (K1 on every
+token, no trust region), the comparison of the reproduction check.
+
+The teacher forward runs once per batch, without gradient, at the generated positions only; the batch keeps its
+log-prob of every sampled token and its top-k ids and log-probs (`Batch.teacher_logp`, `teacher_topk_ids`,
+`teacher_topk_logp`), never the full [R, S, V] distribution. The update's single student forward also gathers the
+student's log-probs at the teacher's top-k ids (`policy_forward`).
+
+Not implemented: the paper's off-policy guidance from teacher prefixes (L_off); `prefix_guidance=True` is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from baselines.core.batch import Batch
+from baselines.core.losses import entropy_from_logits
+from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
+from shopsim.configs import bounded
+from shopsim.errors import ConfigError, ShopsimError
+
+__all__ = ["TrOPD", "TrOPDConfig", "trust_region", "tropd_loss_tok", "check_same_tokenizer", "positions_logits"]
+
+Objective = Literal["tropd", "opd"]
+Outlier = Literal["topk_fkd", "clip", "mask"]
+TauMode = Literal["fixed", "quantile", "stochastic"]
+
+
+@dataclass
+class TrOPDConfig(LMConfig):
+    """TrOPD's options; the defaults are the card's reading of arXiv 2606.01249 (every constant [derived])."""
+
+    teacher: str = "data/lm/sft"
+    """Teacher checkpoint folder (model + tokenizer). It must share the student's tokenizer (same vocabulary and
+    special ids), else a ConfigError is raised. A relative ``data/...`` path that does not exist from the working
+    directory is looked up in the shipped data folder. Default: the shipped SFT checkpoint, the only one shipped."""
+    objective: Objective = "tropd"
+    """'tropd': K1 inside the trust region plus the outlier treatment; 'opd': plain on-policy distillation, K1 on
+    every generated token (no trust region, no outlier term)."""
+    tau: float = bounded(1.0, gt=0, max=1)
+    """τ of the trust region trust_t = min(p_T/p_S, 1) ≥ τ (tau_mode='fixed'); 1.0 = the tokens with p_T ≥ p_S."""
+    tau_mode: TauMode = "fixed"
+    """'fixed': τ = `tau`; 'quantile': τ = the `tau_quantile` quantile of trust over the batch's generated tokens
+    (an adaptive per-batch threshold); 'stochastic': a token is in the trust region with probability trust_t."""
+    tau_quantile: float = bounded(0.2, min=0, max=1)
+    """Quantile of the per-batch trust values used as τ when tau_mode='quantile'."""
+    outlier: Outlier = "topk_fkd"
+    """Treatment of the tokens outside the trust region: 'topk_fkd' (top-k forward KL toward the teacher, the
+    paper's choice), 'clip' (K1 with its per-token weight k1 clipped at `clip_k1`), 'mask' (no loss)."""
+    top_k: int = bounded(16, min=1)
+    """k of the teacher's top-k set kept per generated token."""
+    renormalize_topk: bool = True
+    """Renormalise the teacher's top-k probabilities over the top-k set (False: the unnormalised partial KL)."""
+    lambda_out: float = bounded(1.0, min=0)
+    """λ_out, weight of the top-k forward KL on outlier tokens."""
+    clip_k1: float = bounded(1.0, min=0)
+    """Upper clip of sg(k1) on outlier tokens for outlier='clip' (the reward −k1 is bounded below by −clip_k1)."""
+    prefix_guidance: bool = False
+    """The card's off-policy guidance from teacher prefixes (L_off, λ_off = 1, prefix share 0.5 → 0). Not
+    implemented: True raises a ConfigError."""
+    group_size: int = 1
+    lr: float = 1e-6
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.prefix_guidance:
+            raise ConfigError("tropd: prefix_guidance=True (off-policy guidance from teacher prefixes) is not "
+                              "implemented; set prefix_guidance=False (the loss is then L_RKD + λ_out·L_FKD)")
+
+
+# ---------------------------------------------------------------------------------------------- the math
+def trust_region(lp_s: torch.Tensor, lp_t: torch.Tensor, mask: torch.Tensor, *, tau: float = 1.0,
+             tau_mode: str = "fixed", tau_quantile: float = 0.2,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Per-token (k1, trust, in_trust, τ) from the student's and teacher's log-probs of the sampled tokens.
+
+    k1 = log p_S − log p_T, trust = min(p_T/p_S, 1) = exp(min(log p_T − log p_S, 0)); a masked token is in
+    the trust region when trust ≥ τ ('fixed' / 'quantile', where τ is the batch quantile of trust) or with
+    probability trust ('stochastic'; τ is then reported as NaN). Everything is 0/False outside `mask`."""
+    m = mask.bool()
+    k1 = (lp_s - lp_t) * m
+    trust = torch.exp(torch.clamp(lp_t - lp_s, max=0.0)) * m
+    if tau_mode == "fixed":
+        t = float(tau)
+        inside = trust >= t
+    elif tau_mode == "quantile":
+        vals = trust[m]
+        t = float(torch.quantile(vals.float(), tau_quantile)) if vals.numel() else 1.0
+        inside = trust >= t
+    elif tau_mode == "stochastic":
+        u = torch.rand(trust.shape, generator=generator).to(trust.device)
+        inside = u < trust
+        t = float("nan")
+    else:
+        raise ConfigError(f"tau_mode must be 'fixed', 'quantile' or 'stochastic', got {tau_mode!r}")
+    return k1, trust, inside & m, t
+
+
+def tropd_loss_tok(logp: torch.Tensor, k1: torch.Tensor, in_trust: torch.Tensor, mask: torch.Tensor,
+                   s_topk_logp: torch.Tensor | None, t_topk_logp: torch.Tensor | None, *,
+                   objective: str = "tropd", outlier: str = "topk_fkd", lambda_out: float = 1.0,
+                   renormalize: bool = True, clip_k1: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token TrOPD loss [B, S] and its parts (module docstring).
+
+    `logp`: the student's differentiable log π_S(y_t); `k1`, `in_trust` from `trust_region` (behaviour p_S);
+    `s_topk_logp` / `t_topk_logp` [B, S, k]: the student's (differentiable) and the teacher's log-probs at the
+    teacher's top-k ids. Returns (loss_tok, {"rkd", "fkd", "fkd_all", "rkd_mask", "fkd_mask"}) where "fkd_all" is
+    the (detached) top-k forward KL at every token, for monitoring.
+    """
+    m = mask.bool()
+    k1 = k1.detach()
+    outl = m & ~in_trust.bool()
+    if objective == "opd":
+        rkd_mask, weight = m, k1
+    elif objective == "tropd":
+        rkd_mask, weight = in_trust.bool() & m, k1
+        if outlier == "clip":  # outliers keep K1 with a bounded weight: the reward −k1 ≥ −clip_k1
+            rkd_mask = m
+            weight = torch.where(outl, k1.clamp(max=clip_k1), k1)
+        elif outlier not in ("topk_fkd", "mask"):
+            raise ConfigError(f"outlier must be 'topk_fkd', 'clip' or 'mask', got {outlier!r}")
+    else:
+        raise ConfigError(f"objective must be 'tropd' or 'opd', got {objective!r}")
+    rkd = weight * logp * rkd_mask
+    loss = rkd
+    fkd = torch.zeros_like(logp)
+    fkd_all = torch.zeros_like(logp)
+    fkd_mask = torch.zeros_like(m)
+    if s_topk_logp is not None and t_topk_logp is not None:
+        # tokens outside the mask may hold −inf / padding: zero them before the softmax
+        t_lp = torch.where(m[..., None], t_topk_logp, torch.zeros_like(t_topk_logp))
+        q_log = torch.log_softmax(t_lp, dim=-1) if renormalize else t_lp
+        q = torch.exp(q_log)
+        fkd_tok = (q * (q_log - s_topk_logp)).sum(-1) * m
+        fkd_all = fkd_tok.detach()
+        if objective == "tropd" and outlier == "topk_fkd":
+            fkd_mask = outl
+            fkd = fkd_tok * fkd_mask
+            loss = loss + lambda_out * fkd
+    return loss, {"rkd": rkd, "fkd": fkd, "fkd_all": fkd_all, "rkd_mask": rkd_mask, "fkd_mask": fkd_mask}
+
+
+# ---------------------------------------------------------------------------------------------- teacher
+def check_same_tokenizer(student_tok, teacher_tok, student_model, teacher_model, where: str) -> None:
+    """Raise a ConfigError unless the teacher's tokenizer and output layer match the student's: TrOPD compares the
+    two models' probabilities of the same token ids, which is meaningless across vocabularies."""
+    problems = []
+    sv, tv = student_tok.get_vocab(), teacher_tok.get_vocab()
+    if sv != tv:
+        only_s, only_t = len(set(sv) - set(tv)), len(set(tv) - set(sv))
+        moved = sum(1 for k in set(sv) & set(tv) if sv[k] != tv[k])
+        problems.append(f"vocabularies differ (student {len(sv)} tokens, teacher {len(tv)}; {only_s} only in the "
+                        f"student, {only_t} only in the teacher, {moved} with another id)")
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        a, b = getattr(student_tok, name, None), getattr(teacher_tok, name, None)
+        if a != b:
+            problems.append(f"{name} differs (student {a}, teacher {b})")
+    n_s = student_model.get_output_embeddings().weight.shape[0]
+    n_t = teacher_model.get_output_embeddings().weight.shape[0]
+    if n_s != n_t:
+        problems.append(f"output layers differ (student {n_s} logits, teacher {n_t})")
+    if problems:
+        raise ConfigError(f"tropd: the teacher {where} does not share the student's tokenizer: {'; '.join(problems)}."
+                          " Distil from a checkpoint trained with the student's tokenizer (set --set teacher=DIR).")
+
+
+def resolve_teacher(path: str) -> Path:
+    """The teacher folder: `path` as given, else (a relative ``data/...`` path) inside the shipped data folder."""
+    p = Path(path).expanduser()
+    if not p.exists() and not p.is_absolute() and p.parts and p.parts[0] == "data":
+        from shopsim.paths import data_dir
+
+        p = data_dir().joinpath(*p.parts[1:])
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"tropd: no teacher checkpoint at {path} (no config.json); set teacher=DIR to a saved LM "
+                          "checkpoint")
+    return p
+
+
+def positions_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [n, V] (float32, divided by the temperature) predicting the tokens at `positions` [B, S] (bool), and
+    the selection mask over ``[:, 1:]``. The output layer runs only there, as in `forward_policy`."""
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    body = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False)
+    sel = positions[:, 1:].bool()
+    logits = model.get_output_embeddings()(body.last_hidden_state[:, :-1][sel])
+    return logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, sel
+
+
+# ---------------------------------------------------------------------------------------------- the algorithm
+class TrOPD(LMAlgorithm):
+    """Trust-region on-policy distillation from a teacher LM that shares the student's tokenizer."""
+
+    name = "tropd"
+    Config = TrOPDConfig
+
+    def setup(self, agent) -> None:
+        """The shared setup, then the frozen teacher (checked against the student's tokenizer)."""
+        super().setup(agent)
+        from agents.lm.model import load_model
+        from agents.lm.tokenizer import load_tokenizer
+
+        c = self.config
+        path = resolve_teacher(c.teacher)
+        try:
+            t_tok = load_tokenizer(path)
+        except ShopsimError as exc:
+            raise ConfigError(f"tropd: the teacher {path} has no tokenizer, so it cannot be checked against the "
+                              "student's; save the teacher with its tokenizer") from exc
+        s_tok = getattr(agent, "tokenizer", None)
+        if s_tok is None:
+            raise ConfigError("tropd: the student agent has no tokenizer to compare with the teacher's")
+        self.teacher = load_model(path).to(c.device).eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        check_same_tokenizer(s_tok, t_tok, self.model, self.teacher, str(path))
+        self._tok: dict[str, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ teacher forward
+    @torch.no_grad()
+    def teacher_scores(self, batch: Batch) -> None:
+        """Fill `batch.teacher_logp` [R, S] and `teacher_topk_ids` / `teacher_topk_logp` [R, S, k] at the generated
+        positions (one no-grad teacher forward per micro-batch; only the top-k of each distribution is kept)."""
+        k = self.config.top_k
+        R, S = batch.input_ids.shape
+        lp = torch.zeros(R, S, device=batch.input_ids.device)
+        ids = torch.zeros(R, S, k, dtype=torch.long, device=lp.device)
+        tlp = torch.zeros(R, S, k, device=lp.device)
+
+        def fn(i, a, g):
+            logits, sel = positions_logits(self.teacher, i, a, g, self.temperature)
+            logz = torch.log_softmax(logits, dim=-1)
+            o_lp = torch.zeros(i.shape, device=i.device)
+            o_lp[:, 1:][sel] = logz.gather(-1, i[:, 1:][sel].unsqueeze(-1)).squeeze(-1)
+            v, top = logz.topk(min(k, logz.shape[-1]), dim=-1)
+            o_ids = torch.zeros(*i.shape, k, dtype=torch.long, device=i.device)
+            o_tlp = torch.zeros(*i.shape, k, device=i.device)
+            o_ids[:, 1:][sel] = top
+            o_tlp[:, 1:][sel] = v
+            return o_lp, o_ids, o_tlp
+
+        for r in self.micro_batches(batch, torch.arange(R, device=lp.device)):
+            a, b, c = self._trimmed(fn, batch, r, batch.gen_mask[r])
+            lp[r], ids[r], tlp[r] = a, b, c
+        batch.teacher_logp = lp * batch.gen_mask
+        batch.teacher_topk_ids, batch.teacher_topk_logp = ids, tlp
+
+    def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
+        """The shared no-grad pass, plus the teacher's scores unless the rollouts already carried them."""
+        ctx = super().prepare(batch, iteration)
+        if batch.teacher_logp is None or batch.teacher_topk_ids is None:
+            self.teacher_scores(batch)
+        return ctx
+
+    # ------------------------------------------------------------------ loss
+    def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
+        """Trust region and K1 per token; the advantage is the RKD reward −k1 on the tokens that get K1 (for the
+        shared logging); the per-token loss itself is `policy_loss_tok`."""
+        c = self.config
+        gen = batch.gen_mask
+        gen_rng = None
+        if c.tau_mode == "stochastic":  # seeded from (run seed, iteration): reproducible and resume-safe
+            seed = int(getattr(getattr(self, "run", None), "seed", 0) or 0)
+            gen_rng = torch.Generator().manual_seed(seed * 1_000_003 + ctx.iteration + 17)
+        k1, trust, inside, tau = trust_region(ctx.behav_logp, batch.teacher_logp, gen, tau=c.tau,
+                                              tau_mode=c.tau_mode, tau_quantile=c.tau_quantile, generator=gen_rng)
+        if c.objective == "opd":
+            inside = gen.clone()
+        self._tok = {"k1": k1, "in_trust": inside}
+        n = gen.sum().clamp_min(1)
+        outl = gen & ~inside
+        rkd_tok = inside | (outl if c.outlier == "clip" else torch.zeros_like(outl))
+        adv = torch.where(rkd_tok, -k1, torch.zeros_like(k1))
+        if c.outlier == "clip" and c.objective == "tropd":
+            adv = torch.where(outl, -k1.clamp(max=c.clip_k1), adv)
+        k1_gen = k1[gen]
+        metrics = {
+            "reverse_kl_k1": float(k1.sum() / n),
+            "k1_max": float(k1_gen.max()) if k1_gen.numel() else 0.0,
+            "outlier_share": float(outl.sum() / n),
+            "trust_mean": float(trust.sum() / n),
+            "teacher_logp_mean": float((batch.teacher_logp * gen).sum() / n),
+            "student_logp_mean": float((ctx.behav_logp * gen).sum() / n),
+        }
+        if c.objective == "tropd" and c.tau_mode != "stochastic":
+            metrics["tau"] = tau
+        return Advantages(adv=adv, metrics=metrics)
+
+    def policy_forward(self, batch: Batch, r: torch.Tensor, *, need_entropy: bool = False,
+                       need_hidden: bool = False) -> tuple:
+        """One student forward over rows `r`: the sampled tokens' log-probs and, from the same logits, the
+        log-probs at the teacher's top-k ids (``mb["student_topk_logp"]``)."""
+        k = batch.teacher_topk_ids.shape[-1]
+
+        def fn(i, a, g, top):
+            logits, sel = positions_logits(self.model, i, a, g, self.temperature)
+            lse = torch.logsumexp(logits, dim=-1)
+            lp = torch.zeros(i.shape, dtype=logits.dtype, device=i.device)
+            lp[:, 1:][sel] = logits.gather(-1, i[:, 1:][sel].unsqueeze(-1)).squeeze(-1) - lse
+            klp = torch.zeros(*i.shape, k, dtype=logits.dtype, device=i.device)
+            klp[:, 1:][sel] = logits.gather(-1, top[:, 1:][sel]) - lse.unsqueeze(-1)
+            ent = None
+            if need_entropy:
+                ent = torch.zeros_like(lp)
+                ent[:, 1:][sel] = entropy_from_logits(logits)
+            return lp, ent, klp
+
+        lp, ent, klp = self._trimmed(fn, batch, r, batch.gen_mask[r], batch.teacher_topk_ids[r])
+        return lp, ent, None, {"student_topk_logp": klp}
+
+    def policy_loss_tok(self, mb: dict, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
+        c = self.config
+        r = mb["rows"]
+        batch: Batch = mb["batch"]
+        loss, parts = tropd_loss_tok(logp, self._tok["k1"][r], self._tok["in_trust"][r], mask,
+                                     mb["student_topk_logp"], batch.teacher_topk_logp[r], objective=c.objective,
+                                     outlier=c.outlier, lambda_out=c.lambda_out, renormalize=c.renormalize_topk,
+                                     clip_k1=c.clip_k1)
+        m = mask.float()
+        n = m.sum().clamp_min(1.0)
+        with torch.no_grad():
+            st = {"loss_rkd_tok": (parts["rkd"] * m).sum() / n, "loss_fkd_tok": (parts["fkd"] * m).sum() / n,
+                  "forward_kl_topk": (parts["fkd_all"] * m).sum() / n}
+        return loss, st
+
+    def _zero_rows_skippable(self, ctx: Ctx, need_ent: bool) -> bool:
+        # a row whose tokens are all outliers has zero K1 advantage but a forward-KL loss: never skip rows
+        return False
