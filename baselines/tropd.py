@@ -288,13 +288,12 @@ class TrOPD(LMAlgorithm):
             gen_rng = torch.Generator().manual_seed(seed * 1_000_003 + ctx.iteration + 17)
         k1, trust, inside, tau = trust_region(ctx.behav_logp, batch.teacher_logp, gen, tau=c.tau,
                                               tau_mode=c.tau_mode, tau_quantile=c.tau_quantile, generator=gen_rng)
+        n = gen.sum().clamp_min(1)
+        outl = gen & ~inside  # logged for plain OPD too: the tokens TrOPD would treat as outliers
         if c.objective == "opd":
             inside = gen.clone()
         self._tok = {"k1": k1, "in_trust": inside}
-        n = gen.sum().clamp_min(1)
-        outl = gen & ~inside
-        rkd_tok = inside | (outl if c.outlier == "clip" else torch.zeros_like(outl))
-        adv = torch.where(rkd_tok, -k1, torch.zeros_like(k1))
+        adv = torch.where(inside, -k1, torch.zeros_like(k1))
         if c.outlier == "clip" and c.objective == "tropd":
             adv = torch.where(outl, -k1.clamp(max=c.clip_k1), adv)
         k1_gen = k1[gen]
@@ -309,6 +308,20 @@ class TrOPD(LMAlgorithm):
         if c.objective == "tropd" and c.tau_mode != "stochastic":
             metrics["tau"] = tau
         return Advantages(adv=adv, metrics=metrics)
+
+    def update(self, batch: Batch, iteration: int = 0, generator: torch.Generator | None = None) -> dict:
+        """The shared update, plus ``grad_norm_max``: the largest pre-clip gradient norm of the iteration's
+        optimizer steps (``grad_norm`` is their mean), the quantity whose spikes the paper compares with OPD's."""
+        self._step_grad_norms: list[float] = []
+        m = super().update(batch, iteration, generator)
+        if self._step_grad_norms:
+            m["grad_norm_max"] = max(self._step_grad_norms)
+        return m
+
+    def _minibatch_step(self, *args, **kwargs) -> dict:
+        out = super()._minibatch_step(*args, **kwargs)
+        self._step_grad_norms.append(out["grad_norm"])
+        return out
 
     def policy_forward(self, batch: Batch, r: torch.Tensor, *, need_entropy: bool = False,
                        need_hidden: bool = False) -> tuple:

@@ -43,8 +43,8 @@ import torch
 
 ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
-ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo")
-SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce"}
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "tropd")
+SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce", "tropd"}
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
 
