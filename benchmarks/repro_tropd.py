@@ -175,14 +175,13 @@ def run(args, argv) -> dict:
                  for s in ("dev", "test")}
         start_file.write_text(json.dumps(start))
     teacher = args.teacher or str(init)
-    table: dict[str, dict] = {}
-    for arm in args.arms:
-        runs = {}
-        for seed in args.seeds:
+    runs: dict[str, dict[int, list[dict]]] = {arm: {} for arm in args.arms}
+    for seed in args.seeds:  # seed-major: an interrupted check still holds paired arms
+        for arm in args.arms:
             t1 = time.perf_counter()
-            runs[seed] = train_arm(arm, seed, args, env_kwargs, out, teacher)
-            print(f"{arm} seed {seed}: {len(runs[seed])} iterations ({time.perf_counter() - t1:.0f}s)")
-        table[arm] = summarise(runs, start)
+            runs[arm][seed] = train_arm(arm, seed, args, env_kwargs, out, teacher)
+            print(f"{arm} seed {seed}: {len(runs[arm][seed])} iterations ({time.perf_counter() - t1:.0f}s)")
+    table: dict[str, dict] = {arm: summarise(runs[arm], start) for arm in args.arms}
     grpo = {s: rows for s in args.seeds if (rows := _finished(out / "grpo" / f"seed{s}", args.iterations))}
     notes = []
     if grpo:
