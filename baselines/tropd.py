@@ -24,12 +24,19 @@ log-prob of every sampled token and its top-k ids and log-probs (`Batch.teacher_
 `teacher_topk_logp`), never the full [R, S, V] distribution. The update's single student forward also gathers the
 student's log-probs at the teacher's top-k ids (`policy_forward`).
 
-Not implemented: the paper's off-policy guidance from teacher prefixes (L_off); `prefix_guidance=True` is refused.
+Off-policy guidance (`prefix_guidance`, on by default): while f > 0 the training rollouts are collected by
+`PrefixGuidedAgent`: the teacher samples each turn (T_T tokens), the student keeps the first ⌈f·T_T⌉ of them and
+samples the rest of the turn itself. The prefix tokens (``turn.extra["teacher_prefix"]`` of them) leave
+L_RKD / L_FKD and get the full-vocabulary forward KL toward the teacher, L_off = agg Σ_v p_T(v)·[log p_T(v) −
+log π_S(v)], so L = L_RKD + λ_out·L_FKD + λ_off·L_off with one normaliser over all generated tokens ([derived]).
+f falls linearly from `prefix_share` (0.5) to 0 over the first `prefix_decay` (30%) of the run's iterations.
+Evaluation always runs the student alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -41,7 +48,8 @@ from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
 from shopsim.configs import bounded
 from shopsim.errors import ConfigError, ShopsimError
 
-__all__ = ["TrOPD", "TrOPDConfig", "trust_region", "tropd_loss_tok", "check_same_tokenizer", "positions_logits"]
+__all__ = ["TrOPD", "TrOPDConfig", "trust_region", "tropd_loss_tok", "check_same_tokenizer", "positions_logits",
+           "PrefixGuidedAgent", "prefix_schedule", "prefix_mask"]
 
 Objective = Literal["tropd", "opd"]
 Outlier = Literal["topk_fkd", "clip", "mask"]
@@ -77,18 +85,19 @@ class TrOPDConfig(LMConfig):
     """λ_out, weight of the top-k forward KL on outlier tokens."""
     clip_k1: float = bounded(1.0, min=0)
     """Upper clip of sg(k1) on outlier tokens for outlier='clip' (the reward −k1 is bounded below by −clip_k1)."""
-    prefix_guidance: bool = False
-    """The card's off-policy guidance from teacher prefixes (L_off, λ_off = 1, prefix share 0.5 → 0). Not
-    implemented: True raises a ConfigError."""
+    prefix_guidance: bool = True
+    """Off-policy guidance: during training rollouts the teacher writes each turn first, the student keeps its
+    first ⌈f·T_T⌉ tokens as a prefix and completes the turn; prefix tokens get the full forward KL L_off
+    (False: the student writes every token, L = L_RKD + λ_out·L_FKD)."""
+    lambda_off: float = bounded(1.0, min=0)
+    """λ_off, weight of the full forward KL on teacher-prefix tokens."""
+    prefix_share: float = bounded(0.5, min=0, max=1)
+    """f at the start of training: the share of the teacher's turn kept as the prefix."""
+    prefix_decay: float = bounded(0.3, gt=0, max=1)
+    """Share of the run's iterations over which f falls linearly from `prefix_share` to 0 (then no prefixes)."""
     group_size: int = 1
     lr: float = 1e-6
     temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.prefix_guidance:
-            raise ConfigError("tropd: prefix_guidance=True (off-policy guidance from teacher prefixes) is not "
-                              "implemented; set prefix_guidance=False (the loss is then L_RKD + λ_out·L_FKD)")
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -211,6 +220,94 @@ def positions_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, sel
 
 
+# ---------------------------------------------------------------------------------------------- teacher prefixes
+def prefix_schedule(iteration: int, iterations: int | None, start: float = 0.5, decay: float = 0.3) -> float:
+    """f at `iteration` (0-based): linear from `start` at 0 to 0 at ``decay × iterations``, then 0."""
+    if not iterations:
+        return start
+    return max(0.0, start * (1.0 - iteration / (decay * iterations)))
+
+
+def prefix_mask(batch: Batch) -> torch.Tensor:
+    """[R, S] bool: the generated tokens written by the teacher (the first ``turn.extra["teacher_prefix"]``
+    action ids of each turn)."""
+    R, S = batch.input_ids.shape
+    flat = torch.zeros(R * S, dtype=torch.bool)
+    for i, tr in enumerate(batch.trajectories):
+        idx = batch.traj_tok_index[i].cpu()
+        j = 0
+        for t in tr.turns:
+            n = len(t.action_ids or [])
+            p = min(int((t.extra or {}).get("teacher_prefix", 0)), n)
+            if p:
+                flat[idx[j:j + p]] = True
+            j += n
+    return flat.reshape(R, S).to(batch.gen_mask.device)
+
+
+class PrefixGuidedAgent:
+    """Training-rollout agent of TrOPD's off-policy guidance around the student `LMAgent`: each turn the teacher
+    samples an action, the student keeps its first ⌈f·T_T⌉ ids and samples the rest of the turn (within the same
+    per-turn token limit). The `Decision` holds the whole action, the student's log-probs of all of its ids
+    (behaviour p_S, prefix included) and ``extra["teacher_prefix"]``. Everything else is the student's."""
+
+    def __init__(self, student, teacher, share: float):
+        self.student, self.teacher, self.share = student, teacher, float(share)
+
+    def __getattr__(self, name):
+        return getattr(self.student, name)
+
+    @torch.no_grad()
+    def act(self, observations, infos, slots):
+        from agents.base import Decision
+        from agents.lm.generation import sample
+        from agents.lm.parsing import decode_action
+
+        s = self.student
+        prompts = []
+        for obs, slot in zip(observations, slots, strict=True):
+            if slot not in s.contexts:
+                s.begin_episode(slot, obs, {})
+            ctx = s.contexts[slot]
+            if slot in s.pending:
+                ctx.step(s.pending.pop(slot), obs)
+            prompts.append(ctx.prompt())
+        stop = set(s.fmt.stop_ids)
+        limit = s.sampling.max_new_tokens
+        s.model.eval()
+        t_out = sample(self.teacher, prompts, stop_ids=s.fmt.stop_ids, pad_id=s.policy.pad_id, config=s.sampling,
+                       generator=s.generator)
+        prefixes = [list(ids[: math.ceil(self.share * len(ids))]) for ids in t_out.ids]
+        # the student completes the turns whose prefix has not ended it
+        need = [i for i, p in enumerate(prefixes) if len(p) < limit and not (p and p[-1] in stop)]
+        conts: dict[int, tuple[list[int], list[float]]] = {}
+        if need:
+            room = limit - min(len(prefixes[i]) for i in need)
+            out = sample(s.model, [prompts[i] + prefixes[i] for i in need], stop_ids=s.fmt.stop_ids,
+                         pad_id=s.policy.pad_id, config=replace(s.sampling, max_new_tokens=room),
+                         generator=s.generator, cache=s.kv_cache,
+                         keys=[slots[i] for i in need] if s.kv_cache is not None else None)
+            for j, i in enumerate(need):
+                cut = limit - len(prefixes[i])
+                conts[i] = (list(out.ids[j][:cut]), list(out.logprobs[j][:cut]))
+        with_prefix = [i for i, p in enumerate(prefixes) if p]
+        p_lp: dict[int, list[float]] = {}
+        if with_prefix:  # the student's behaviour log-probs of the teacher's ids
+            lp, m = s.policy.action_logprobs([prompts[i] for i in with_prefix], [prefixes[i] for i in with_prefix])
+            for j, i in enumerate(with_prefix):
+                p_lp[i] = lp[j][m[j].bool()].tolist()
+        decisions = []
+        for i, slot in enumerate(slots):
+            c_ids, c_lp = conts.get(i, ([], []))
+            ids = prefixes[i] + c_ids
+            s.pending[slot] = ids
+            decisions.append(Decision(action=decode_action(s.tokenizer, ids), prompt_ids=prompts[i],
+                                      action_ids=ids, action_logprobs=p_lp.get(i, []) + c_lp,
+                                      extra={"teacher_prefix": len(prefixes[i]),
+                                             "stopped": bool(ids and ids[-1] in stop)}))
+        return decisions
+
+
 # ---------------------------------------------------------------------------------------------- the algorithm
 class TrOPD(LMAlgorithm):
     """Trust-region on-policy distillation from a teacher LM that shares the student's tokenizer."""
@@ -269,6 +366,24 @@ class TrOPD(LMAlgorithm):
         batch.teacher_logp = lp * batch.gen_mask
         batch.teacher_topk_ids, batch.teacher_topk_logp = ids, tlp
 
+    def prefix_f(self, iteration: int) -> float:
+        """The prefix share f of training iteration `iteration` (0 without prefix guidance)."""
+        c = self.config
+        if not c.prefix_guidance:
+            return 0.0
+        run = getattr(self, "run", None)
+        return prefix_schedule(iteration, getattr(run, "iterations", None), c.prefix_share, c.prefix_decay)
+
+    def collect_batch(self, env_id: str, agent, iteration: int, rng, env_kwargs: dict | None = None, env_fns=None,
+                      progress: bool = False):
+        """The shared rollouts, by `PrefixGuidedAgent` (teacher prefixes) while f > 0."""
+        f = self.prefix_f(iteration)
+        if f > 0:
+            agent = PrefixGuidedAgent(agent, self.teacher, f)
+        trajs, m = super().collect_batch(env_id, agent, iteration, rng, env_kwargs=env_kwargs, env_fns=env_fns,
+                                         progress=progress)
+        return trajs, {**m, "prefix_f": f}
+
     def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
         """The shared no-grad pass, plus the teacher's scores unless the rollouts already carried them."""
         ctx = super().prepare(batch, iteration)
@@ -281,7 +396,9 @@ class TrOPD(LMAlgorithm):
         """Trust region and K1 per token; the advantage is the RKD reward −k1 on the tokens that get K1 (for the
         shared logging); the per-token loss itself is `policy_loss_tok`."""
         c = self.config
-        gen = batch.gen_mask
+        all_gen = batch.gen_mask
+        prefix = prefix_mask(batch) if c.prefix_guidance else torch.zeros_like(all_gen)
+        gen = all_gen & ~prefix  # the student's own tokens; the teacher's prefix tokens get L_off
         gen_rng = None
         if c.tau_mode == "stochastic":  # seeded from (run seed, iteration): reproducible and resume-safe
             seed = int(getattr(getattr(self, "run", None), "seed", 0) or 0)
@@ -292,7 +409,7 @@ class TrOPD(LMAlgorithm):
         outl = gen & ~inside  # logged for plain OPD too: the tokens TrOPD would treat as outliers
         if c.objective == "opd":
             inside = gen.clone()
-        self._tok = {"k1": k1, "in_trust": inside}
+        self._tok = {"k1": k1, "in_trust": inside, "prefix": prefix}
         adv = torch.where(inside, -k1, torch.zeros_like(k1))
         if c.outlier == "clip" and c.objective == "tropd":
             adv = torch.where(outl, -k1.clamp(max=c.clip_k1), adv)
@@ -304,6 +421,7 @@ class TrOPD(LMAlgorithm):
             "trust_mean": float(trust.sum() / n),
             "teacher_logp_mean": float((batch.teacher_logp * gen).sum() / n),
             "student_logp_mean": float((ctx.behav_logp * gen).sum() / n),
+            "prefix_token_share": float(prefix.sum() / all_gen.sum().clamp_min(1)),
         }
         if c.objective == "tropd" and c.tau_mode != "stochastic":
             metrics["tau"] = tau
@@ -329,9 +447,17 @@ class TrOPD(LMAlgorithm):
         log-probs at the teacher's top-k ids (``mb["student_topk_logp"]``)."""
         k = batch.teacher_topk_ids.shape[-1]
 
-        def fn(i, a, g, top):
+        def fn(i, a, g, top, pre):
             logits, sel = positions_logits(self.model, i, a, g, self.temperature)
             lse = torch.logsumexp(logits, dim=-1)
+            off = None
+            if bool(pre.any()):  # L_off: the full forward KL toward the teacher at its prefix tokens
+                with torch.no_grad():
+                    t_logz = torch.log_softmax(positions_logits(self.teacher, i, a, g, self.temperature)[0], -1)
+                kl = (t_logz.exp() * (t_logz - (logits - lse.unsqueeze(-1)))).sum(-1)
+                off = torch.zeros(i.shape, dtype=logits.dtype, device=i.device)
+                off[:, 1:][sel] = kl
+                off = off * pre
             lp = torch.zeros(i.shape, dtype=logits.dtype, device=i.device)
             lp[:, 1:][sel] = logits.gather(-1, i[:, 1:][sel].unsqueeze(-1)).squeeze(-1) - lse
             klp = torch.zeros(*i.shape, k, dtype=logits.dtype, device=i.device)
@@ -340,24 +466,32 @@ class TrOPD(LMAlgorithm):
             if need_entropy:
                 ent = torch.zeros_like(lp)
                 ent[:, 1:][sel] = entropy_from_logits(logits)
-            return lp, ent, klp
+            return lp, ent, klp, off
 
-        lp, ent, klp = self._trimmed(fn, batch, r, batch.gen_mask[r], batch.teacher_topk_ids[r])
-        return lp, ent, None, {"student_topk_logp": klp}
+        pre = self._tok["prefix"][r] if "prefix" in self._tok else torch.zeros_like(batch.gen_mask[r])
+        lp, ent, klp, off = self._trimmed(fn, batch, r, batch.gen_mask[r], batch.teacher_topk_ids[r], pre)
+        return lp, ent, None, {"student_topk_logp": klp, "offpolicy_kl": off}
 
     def policy_loss_tok(self, mb: dict, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
         c = self.config
         r = mb["rows"]
         batch: Batch = mb["batch"]
-        loss, parts = tropd_loss_tok(logp, self._tok["k1"][r], self._tok["in_trust"][r], mask,
+        pre = self._tok["prefix"][r]
+        own = mask.bool() & ~pre
+        loss, parts = tropd_loss_tok(logp, self._tok["k1"][r], self._tok["in_trust"][r], own,
                                      mb["student_topk_logp"], batch.teacher_topk_logp[r], objective=c.objective,
                                      outlier=c.outlier, lambda_out=c.lambda_out, renormalize=c.renormalize_topk,
                                      clip_k1=c.clip_k1)
+        off = mb.get("offpolicy_kl")
+        if off is not None:
+            loss = loss + c.lambda_off * off * (mask.bool() & pre)
         m = mask.float()
         n = m.sum().clamp_min(1.0)
         with torch.no_grad():
+            n_own = own.float().sum().clamp_min(1.0)
             st = {"loss_rkd_tok": (parts["rkd"] * m).sum() / n, "loss_fkd_tok": (parts["fkd"] * m).sum() / n,
-                  "forward_kl_topk": (parts["fkd_all"] * m).sum() / n}
+                  "loss_off_tok": ((off * m).sum() / n) if off is not None else torch.zeros(()),
+                  "forward_kl_topk": (parts["fkd_all"] * own).sum() / n_own}
         return loss, st
 
     def _zero_rows_skippable(self, ctx: Ctx, need_ent: bool) -> bool:

@@ -11,8 +11,9 @@ Protocol (the learning benchmark's, `benchmarks.learning_lm`):
   checkpoint itself), so the student starts on another mode of the same tokenizer and architecture.
 * Every arm gets the same rollouts (``--iterations`` × ``--rollouts``, one rollout per task), learning rate,
   temperature, turn and token limits and update schedule (``--minibatches`` optimizer steps per iteration);
-  ``--seeds`` seeds each. Arms: ``opd`` (objective="opd") and ``tropd`` (the defaults: τ = 1, top-k forward KL on
-  outliers); ``clip`` and ``mask`` (the other outlier treatments) on request. Runs go to
+  ``--seeds`` seeds each. Arms: ``opd`` (objective="opd") and ``tropd`` (τ = 1, top-k forward KL on outliers),
+  both without teacher-prefix guidance so that the trust region is the only difference; ``clip`` and ``mask``
+  (the other outlier treatments) and ``tropd_prefix`` (every default, prefixes included) on request. Runs go to
   ``OUT/tropd_check/<arm>/seed<S>``; a finished run there is reused.
 * Reported per arm (mean over seeds): the pre-clip gradient norm, max and 95th percentile over every optimizer step
   of every seed (``grad_norm_max`` per iteration is the step maximum); the outlier share (tokens with p_T < p_S,
@@ -38,7 +39,11 @@ import torch
 
 from benchmarks.learning_lm import ENV, FAMILIES, _algo, _commit, evaluate_metrics, weaken
 
-ARMS = {"opd": {"objective": "opd"}, "tropd": {}, "clip": {"outlier": "clip"}, "mask": {"outlier": "mask"}}
+#: the arms; the check isolates the trust region and outlier treatment, so prefix guidance is off in the first
+#: four ("tropd_prefix" is TrOPD with every default, teacher prefixes included)
+ARMS = {"opd": {"objective": "opd", "prefix_guidance": False}, "tropd": {"prefix_guidance": False},
+        "clip": {"outlier": "clip", "prefix_guidance": False}, "mask": {"outlier": "mask", "prefix_guidance": False},
+        "tropd_prefix": {}}
 
 
 def _rows(path: Path) -> list[dict]:

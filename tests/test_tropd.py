@@ -212,12 +212,52 @@ def test_teacher_with_another_vocabulary_is_refused(tmp_path):
     assert ok.teacher is not None and not any(p.requires_grad for p in ok.teacher.parameters())
 
 
-def test_missing_teacher_and_prefix_guidance_are_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="prefix_guidance"):
-        baselines.make("tropd", env_id=ENV, prefix_guidance=True)
+def test_missing_teacher_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="prefix_share"):
+        baselines.make("tropd", env_id=ENV, prefix_share=1.5)
     algo = baselines.make("tropd", env_id=ENV, teacher=str(tmp_path / "nothing"))
     with pytest.raises(ConfigError, match="no teacher checkpoint"):
         algo.setup(_student(_tok()))
+
+
+def test_prefix_schedule_is_linear_to_zero_over_the_first_30_percent():
+    from baselines.tropd import prefix_schedule
+
+    assert [prefix_schedule(i, 10) for i in range(5)] == pytest.approx([0.5, 0.5 * 2 / 3, 0.5 / 3, 0.0, 0.0])
+    assert prefix_schedule(0, 100, 0.5, 0.3) == 0.5 and prefix_schedule(15, 100) == pytest.approx(0.25)
+    assert prefix_schedule(30, 100) == 0.0 and prefix_schedule(99, 100) == 0.0
+
+
+def test_prefix_guided_agent_keeps_the_teachers_first_tokens(tmp_path):
+    from agents.lm.generation import sample
+    from baselines.tropd import PrefixGuidedAgent
+
+    tok = _tok()
+    teacher = _save_teacher(tmp_path / "t", tok)
+    algo = baselines.make("tropd", env_id=ENV, teacher=str(teacher))
+    student = _student(tok)
+    algo.setup(student)
+    student.sampling.greedy = True  # deterministic: the teacher's turn can be re-sampled for the comparison
+    agent = PrefixGuidedAgent(student, algo.teacher, 0.3)  # ceil(0.3·T) ≠ floor for T = 6 (the token limit)
+    agent.reset(1, seed=0)
+    from shopsim.rollout import collect
+
+    trajs = collect(ENV, agent, episodes=2, seeds=[0, 1], split="train", num_envs=2, env_kwargs={"max_turns": 2},
+                    progress=False)
+    checked = 0
+    for tr in trajs:
+        for t in tr.turns:
+            ref = sample(algo.teacher, [t.prompt_ids], stop_ids=student.fmt.stop_ids, pad_id=student.policy.pad_id,
+                         config=student.sampling).ids[0]
+            p = t.extra["teacher_prefix"]
+            assert p == math.ceil(0.3 * len(ref))
+            assert t.action_ids[:p] == list(ref[:p])
+            assert len(t.action_logprobs) == len(t.action_ids)
+            # the recorded log-probs are the student's (behaviour p_S), prefix included
+            lp, m = student.policy.action_logprobs([t.prompt_ids], [t.action_ids])
+            assert lp[0][m[0].bool()].tolist() == pytest.approx(t.action_logprobs, abs=1e-4)
+            checked += 1
+    assert checked >= 2
 
 
 def test_batch_carries_the_teachers_logprobs_and_topk(tmp_path):
@@ -247,6 +287,31 @@ def test_batch_carries_the_teachers_logprobs_and_topk(tmp_path):
     assert torch.allclose(batch.teacher_logp[gen], lp_full[gen], atol=1e-4)
     assert torch.allclose(batch.teacher_topk_logp[:, 1:][gen[:, 1:]], top.values[gen[:, 1:]], atol=1e-4)
     assert torch.equal(batch.teacher_topk_ids[:, 1:][gen[:, 1:]], top.indices[gen[:, 1:]])
+    # without a run, f = prefix_share: the rollouts carry teacher prefixes, and L_off at those tokens is the full
+    # forward KL(π_T ‖ π_S) over the vocabulary
+    from baselines.tropd import prefix_mask
+
+    pre = prefix_mask(batch)
+    assert bool(pre.any()) and bool((pre <= gen).all()) and bool((gen & ~pre).any())
+    first = [t.extra["teacher_prefix"] for tr in trajs for t in tr.turns]
+    assert int(pre.sum()) == sum(min(p, len(t.action_ids)) for p, t in zip(first, [t for tr in trajs
+                                                                                   for t in tr.turns], strict=True))
+    ctx = algo.prepare(batch)
+    algo.compute_advantages(batch, ctx)
+    rows = torch.arange(batch.num_rows)
+    with torch.no_grad():
+        lp, _, _, extra = algo.policy_forward(batch, rows)
+        # on the teacher's prefix tokens the loss is λ_off·L_off only (no K1, no top-k forward KL)
+        loss_tok, _ = algo.policy_loss_tok({"rows": rows, "batch": batch, **extra}, lp, None,
+                                           batch.gen_mask.float())
+        assert torch.allclose(loss_tok[pre], extra["offpolicy_kl"][pre]) and not bool(algo._tok["in_trust"][pre].any())
+        s_logits = algo.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                              position_ids=pos).logits.float()
+        ls, lt = torch.log_softmax(s_logits[:, :-1], -1), torch.log_softmax(logits[:, :-1], -1)
+        kl = (lt.exp() * (lt - ls)).sum(-1)
+    off = extra["offpolicy_kl"]
+    assert torch.allclose(off[:, 1:][pre[:, 1:]], kl[pre[:, 1:]], atol=1e-4)
+    assert float(off[~pre].abs().sum()) == 0
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -269,6 +334,10 @@ def test_two_iterations_on_shopping(tmp_path):
     assert last["outlier_share"] > 0 and last["loss_fkd_tok"] > 0
     assert last["forward_kl_topk"] >= 0 and math.isfinite(last["reverse_kl_k1"]) and last["tau"] == 1.0
     assert "dev_success" in last and "train_success" in last
+    # teacher prefixes in the first iteration (f = 0.5), none once f reached 0 (30% of 2 iterations)
+    first = res.history[0]
+    assert first["prefix_f"] == 0.5 and first["prefix_token_share"] > 0 and first["loss_off_tok"] > 0
+    assert last["prefix_f"] == 0.0 and last["prefix_token_share"] == 0 and last["loss_off_tok"] == 0
     # the teacher is frozen, the checkpoint reloads
     assert all(torch.equal(before[k], v) for k, v in algo.teacher.state_dict().items())
     assert agents.load_checkpoint(out / "checkpoint").model is not None
