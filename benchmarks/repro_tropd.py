@@ -64,11 +64,12 @@ def _finished(run_dir: Path, iterations: int) -> list[dict] | None:
     return rows if len(rows) >= iterations and rows[-1].get("dev_success") not in (None, "") else None
 
 
-def train_arm(arm: str, seed: int, args, env_kwargs: dict, out: Path, teacher: str) -> list[dict]:
-    """One (arm, seed) run from the shared start, or its finished metrics when OUT already holds them."""
+def train_arm(arm: str, seed: int, args, env_kwargs: dict, out: Path, teacher: str) -> list[dict] | None:
+    """One (arm, seed) run from the shared start, or its finished metrics when OUT already holds them (None:
+    not finished and ``--reuse-only``)."""
     run_dir = out / "tropd_check" / arm / f"seed{seed}"
     done = _finished(run_dir, args.iterations)
-    if done is not None:
+    if done is not None or args.reuse_only:
         return done
     torch.set_num_threads(args.threads)
     algo = _algo("tropd", args, env_kwargs, teacher=teacher, **ARMS[arm])
@@ -184,11 +185,17 @@ def run(args, argv) -> dict:
     for seed in args.seeds:  # seed-major: an interrupted check still holds paired arms
         for arm in args.arms:
             t1 = time.perf_counter()
-            runs[arm][seed] = train_arm(arm, seed, args, env_kwargs, out, teacher)
-            print(f"{arm} seed {seed}: {len(runs[arm][seed])} iterations ({time.perf_counter() - t1:.0f}s)")
-    table: dict[str, dict] = {arm: summarise(runs[arm], start) for arm in args.arms}
+            rows = train_arm(arm, seed, args, env_kwargs, out, teacher)
+            if rows is None:
+                print(f"{arm} seed {seed}: no finished run (--reuse-only)")
+                continue
+            runs[arm][seed] = rows
+            print(f"{arm} seed {seed}: {len(rows)} iterations ({time.perf_counter() - t1:.0f}s)")
+    table: dict[str, dict] = {arm: summarise(runs[arm], start) for arm in args.arms if runs[arm]}
+    missing = [f"{arm} (seeds {sorted(runs[arm])} of {list(args.seeds)})" for arm in args.arms
+               if len(runs[arm]) < len(args.seeds)]
     grpo = {s: rows for s in args.seeds if (rows := _finished(out / "grpo" / f"seed{s}", args.iterations))}
-    notes = []
+    notes = [f"Unfinished runs left out: {', '.join(missing)}."] if missing else []
     if grpo:
         table["grpo (reference)"] = summarise(grpo, start)
         if len(grpo) < len(args.seeds):
@@ -235,6 +242,8 @@ def main(argv=None) -> int:
     p.add_argument("--start", choices=("weaken", "init"), default="weaken")
     p.add_argument("--results", default="docs/results", help="folder of tropd_check.md / .json ('' : none)")
     p.add_argument("--note", action="append", help="a line added to the results' notes (e.g. a reduced budget)")
+    p.add_argument("--reuse-only", action="store_true",
+                   help="train nothing: summarise the finished runs found in OUT (a check cut short)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     a.families = [f for f in str(a.families).split(",") if f]
