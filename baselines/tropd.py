@@ -293,7 +293,8 @@ class PrefixGuidedAgent:
         with_prefix = [i for i, p in enumerate(prefixes) if p]
         p_lp: dict[int, list[float]] = {}
         if with_prefix:  # the student's behaviour log-probs of the teacher's ids
-            lp, m = s.policy.action_logprobs([prompts[i] for i in with_prefix], [prefixes[i] for i in with_prefix])
+            lp, m = s.policy.action_logprobs([prompts[i] for i in with_prefix], [prefixes[i] for i in with_prefix],
+                                             temperature=s.sampling.logprob_temperature)
             for j, i in enumerate(with_prefix):
                 p_lp[i] = lp[j][m[j].bool()].tolist()
         decisions = []

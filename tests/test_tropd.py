@@ -258,6 +258,14 @@ def test_prefix_guided_agent_keeps_the_teachers_first_tokens(tmp_path):
             assert lp[0][m[0].bool()].tolist() == pytest.approx(t.action_logprobs, abs=1e-4)
             checked += 1
     assert checked >= 2
+    # sampled at another temperature, every recorded log-prob (prefix and continuation) is at that temperature
+    student.sampling.greedy, student.sampling.temperature = False, 0.5
+    trajs = collect(ENV, agent, episodes=1, seeds=[2], split="train", num_envs=1, env_kwargs={"max_turns": 2},
+                    progress=False)
+    for t in trajs[0].turns:
+        assert t.extra["teacher_prefix"] > 0
+        lp, m = student.policy.action_logprobs([t.prompt_ids], [t.action_ids], temperature=0.5)
+        assert lp[0][m[0].bool()].tolist() == pytest.approx(t.action_logprobs, abs=1e-4)
 
 
 def test_batch_carries_the_teachers_logprobs_and_topk(tmp_path):
