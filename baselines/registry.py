@@ -28,6 +28,7 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("bipace", "shopping"): "baselines.bipace:BiPACE",
     ("basis", "shopping"): "baselines.basis:BASIS",
     ("arc", "shopping"): "baselines.arc:ARC",
+    ("tropd", "shopping"): "baselines.tropd:TrOPD",
     # ProactiveRec-v0
     ("reinforce", "rec"): "baselines.prorl:RecReinforce",
     ("grpo", "rec"): "baselines.prorl:RecGRPO",

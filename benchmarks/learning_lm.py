@@ -44,8 +44,8 @@ import torch
 
 ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
-ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bipace", "basis", "arc")
-SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce", "basis"}
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bipace", "basis", "arc", "tropd")
+SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce", "basis", "tropd"}
 #: ARC's n rollouts per (task, strategy) and its M strategies (the card's defaults): n·M rollouts per task
 ARC_N, ARC_M = 4, 3
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes

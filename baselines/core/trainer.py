@@ -16,6 +16,7 @@ An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
   WAPO's per-group normaliser)
 * `token_metrics(mb, logp, ent, coll)` → logging-only statistics of each micro-batch's forward (WAPO's token bins)
 * `collect_batch(...)`              → rollout policy (DAPO's dynamic sampling)
+* `policy_forward(batch, rows, ...)` → the update's forward, plus extra per-row tensors for the loss (TrOPD)
 * `before_training(...)`            → e.g. VAPO's value pre-training
 """
 
@@ -211,6 +212,24 @@ class LMAlgorithm(LoopAlgorithm):
         return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
                               need_hidden=need_hidden, positions=positions, need_collision=need_collision)
 
+    def policy_forward(self, batch: Batch, r: torch.Tensor, *, need_entropy: bool = False,
+                       need_hidden: bool = False) -> tuple:
+        """The update's differentiable forward over rows `r`: ``(logp, entropy, hidden, extras)``.
+
+        `extras` (a dict, empty here) is merged into the micro-batch dict `mb` that `policy_loss_tok` and
+        `extra_loss` receive, so an algorithm that needs more than the sampled tokens' log-probs from the same
+        forward (TrOPD: the student's log-probs at the teacher's top-k ids) overrides this one method. With
+        `needs_collision`, extras["collision"] holds Σ_v p_v² at the trained positions."""
+        if self.needs_collision:  # Σ_v p_v² from the same forward, for `token_metrics` (WAPO's token bins)
+            logp, ent, hid, coll = self._trimmed(lambda i, a, g: self._rows_forward(
+                self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g,
+                need_collision=True), batch, r, batch.gen_mask[r])
+            return logp, ent, hid, {"collision": coll}
+        logp, ent, hid = self._trimmed(lambda i, a, g: self._rows_forward(
+            self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g), batch, r,
+            batch.gen_mask[r])
+        return logp, ent, hid, {}
+
     def micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Split `rows` into micro-batches, returned as positions into `rows`: length-bucketed under
         `micro_batch_tokens` (and `micro_batch_rows`).
@@ -345,15 +364,13 @@ class LMAlgorithm(LoopAlgorithm):
         for ch in chunks:
             r = rows[ch]
             mask = tok_mask[r]
-            fwd = self._trimmed(lambda i, a, g: self._rows_forward(
-                self.model, i, a, need_entropy=need_ent, need_hidden=shared, positions=g,
-                **({"need_collision": True} if need_coll else {})), batch, r, batch.gen_mask[r])
-            logp, ent, hid = fwd[:3]
-            coll = fwd[3] if need_coll else None
+            logp, ent, hid, fwd_extra = self.policy_forward(batch, r, need_entropy=need_ent, need_hidden=shared)
+            coll = fwd_extra.pop("collision", None) if need_coll else None
             mb = {
                 "rows": r, "gen_mask": batch.gen_mask[r], "turn_index": batch.turn_index[r],
                 "row_traj": batch.row_traj[r], "old_logp_pi": ctx.old_logp[r], "behav_logp": ctx.behav_logp[r],
                 "batch": batch, "adv": adv[r], "step_rows": full_rows, "step_mask": mask_all, "w_tok": w_tok[ch],
+                **fwd_extra,
             }
             pg_tok, st = self.policy_loss_tok(mb, logp, adv[r], mask)
             for k, v in self.token_metrics(mb, logp, ent, coll).items():
