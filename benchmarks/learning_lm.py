@@ -43,7 +43,7 @@ import torch
 
 ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
-ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo")
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "delta")
 SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce"}
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
