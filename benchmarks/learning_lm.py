@@ -1,4 +1,5 @@
-"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo) at one budget.
+"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo,
+delta) at one budget.
 
     python -m benchmarks.learning_lm [--algos grpo mpo ...] [--seeds 0 1 2] [--jobs 2] [--init CKPT] [--out DIR]
     python -m benchmarks.learning_lm --quick      # grpo + mpo, 1 seed, 3 iterations: a few CPU minutes

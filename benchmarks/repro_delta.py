@@ -2,6 +2,7 @@
 ablation at the same budget, from the learning benchmark's weakened start.
 
     python -m benchmarks.repro_delta [--out runs/seedcheck] [--seeds 0 1 2] [--iterations 10] [--arms ...]
+    python -m benchmarks.repro_delta --quick     # 1 seed, 3 short iterations: a few CPU minutes, not a result
 
 The claims (Zhang, Wu, Lin, arXiv 2605.21467; the card's Shopping reading):
 
@@ -243,9 +244,20 @@ def main(argv=None) -> int:
     p.add_argument("--max-gen-batches", type=int, default=3)
     p.add_argument("--value-pretrain-steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--no-tokens", action="store_true", help="skip the decoded-token table")
+    p.add_argument("--no-tokens", action="store_true",
+                   help="do not decode tokens again (the table already in the results json is kept)")
+    p.add_argument("--quick", action="store_true",
+                   help="1 seed, 3 iterations × 8 rollouts (G = 4), 12 eval tasks, into runs/repro_delta_quick with "
+                        "its results there (not docs/results)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
+    if a.quick:
+        a.seeds, a.iterations, a.rollouts, a.group_size, a.minibatches = [0], 3, 8, 4, 2
+        a.eval_episodes, a.eval_every, a.calib, a.bisect_steps, a.max_turns = 12, 3, 12, 4, 10
+        if a.out == p.get_default("out"):
+            a.out = "runs/repro_delta_quick"
+        if a.results == p.get_default("results"):
+            a.results = str(Path(a.out) / "results")
     a.families, a.start = list(FAMILIES), "weaken"
     command = "python -m benchmarks.repro_delta " + shlex.join(sys.argv[1:] if argv is None else argv)
     from agents.lm.agent import LMAgent, default_checkpoint_dir
@@ -268,10 +280,12 @@ def main(argv=None) -> int:
             start[split] = m[f"{split}_success"]
             start.update({f"{split}/{f}": m[f"{split}_success/{f}"] for f in FAMILIES if f"{split}_success/{f}" in m})
         start_file.write_text(json.dumps(start))
+    results = Path(a.results)
     tokens = None
     if not a.no_tokens:
         tokens = token_table(out, a, env_kwargs)
-    results = Path(a.results)
+    elif (results / "delta_check.json").is_file():  # keep the table an earlier invocation decoded
+        tokens = json.loads((results / "delta_check.json").read_text()).get("tokens")
     for seed in a.seeds:  # seed-major: an interrupted check still compares the arms on the same seeds
         for arm in a.arms:
             secs = train_arm(arm, seed, a, env_kwargs, out)
