@@ -29,6 +29,7 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("basis", "shopping"): "baselines.basis:BASIS",
     ("arc", "shopping"): "baselines.arc:ARC",
     ("tropd", "shopping"): "baselines.tropd:TrOPD",
+    ("delta", "shopping"): "baselines.delta:DelTA",
     # ProactiveRec-v0
     ("reinforce", "rec"): "baselines.prorl:RecReinforce",
     ("grpo", "rec"): "baselines.prorl:RecGRPO",
