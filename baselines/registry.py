@@ -24,6 +24,7 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("gigpo", "shopping"): "baselines.gigpo:GiGPO",
     ("vapo", "shopping"): "baselines.vapo:VAPO",
     ("mpo", "shopping"): "baselines.mpo:MPO",
+    ("midtrain", "shopping"): "baselines.midtrain:MidTrain",
     # ProactiveRec-v0
     ("reinforce", "rec"): "baselines.prorl:RecReinforce",
     ("grpo", "rec"): "baselines.prorl:RecGRPO",

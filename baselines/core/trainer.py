@@ -14,6 +14,7 @@ An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 * `extra_loss(mb, logp)`            → additional loss terms (VAPO's positive-example NLL)
 * `collect_batch(...)`              → rollout policy (DAPO's dynamic sampling)
 * `before_training(...)`            → e.g. VAPO's value pre-training
+* `eval_trajectory_metrics(split, trajs)` → extra evaluation metrics (midtrain's strategy mix)
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ class LMAlgorithm(LoopAlgorithm):
         return None, {}
 
     def before_training(self, env_id: str, agent, rng: np.random.Generator, out_dir: Path) -> dict:
+        return {}
+
+    def eval_trajectory_metrics(self, split: str, trajs) -> dict:
+        """Extra evaluation metrics from the evaluation trajectories of `split` (midtrain's strategy mix)."""
         return {}
 
     def algo_state(self) -> dict:
@@ -418,6 +423,7 @@ class LMAlgorithm(LoopAlgorithm):
                 out[f"{split}_score"] = float(np.mean([t.score for t in trajs]))
                 out[f"{split}_turns"] = float(np.mean([t.num_turns for t in trajs]))
                 out.update({f"{split}_success/{fam}": v for fam, v in success_by_family(trajs).items()})
+                out.update(self.eval_trajectory_metrics(split, trajs))
         finally:
             if samp is not None and old is not None:
                 samp.greedy = old
