@@ -1,4 +1,5 @@
-"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo) at one budget.
+"""Learning benchmark of the Shopping LM algorithms (reinforce, ppo, grpo, dapo, gigpo, vapo, mpo, midtrain) at one
+budget.
 
     python -m benchmarks.learning_lm [--algos grpo mpo ...] [--seeds 0 1 2] [--jobs 2] [--init CKPT] [--out DIR]
     python -m benchmarks.learning_lm --quick      # grpo + mpo, 1 seed, 3 iterations: a few CPU minutes
@@ -43,7 +44,7 @@ import torch
 
 ENV = "shopsim/Shopping-v0"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
-ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo")
+ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "midtrain")
 SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce"}
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
