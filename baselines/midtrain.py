@@ -213,6 +213,10 @@ class MidTrainConfig(GRPOConfig):
     exemplar: bool = True
     """Prompt the generation with one scripted-expert exemplar of the strategy on another task (False: the strategy
     description only)."""
+    strategy_prompt: bool = True
+    """Prompt the generation with the strategy (the reset option, and the exemplar if on). False [derived]: sample
+    without any strategy prompt and let the adherence check alone assign samples to strategies (for a model too
+    small to follow the prompt)."""
     sft_lr: float = bounded(1e-4, gt=0)
     """Mid-training learning rate (peak, `agents.lm.sft` schedule)."""
     sft_epochs: float = bounded(2.0, gt=0)
@@ -234,6 +238,11 @@ class MidTrainConfig(GRPOConfig):
         if self.strategies_per_task is not None and self.strategies_per_task > len(self.strategies):
             raise ConfigError(f"strategies_per_task={self.strategies_per_task} exceeds the {len(self.strategies)} "
                               "strategies; lower it or add strategies")
+
+
+#: the options that decide what stage 1 generates (a finished stage is reused only under the same ones)
+GEN_FIELDS = ("data", "strategies", "strategies_per_task", "num_tasks", "candidates", "gen_temperature", "exemplar",
+              "strategy_prompt", "task_families")
 
 
 def task_plan(tasks: list, strategies: tuple[str, ...], per_task: int | None) -> list[tuple[int, str]]:
@@ -277,9 +286,15 @@ def generate_dataset(env_id: str, agent, config: MidTrainConfig, out_dir: Path, 
 
     out_dir = Path(out_dir)
     stats_path = out_dir / "generate.json"
-    if stats_path.is_file():
-        return json.loads(stats_path.read_text())
     c = config
+    setting = {k: getattr(c, k) for k in GEN_FIELDS}
+    setting = json.loads(json.dumps(setting))  # tuples as lists, as read back
+    if stats_path.is_file():
+        stats = json.loads(stats_path.read_text())
+        if stats.get("setting", setting) != setting:
+            raise ConfigError(f"{out_dir} holds mid-training data generated with {stats['setting']}, not {setting}; "
+                              "use another output folder or delete that one")
+        return stats
     env_kwargs = dict(env_kwargs or {})
     rng = np.random.default_rng([seed, 14])
     # a pool of distinct tasks, plus a few other tasks for the exemplars
@@ -292,7 +307,8 @@ def generate_dataset(env_id: str, agent, config: MidTrainConfig, out_dir: Path, 
     tasks, ex_tasks = pool[:c.num_tasks], pool[c.num_tasks:c.num_tasks + 8]
     pairs = task_plan(tasks, c.strategies, c.strategies_per_task)
     star = c.data == "star"
-    exemplars = {} if (star or not c.exemplar) else make_exemplars(env_id, c.strategies, env_kwargs, ex_tasks,
+    prompt = c.strategy_prompt and not star
+    exemplars = {} if (not prompt or not c.exemplar) else make_exemplars(env_id, c.strategies, env_kwargs, ex_tasks,
                                                                    seed=int(rng.integers(0, 2**31 - 1)))
     samp = getattr(agent, "sampling", None)
     saved = (samp.temperature, samp.greedy) if samp is not None else None
@@ -305,13 +321,14 @@ def generate_dataset(env_id: str, agent, config: MidTrainConfig, out_dir: Path, 
             seeds = [int(x) for x in rng.integers(0, 2**31 - 1, size=len(group_tasks))]
             actor = ExemplarAgent(agent, exemplars[s]) if s in exemplars else agent
             trajs = collect(env_id, actor, tasks=group_tasks, seeds=seeds, split="train", group_size=c.candidates,
-                            reset_options=None if star else {"strategy": s}, env_kwargs=env_kwargs,
+                            reset_options={"strategy": s} if prompt else None, env_kwargs=env_kwargs,
                             num_envs=c.num_envs, progress=False, agent_seed=int(rng.integers(0, 2**31 - 1)))
             for g in range(len(group_tasks)):
                 group = trajs[g * c.candidates:(g + 1) * c.candidates]
                 cands += [(s, t) for t in group]
                 best = select_best(group, None if star else s, c.data)
                 if best is not None:
+                    best.strategy = best.strategy or (None if star else s)  # the label, when not prompted
                     best.meta = {**best.meta, "midtrain_strategy": s, "midtrain_data": c.data}
                     kept.append(best)
     finally:
@@ -327,7 +344,8 @@ def generate_dataset(env_id: str, agent, config: MidTrainConfig, out_dir: Path, 
              "gen_kept_per_strategy": {s: sum(t.meta.get("midtrain_strategy") == s for t in kept)
                                        for s in c.strategies},
              **{f"gen_kept_{k}": v for k, v in strategy_mix(kept).items()},
-             "tasks": [int(t) if isinstance(t, (int, np.integer)) else t for t in tasks], "exemplars": exemplars}
+             "setting": setting, "exemplars": exemplars,
+             "tasks": [int(t) if isinstance(t, (int, np.integer)) else t for t in tasks]}
     write_text_atomic(stats_path, json.dumps(stats, indent=2, default=float))
     return stats
 
@@ -396,7 +414,7 @@ class MidTrain(GRPO):
         self.model.to(c.device).eval()
         if self.ref_model is not None:  # β > 0: the reference is the mid-trained policy
             self.ref_model.load_state_dict(self.model.state_dict())
-        return {k: v for k, v in {**gen, **sft}.items() if k not in ("tasks", "exemplars")}
+        return {k: v for k, v in {**gen, **sft}.items() if k not in ("tasks", "exemplars", "setting")}
 
     def eval_trajectory_metrics(self, split: str, trajs) -> dict:
         return {f"{split}_{k}": v for k, v in strategy_mix(trajs).items()}

@@ -45,7 +45,8 @@ def arm_overrides(arm: str, args) -> dict:
     """The `MidTrainConfig` fields of one arm (equal generation budget: num_tasks × n pairs for every arm)."""
     from baselines.midtrain import SUPPORTED
 
-    common = dict(candidates=args.candidates, gen_temperature=args.gen_temperature, exemplar=not args.no_exemplar)
+    common = dict(candidates=args.candidates, gen_temperature=args.gen_temperature, exemplar=not args.no_exemplar,
+                  strategy_prompt=not args.no_strategy_prompt)
     if arm == "more_tasks":
         return {**common, "data": "diverse", "num_tasks": args.num_tasks * len(SUPPORTED), "strategies_per_task": 1}
     return {**common, "data": arm, "num_tasks": args.num_tasks}
@@ -113,14 +114,14 @@ def run(args, argv) -> dict:
     print(f"start: test {start['test_success']:.2f}, strategy mix {start['test_strategy_mix']:.2f}")
     # plain GRPO: reused when finished; trained only where no run folder exists (a folder another process may be
     # filling is never touched)
-    for seed in args.seeds:
+    for seed in [] if args.summary_only else args.seeds:
         d = out / "grpo" / f"seed{seed}"
         if not d.exists():
             print(f"training grpo seed {seed}")
             _train_one(("grpo", seed, args, env_kwargs, out, None))
         elif finished(d, args.iterations) is None:
             print(f"WARNING: {d} exists but has no finished {args.iterations}-iteration run; left out of the table")
-    for arm in args.arms:
+    for arm in [] if args.summary_only else args.arms:
         for seed in args.seeds:
             run_dir = check / arm / f"seed{seed}"
             if finished(run_dir, args.iterations) is not None:
@@ -159,8 +160,8 @@ def run(args, argv) -> dict:
                 r.update(test_mid=start["test_success"], mix_mid=start["test_strategy_mix"])
             results[arm][seed] = r
     summary = summarise(results, start)
-    doc = {"claims": claims(summary), "summary": summary, "runs": {a: {str(s): v for s, v in r.items()}
-                                                                   for a, r in results.items()},
+    doc = {"claims": claims(summary, results), "note": args.note, "summary": summary,
+           "runs": {a: {str(s): v for s, v in r.items()} for a, r in results.items()},
            "start": {"test_success": start["test_success"], "test_strategy_mix": start["test_strategy_mix"],
                      "weaken": {k: info[k] for k in ("alpha", "calib_success", "sft_success")}},
            "protocol": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
@@ -200,26 +201,35 @@ def summarise(results: dict, start: dict) -> list[dict]:
     return rows
 
 
-def claims(summary: list[dict]) -> list[dict]:
-    """Each card claim with whether these runs show it."""
+def claims(summary: list[dict], results: dict) -> list[dict]:
+    """Each card claim with its numbers and whether these runs show it: a comparison shows only when it holds on
+    every paired seed (``seeds`` says how many; one seed is no evidence either way)."""
     by = {r["arm"]: r for r in summary}
     out = []
-    if "diverse" in by and "more_tasks" in by:
-        d, m = by["diverse"]["test"]["mean"], by["more_tasks"]["test"]["mean"]
+
+    def paired(a: str, b: str, key: str = "test") -> list[float]:
+        return [results[a][s][key] - results[b][s][key] for s in sorted(results[a]) if s in results[b]]
+
+    if by.get("diverse") and by.get("more_tasks"):
+        d = paired("diverse", "more_tasks")
         out.append({"claim": "diverse (fewer tasks x n strategies) beats more tasks x 1 strategy after GRPO",
-                    "diverse": d, "more_tasks": m, "shows": bool(d > m)})
-    if "incorrect" in by and "gain_grpo" in by["incorrect"]:
-        g = by["incorrect"]["gain_grpo"]
-        out.append({"claim": "diverse-but-incorrect variants give no gain over GRPO", "gain_vs_grpo": g["mean"],
-                    "shows": bool(g["mean"] <= 0 or (g.get("ci95") is not None and g["ci95"][0] <= 0))})
-    if "diverse" in by and by["diverse"].get("mix_mid") is not None:
-        a, b = by["diverse"]["mix_mid"], by["diverse"]["mix_rl"]["mean"]
+                    "diverse": by["diverse"]["test"]["mean"], "more_tasks": by["more_tasks"]["test"]["mean"],
+                    "per_seed_difference": d, "seeds": len(d), "shows": bool(d) and all(x > 0 for x in d)})
+    if by.get("incorrect") and "gain_grpo" in by["incorrect"]:
+        d = by["incorrect"]["gain_grpo_per_seed"]
+        out.append({"claim": "diverse-but-incorrect variants give no gain over GRPO",
+                    "gain_vs_grpo": by["incorrect"]["gain_grpo"]["mean"], "per_seed_difference": d,
+                    "seeds": len(d), "shows": not all(x > 0 for x in d)})
+    if by.get("diverse") and by["diverse"].get("mix_mid") is not None:
+        d = [r["mix_rl"] - r["mix_mid"] for r in results["diverse"].values()]
         out.append({"claim": "the share of test traces combining strategies rises from mid-training to RL",
-                    "after_midtraining": a, "after_rl": b, "shows": bool(b > a)})
-    if "diverse" in by and "gain_grpo" in by["diverse"]:
-        g = by["diverse"]["gain_grpo"]
+                    "after_midtraining": by["diverse"]["mix_mid"], "after_rl": by["diverse"]["mix_rl"]["mean"],
+                    "per_seed_difference": d, "seeds": len(d), "shows": all(x > 0 for x in d)})
+    if by.get("diverse") and "gain_grpo" in by["diverse"]:
+        d = by["diverse"]["gain_grpo_per_seed"]
         out.append({"claim": "mid-training (diverse) + GRPO beats plain GRPO at the same RL budget",
-                    "gain_vs_grpo": g["mean"], "shows": bool(g["mean"] > 0)})
+                    "gain_vs_grpo": by["diverse"]["gain_grpo"]["mean"], "per_seed_difference": d,
+                    "seeds": len(d), "shows": all(x > 0 for x in d)})
     return out
 
 
@@ -245,7 +255,11 @@ def markdown(doc: dict) -> str:
     lines = ["# Mid-training reproduction check (generated by benchmarks/repro_midtrain.py)", "",
              f"Command: `{doc['command']}`  ", f"Commit: {doc['commit']}; wall time {doc['wall_s']:.0f} s; seeds "
              f"{p['seeds']}; {p['iterations']} GRPO iterations × {p['rollouts']} rollouts (G = {p['group_size']}); "
-             f"{p['eval_episodes']} greedy test episodes.", "",
+             f"{p['eval_episodes']} greedy test episodes.  ",
+             f"Generation: {p['num_tasks']} tasks per arm (x6 for more_tasks), {p['candidates']} candidates per "
+             f"(task, strategy), temperature {p['gen_temperature']}, exemplar "
+             f"{'off' if p['no_exemplar'] else 'on'}, strategy prompt "
+             f"{'off' if p.get('no_strategy_prompt') else 'on'}.", "", *([doc["note"], ""] if doc.get("note") else []),
              f"Start (learning_lm's weakened SFT): test success {doc['start']['test_success']:.2f}, strategy mix "
              f"{doc['start']['test_strategy_mix']:.2f}.", "", *table(doc["summary"]), "",
              "Columns: kept = mid-training examples kept (mean over seeds); gen success / adherence = share of the "
@@ -253,7 +267,10 @@ def markdown(doc: dict) -> str:
              "to two or more of ask_first, confirm_before_buying, broad_then_filter, compare_two.", "", "## Claims", ""]
     for c in doc["claims"]:
         nums = ", ".join(f"{k} {v:.2f}" for k, v in c.items() if isinstance(v, float))
-        lines.append(f"- {c['claim']}: **{'shows' if c['shows'] else 'does not show'}** ({nums})")
+        per = " ".join(f"{x:+.2f}" for x in c["per_seed_difference"])
+        n = c["seeds"]
+        lines.append(f"- {c['claim']}: **{'shows' if c['shows'] else 'does not show'}** ({nums}; per seed {per}; "
+                     f"{n} seed{'s' if n != 1 else ''}{', not conclusive' if n < 2 else ''})")
     if not doc["claims"]:
         lines.append("- no arm pair finished; nothing to compare")
     return "\n".join(lines) + "\n"
@@ -283,10 +300,14 @@ def main(argv=None) -> int:
     p.add_argument("--candidates", type=int, default=4)
     p.add_argument("--gen-temperature", type=float, default=1.0)
     p.add_argument("--no-exemplar", action="store_true", help="strategy description only, no expert exemplar")
+    p.add_argument("--no-strategy-prompt", action="store_true",
+                   help="generate without strategy prompts; the adherence check assigns samples to strategies")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--results", default="docs/results")
     p.add_argument("--quick", action="store_true", help="diverse + more_tasks, seed 0, 3 iterations, 4 tasks, "
                                                         "20 eval episodes")
+    p.add_argument("--note", default="", help="a sentence for the results page (e.g. what was not run)")
+    p.add_argument("--summary-only", action="store_true", help="train nothing; summarise the finished runs")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     if a.quick:

@@ -108,6 +108,7 @@ def test_task_plan_and_config_validation():
     cfg = M.MidTrainConfig()
     assert (cfg.group_size, cfg.kl_coef, cfg.candidates, cfg.gen_temperature, cfg.sft_lr, cfg.sft_epochs) == \
         (16, 0.0, 4, 1.0, 1e-4, 2.0)
+    assert cfg.exemplar and cfg.strategy_prompt and cfg.data == "diverse" and cfg.strategies == M.SUPPORTED
     with pytest.raises(ConfigError, match="subset"):
         M.MidTrainConfig(strategies=("check_price_before_options",))
     with pytest.raises(ConfigError, match="strategies_per_task"):
@@ -238,3 +239,24 @@ def test_plain_rl_control_skips_mid_training(tmp_path):
 
 def test_registered():
     assert "midtrain" in baselines.available(ENV)
+
+
+def test_unprompted_generation_labels_by_adherence_and_refuses_other_settings(tmp_path):
+    """strategy_prompt=False: no strategy line; the expert then never asks first, so only the strategy its default
+    behaviour satisfies (all_in_one_query) keeps candidates, labelled by the adherence check."""
+    import agents
+    from shopsim.datasets import read_trajectories
+
+    cfg = M.MidTrainConfig(strategies=("ask_first", "all_in_one_query"), num_tasks=2, candidates=1, num_envs=2,
+                           task_families=("find_and_buy",), strategy_prompt=False)
+    expert = agents.make("expert", ENV, **M._expert_kwargs(EXPERT_ENV))
+    stats = M.generate_dataset(ENV, expert, cfg, tmp_path, seed=0, env_kwargs=EXPERT_ENV)
+    assert stats["gen_kept_per_strategy"] == {"ask_first": 0, "all_in_one_query": 2} and not stats["exemplars"]
+    kept = read_trajectories(tmp_path / "data.parquet")
+    assert [t.strategy for t in kept] == ["all_in_one_query"] * 2
+    assert not any("Strategy:" in str(turn.observation) for t in kept for turn in t.turns)
+    # a finished stage made with other options is not silently reused
+    other = M.MidTrainConfig(strategies=("ask_first", "all_in_one_query"), num_tasks=2, candidates=2,
+                             task_families=("find_and_buy",), strategy_prompt=False)
+    with pytest.raises(ConfigError, match="another output folder"):
+        M.generate_dataset(ENV, expert, other, tmp_path, seed=0, env_kwargs=EXPERT_ENV)
