@@ -30,7 +30,9 @@ strips argument blanks, so the action is the same), which with a byte-level BPE 
 the same token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``,
 ``edium``).
 Strategy instructions are followed: ``ask_first`` asks before searching,
-``confirm_before_buying`` sends an ``answer[...]`` naming the product before buying.
+``confirm_before_buying`` sends an ``answer[...]`` naming the product before buying, ``broad_then_filter`` first
+searches the product type alone, ``compare_two`` opens the second-best result and goes back before opening the best
+one; ``recommend_directly`` and ``all_in_one_query`` are what the expert does anyway.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class ShoppingExpert(ScriptedAgent):
 
     def begin_episode(self, slot, observation, info) -> None:
         self.state[slot] = {"asked": 0, "goal": 0, "pages": 0, "fallback": False, "confirmed": False,
-                            "phase": "start", "visited": set(),
+                            "phase": "start", "visited": set(), "broad": False, "compared": False, "peeking": False,
                             "task": (info.get("task_id"), info.get("family"))}
 
     def _catalog(self, info):
@@ -144,6 +146,11 @@ class ShoppingExpert(ScriptedAgent):
         if st["goal"] != gi:
             st.update(goal=gi, pages=0, fallback=False, phase="start", visited=set())
         page = s["page"]
+        strategy = info.get("strategy")
+        if page == "item" and st["phase"] == "searched" and st["peeking"]:
+            # compare_two: this was the runner-up, opened only to compare; go back to the best one
+            st["peeking"] = False
+            return "click[< prev]"
         if page == "item" and st["phase"] == "searched":
             prod = s["product"]
             if satisfies(goal, _P(prod), with_price=not bundle) and self._affordable(cat, goals, gi, s, prod):
@@ -161,6 +168,12 @@ class ShoppingExpert(ScriptedAgent):
             return "click[< prev]"
         if page == "results" and st["phase"] == "searched":
             pick = self._candidate(goal, s, st, cat, goals, gi, bundle)
+            if strategy == "compare_two" and not st["compared"] and pick is not None:
+                st["compared"] = True
+                runner_up = self._candidate(goal, s, st, cat, goals, gi, bundle, skip=1)
+                if runner_up is not None:
+                    st["peeking"] = True
+                    return f"click[{runner_up}]"
             if len(st["visited"]) >= MAX_VIEWS and not st["fallback"]:
                 pick = None  # too many near misses: go straight to the fallback search below
                 st["pages"] = MAX_PAGES
@@ -173,6 +186,10 @@ class ShoppingExpert(ScriptedAgent):
                 st["fallback"] = True
                 return f"search[{cat.product(goal.target_id).title.lower()}]"
             return "finish"  # nothing fits even after searching the target's title (not seen in tests)
+        if strategy == "broad_then_filter" and not st["broad"]:
+            # the product type alone; the phase stays "start", so the next step makes the detailed search
+            st["broad"] = True
+            return f"search[{goal.product_type}]"
         st["phase"] = "searched"
         st["pages"] = 0
         if self.query == "instruction" and st.get("instruction"):
@@ -186,10 +203,11 @@ class ShoppingExpert(ScriptedAgent):
         words = [*goal.attributes, *opts, goal.product_type]
         return f"search[{' '.join(words)}]"
 
-    def _candidate(self, goal: Goal, s: dict, st: dict, cat, goals, gi, bundle) -> str | None:
+    def _candidate(self, goal: Goal, s: dict, st: dict, cat, goals, gi, bundle, skip: int = 0) -> str | None:
         """The result to open, judged only from what the result line shows (title and price), as an LM must:
-        the right type in the title, the price within the ceiling (budget), most goal attributes in the title."""
-        best, best_key = None, None
+        the right type in the title, the price within the ceiling (budget), most goal attributes in the title.
+        `skip=1` gives the runner-up instead (None when there is none)."""
+        ranked = []
         for pos, r in enumerate(s["results"]):
             title = r["title"].lower()
             if r["product_id"] in st["visited"] or goal.product_type not in title:
@@ -199,9 +217,9 @@ class ShoppingExpert(ScriptedAgent):
             if bundle and not self._affordable(cat, goals, gi, s, r):
                 continue
             key = (-sum(a.lower() in title for a in goal.attributes), pos)
-            if best_key is None or key < best_key:
-                best, best_key = (r["sku"] if self.click_by == "sku" else f"#{pos + 1}"), key
-        return best
+            ranked.append((key, r["sku"] if self.click_by == "sku" else f"#{pos + 1}"))
+        ranked.sort()
+        return ranked[skip][1] if len(ranked) > skip else None
 
     @staticmethod
     def _covered(cat, goal: Goal, cart: list[dict]) -> bool:

@@ -30,6 +30,7 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("arc", "shopping"): "baselines.arc:ARC",
     ("tropd", "shopping"): "baselines.tropd:TrOPD",
     ("delta", "shopping"): "baselines.delta:DelTA",
+    ("midtrain", "shopping"): "baselines.midtrain:MidTrain",
     # ProactiveRec-v0
     ("reinforce", "rec"): "baselines.prorl:RecReinforce",
     ("grpo", "rec"): "baselines.prorl:RecGRPO",

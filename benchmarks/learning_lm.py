@@ -54,7 +54,7 @@ ENV = "shopsim/Shopping-v0"
 #: the families of the seed algorithms' checks (benchmarks/repro_*), and of start folders that do not record theirs
 FAMILIES = ("find_and_buy", "clarify_and_buy")
 ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bipace", "basis", "arc", "tropd",
-         "delta")
+         "delta", "midtrain")
 SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce", "basis", "tropd"}
 #: ARC's n rollouts per (task, strategy) and its M strategies (the card's defaults): n·M rollouts per task
 ARC_N, ARC_M = 4, 3

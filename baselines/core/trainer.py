@@ -18,6 +18,7 @@ An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
 * `collect_batch(...)`              → rollout policy (DAPO's dynamic sampling)
 * `policy_forward(batch, rows, ...)` → the update's forward, plus extra per-row tensors for the loss (TrOPD)
 * `before_training(...)`            → e.g. VAPO's value pre-training
+* `eval_trajectory_metrics(split, trajs)` → extra evaluation metrics (midtrain's strategy mix)
 """
 
 from __future__ import annotations
@@ -142,6 +143,10 @@ class LMAlgorithm(LoopAlgorithm):
         return {}
 
     def before_training(self, env_id: str, agent, rng: np.random.Generator, out_dir: Path) -> dict:
+        return {}
+
+    def eval_trajectory_metrics(self, split: str, trajs) -> dict:
+        """Extra evaluation metrics from the evaluation trajectories of `split` (midtrain's strategy mix)."""
         return {}
 
     def algo_state(self) -> dict:
@@ -475,6 +480,7 @@ class LMAlgorithm(LoopAlgorithm):
                 out.update({f"{split}_success/{fam}": v for fam, v in success_by_family(trajs).items()})
                 # how the policy talks when no strategy is instructed (ARC's check): question share, latency proxy
                 out.update({f"{split}_{k}": v for k, v in style_metrics(trajs).items()})
+                out.update(self.eval_trajectory_metrics(split, trajs))
         finally:
             if samp is not None and old is not None:
                 samp.greedy = old

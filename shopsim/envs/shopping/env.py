@@ -25,6 +25,9 @@ STRATEGIES = {
     "recommend_directly": "Recommend and buy directly; ask the customer only if something is unclear.",
     "ask_first": "Ask the customer a question before you search.",
     "confirm_before_buying": "Tell the customer what you are about to buy (answer[...]) before buying.",
+    "broad_then_filter": "Search the product type alone first, then search again with all the details.",
+    "all_in_one_query": "Put every detail of the request into one search and do not search again.",
+    "compare_two": "Open two candidate products before you buy one.",
 }
 
 
