@@ -78,6 +78,10 @@ class BiPACEConfig(LMConfig):
     eps_schedule: Literal["first_batch", "every_batch"] = "first_batch"
     """'first_batch': calibrate ε on the first training batch, then keep it frozen (saved with the run);
     'every_batch': recalibrate on every batch."""
+    eps_target_singleton: float | None = bounded(None, min=0, max=1)
+    """Calibrate ε to a target singleton rate instead of a percentile ([derived] alternative of the card): the
+    smallest ε (bisection on [0, 2]) at which at most this share of the calibration batch's clusters are singletons
+    (None: the percentile rule). `eps_schedule` applies as for the percentile."""
     epsilon: float | None = bounded(None, min=0, max=2)
     """A fixed ε (distance 1 − cos, in [0, 2]) instead of the calibrated one (None: calibrate)."""
     cluster_ref: Literal["first", "centroid"] = "first"
@@ -197,6 +201,29 @@ def calibrate_epsilon(z: torch.Tensor, groups: torch.Tensor, percentile: float,
     if d.numel() == 0:
         return None
     return float(np.percentile(d.numpy(), percentile))
+
+
+def singleton_share(z: torch.Tensor, groups: torch.Tensor, eps: float, ref: str = "first") -> float:
+    """Share of the clusters (greedy clustering inside each prompt group at `eps`) that hold one step."""
+    sizes = []
+    for g in torch.unique(groups):
+        labels = cluster_group(z[groups == g], eps, ref)
+        sizes.extend(np.bincount(labels).tolist())
+    return float(np.mean([n == 1 for n in sizes])) if sizes else 0.0
+
+
+def calibrate_epsilon_singleton(z: torch.Tensor, groups: torch.Tensor, target: float, ref: str = "first",
+                                steps: int = 24) -> float:
+    """The smallest ε in [0, 2] (bisection, `steps` halvings) whose clustering leaves at most `target` of the
+    clusters as singletons. A larger ε merges more, so the singleton share falls with ε (greedy clustering makes
+    this near- but not strictly monotone; bisection returns an ε that meets the target)."""
+    if singleton_share(z, groups, 0.0, ref) <= target:
+        return 0.0
+    lo, hi = 0.0, 2.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if singleton_share(z, groups, mid, ref) <= target else (mid, hi)
+    return hi
 
 
 # ---------------------------------------------------------------------------------------------------- PACE
@@ -327,7 +354,10 @@ class BiPACE(LMAlgorithm):
             return float(c.epsilon), False
         if self.epsilon is not None and c.eps_schedule == "first_batch":
             return self.epsilon, False
-        eps = calibrate_epsilon(z, groups, c.eps_percentile, distinct=c.eps_pairs == "distinct")
+        if c.eps_target_singleton is not None:
+            eps = calibrate_epsilon_singleton(z, groups, c.eps_target_singleton, c.cluster_ref)
+        else:
+            eps = calibrate_epsilon(z, groups, c.eps_percentile, distinct=c.eps_pairs == "distinct")
         if eps is None:  # no group has two steps yet: exact duplicates only, calibrate on a later batch
             return 0.0, False
         self.epsilon = eps

@@ -237,3 +237,24 @@ def test_bipace_trains_two_iterations_and_resumes_epsilon(tmp_path):
     assert shares == pytest.approx(1.0)
     assert last["bipace_peer_count"] >= 1 and last["bipace_cluster_p90"] >= 1
     assert agents.load_checkpoint(tmp_path / "checkpoint").model is not None
+
+
+def test_epsilon_for_a_target_singleton_rate():
+    """Three pairs of near-duplicate states, pairs far apart: the smallest ε with no singleton lies between the
+    within-pair and the between-pair distances, and clusters the pairs; a target of 1 needs no merging (ε = 0)."""
+    from baselines.bipace import calibrate_epsilon_singleton, cluster_group, singleton_share
+
+    base = torch.eye(3, dtype=torch.float64)
+    z = torch.stack([base[0], base[0] + 0.02 * base[1], base[1], base[1] + 0.02 * base[2], base[2],
+                     base[2] + 0.02 * base[0]])
+    groups = torch.zeros(6, dtype=torch.long)
+    within = 1 - torch.nn.functional.cosine_similarity(z[0], z[1], dim=0).item()
+    eps = calibrate_epsilon_singleton(z, groups, 0.0)
+    assert within <= eps < 0.5  # between-pair distances are ≈ 1
+    assert cluster_group(z, eps) == [0, 0, 1, 1, 2, 2]
+    assert singleton_share(z, groups, eps) == 0.0 and singleton_share(z, groups, 0.0) == 1.0
+    assert calibrate_epsilon_singleton(z, groups, 1.0) == 0.0
+    # the trainer uses it when asked, and the percentile rule otherwise
+    algo = BiPACE(eps_target_singleton=0.0)
+    assert algo.current_epsilon(z, groups) == (pytest.approx(eps), True)
+    assert BiPACE().current_epsilon(z, groups)[0] != pytest.approx(eps)
