@@ -57,9 +57,14 @@ class ARCConfig(GRPOConfig):
     """Strategies run per task: 0 = all of them (the card's reading); k > 0 = a random subset of k per task."""
     free_group: bool = False
     """Also run a no-instruction group of n rollouts per task, so training sees the evaluation prompts."""
-    base: Literal["grpo"] = "grpo"
-    """Advantage base: 'grpo' (group-normalised outcome), the only one implemented; the card's alternative,
-    'ppo' (a critic conditioned on the instructed prompt), is not."""
+    base: Literal["grpo", "ppo"] = "grpo"
+    """Advantage base: 'grpo' (the group-normalised mixed reward) or 'ppo' (the card's alternative: token GAE with a
+    critic that reads the instructed prompt, on the mixed reward, then normalised inside each (task, strategy)
+    group)."""
+    gamma: float = bounded(1.0, min=0, max=1)
+    """base='ppo': discount γ of the token GAE."""
+    gae_lambda: float = bounded(1.0, min=0, max=1)
+    """base='ppo': λ of the token GAE."""
     w_fmt: float = bounded(0.1, min=0)
     """Weight of the format reward r_format (share of the trajectory's actions that parsed)."""
     w_tool: float = bounded(0.1, min=0)
@@ -150,6 +155,31 @@ def strategy_group_ids(group_ids: torch.Tensor, strategy_ids: torch.Tensor) -> t
     return group_index(keys)[0]
 
 
+def ppo_group_advantages(batch: Batch, values: torch.Tensor, r: torch.Tensor, gids: torch.Tensor, *,
+                         gamma: float = 1.0, lam: float = 1.0, eps: float = 1e-6):
+    """The PPO base ([derived], card §"Design"): token GAE on the mixed reward, then each (task, strategy) group's
+    token advantages whitened over the group's generated tokens. Returns (advantages [R, S], critic targets).
+
+    The env's turn rewards sit on each turn's last generated token (as for PPO); the format/tool part of the mixed
+    reward, r − Σ_k r_k, is added on the trajectory's last generated token, so the token rewards sum to r."""
+    from baselines.core.advantages import token_gae_for_batch
+
+    bonus_tt = torch.zeros(batch.traj_tok_mask.shape, dtype=torch.float32)
+    last = (batch.traj_tok_mask.sum(1) - 1).clamp_min(0)
+    has = batch.traj_tok_mask.any(1)
+    n = torch.arange(len(last))
+    bonus_tt[n[has], last[has]] = (r - batch.returns).float()[has]
+    adv, ret = token_gae_for_batch(batch, values, gamma=gamma, lam=lam, extra_rewards=batch.from_traj_tokens(bonus_tt))
+    g = gids[batch.row_traj]  # group of each row
+    m = batch.gen_mask.float()
+    G = int(gids.max()) + 1 if gids.numel() else 0
+    cnt = torch.zeros(G).index_add_(0, g, m.sum(1))
+    mean = torch.zeros(G).index_add_(0, g, (adv * m).sum(1)) / cnt.clamp_min(1)
+    dev = ((adv - mean[g][:, None]) ** 2) * m
+    std = (torch.zeros(G).index_add_(0, g, dev.sum(1)) / (cnt - 1).clamp_min(1)).sqrt()
+    return (adv - mean[g][:, None]) / (std[g][:, None] + eps) * m, ret
+
+
 class ARC(GRPO):
     """ARC: group-relative advantages inside (task, strategy) groups, on a format/tool-mixed reward."""
 
@@ -183,10 +213,18 @@ class ARC(GRPO):
                     m[f"strategy_{k}/{s}"] = sm[k]
         return trajs, m
 
+    def setup(self, agent) -> None:
+        self.uses_critic = self.config.base == "ppo"  # the critic exists only for the PPO base
+        super().setup(agent)
+
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
         c = self.config
         r, parts = mixed_reward(batch, trajectory_reward(batch, c.reward), c.w_fmt, c.w_tool)
         gids = strategy_group_ids(batch.group_ids, batch.strategy_ids)
+        if c.base == "ppo":
+            adv, ret = ppo_group_advantages(batch, ctx.values, r, gids, gamma=c.gamma, lam=c.gae_lambda,
+                                            eps=c.eps_std)
+            return Advantages(adv=adv, returns=ret, metrics={**parts, "reward_mixed": float(r.mean())})
         w = batch.turn_mask.sum(1) if c.stats_over == "rows" else None
         A = grpo_advantages(r, gids, scale=c.scale_rewards, eps=c.eps_std, singleton=c.singleton, weights=w)
         sizes = torch.bincount(gids)

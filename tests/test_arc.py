@@ -165,8 +165,8 @@ def test_config_rejects_bad_strategies():
         ARCConfig(strategies_per_task=4)
     with pytest.raises(ConfigError, match="reset_options"):
         ARCConfig(reset_options={"strategy": "ask_first"})
-    with pytest.raises(ConfigError):
-        ARCConfig(base="ppo")
+    with pytest.raises(ConfigError, match="base"):
+        ARCConfig(base="dapo")
     assert ARCConfig(strategies="ask_first,recommend_directly").strategies == ("ask_first", "recommend_directly")
 
 
@@ -221,3 +221,36 @@ def test_arc_trains_two_iterations_on_shopping(tmp_path):
     import agents
 
     assert agents.load_checkpoint(tmp_path / "checkpoint").model is not None
+
+
+def test_ppo_base_gae_on_the_mixed_reward_whitened_inside_task_strategy_groups():
+    """base='ppo' with a zero critic, γ = λ = 1: every token's GAE advantage is the trajectory's mixed reward
+    r = r_task + 0.2; whitening a two-rollout group's four tokens (a, a, b, b) gives ±√3/2, a tie gives 0; the
+    critic targets are r. A critic is built only for this base."""
+    from types import SimpleNamespace
+
+    from agents.lm.model import build_model
+    from agents.lm.tokenizer import load_tokenizer
+    from baselines.core.config import Ctx
+
+    b = _batch()
+    algo = _arc(base="ppo")
+    zeros = torch.zeros_like(b.old_logp)
+    adv = algo.compute_advantages(b, Ctx(old_logp=b.old_logp, behav_logp=b.old_logp, values=zeros))
+    q = math.sqrt(3) / 2
+    want = torch.tensor([q, -q, 0, 0, 0, 0, 0, 0, q, -q, q, -q])
+    assert torch.allclose(adv.adv[:, -1], want, atol=1e-4) and torch.allclose(adv.adv[:, -2], want, atol=1e-4)
+    r = torch.tensor([x for rs in REWARDS.values() for x in rs]) + 0.2
+    assert torch.allclose(adv.returns[:, -1], r) and torch.allclose(adv.returns[:, -2], r)
+    # a critic value moves the advantage before whitening: V = r on one rollout zeroes its raw advantage
+    values = zeros.clone()
+    values[0, -2:] = r[0]
+    adv2 = algo.compute_advantages(b, Ctx(old_logp=b.old_logp, behav_logp=b.old_logp, values=values))
+    assert not torch.allclose(adv2.adv[0], adv.adv[0])
+    tok = load_tokenizer()
+    model = build_model(tok, size="tiny", seed=0)
+    algo.setup(SimpleNamespace(model=model, tokenizer=tok))
+    assert algo.critic is not None
+    grpo_base = _arc()
+    grpo_base.setup(SimpleNamespace(model=build_model(tok, size="tiny", seed=0), tokenizer=tok))
+    assert grpo_base.critic is None
