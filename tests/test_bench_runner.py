@@ -36,3 +36,23 @@ def test_list_and_unknown_module(capsys):
     assert main(["bench_nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unknown module bench_nope" in err
+
+
+
+def test_a_sweep_skips_modules_without_a_quick_variant(monkeypatch, capsys):
+    """`python -m benchmarks --repro` passes --quick; a module that does not declare it is skipped, not started
+    with an argument it would reject (or run at its full, hours-long budget)."""
+    from types import SimpleNamespace
+
+    import benchmarks.__main__ as runner
+
+    assert accepts_option("learning_lm", "--quick") and not accepts_option("bench_lm", "--nope")
+    ran = []
+    monkeypatch.setattr(runner.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or SimpleNamespace(returncode=0))
+    real = runner.accepts_option
+    monkeypatch.setattr(runner, "accepts_option", lambda m, o: False if m == "repro_hpo" else real(m, o))
+    assert runner.main(["repro_hpo", "learning_lm"]) == 0
+    assert [c[2] for c in ran] == ["benchmarks.learning_lm"] and ran[0][3] == "--quick"
+    assert "repro_hpo: skipped" in capsys.readouterr().out
+    ran.clear()
+    assert runner.main(["repro_hpo", "--full"]) == 0 and [c[2] for c in ran] == ["benchmarks.repro_hpo"]
