@@ -389,15 +389,9 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Shopping LM learning benchmark (see module docstring)")
-    p.add_argument("--init", default=None, help="SFT checkpoint folder (default data/lm/sft)")
-    p.add_argument("--out", default="runs/learning_lm")
-    p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--rollouts", type=int, default=32, help="rollouts per iteration (the budget unit)")
-    p.add_argument("--group-size", type=int, default=8)
+def add_protocol_arguments(p) -> None:
+    """The options of the shared protocol (start, budget, rollouts, limits) that `learning_lm` and the seed
+    methods' checks (`benchmarks/repro_*.py`) all take, with the same defaults, so their runs stay comparable."""
     p.add_argument("--minibatches", type=int, default=4,
                    help="optimizer steps per iteration for the clipped-surrogate methods (PPO: 4)")
     p.add_argument("--lr", type=float, default=1e-4)
@@ -407,14 +401,26 @@ def main(argv=None) -> int:
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)
-    p.add_argument("--target", type=float, default=0.30)
+    p.add_argument("--target", type=float, default=0.30, help="dev success the start is weakened to")
     p.add_argument("--calib", type=int, default=40, help="dev tasks used to calibrate the weakening")
     p.add_argument("--bisect-steps", type=int, default=6)
-    p.add_argument("--eval-episodes", type=int, default=100)
-    p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--value-pretrain-steps", type=int, default=20)
     p.add_argument("--max-gen-batches", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Shopping LM learning benchmark (see module docstring)")
+    p.add_argument("--init", default=None, help="SFT checkpoint folder (default data/lm/sft)")
+    p.add_argument("--out", default="runs/learning_lm")
+    p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--rollouts", type=int, default=32, help="rollouts per iteration (the budget unit)")
+    p.add_argument("--group-size", type=int, default=8)
+    add_protocol_arguments(p)
+    p.add_argument("--eval-episodes", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--jobs", type=int, default=1, help="(algorithm, seed) runs in parallel processes")
     p.add_argument("--families", default="find_and_buy",
                    help="task families trained and evaluated, comma-separated (default %(default)s)")

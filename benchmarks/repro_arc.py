@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ARC_M, ARC_N, ENV, _algo, evaluate_metrics, weaken
+from benchmarks.learning_lm import ARC_M, ARC_N, ENV, _algo, add_protocol_arguments, evaluate_metrics, weaken
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -351,18 +351,7 @@ def main(argv=None) -> int:
     p.add_argument("--report-only", action="store_true", help="only rewrite the table from finished runs")
     p.add_argument("--no-progress", action="store_true")
     # the learning benchmark's remaining settings, at its defaults
-    p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--critic-lr", type=float, default=1e-4)
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-turns", type=int, default=15)
-    p.add_argument("--target", type=float, default=0.30)
-    p.add_argument("--calib", type=int, default=40)
-    p.add_argument("--bisect-steps", type=int, default=6)
-    p.add_argument("--value-pretrain-steps", type=int, default=20)
-    p.add_argument("--max-gen-batches", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
+    add_protocol_arguments(p)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()

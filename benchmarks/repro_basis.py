@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, FAMILIES, _algo, evaluate_metrics, weaken
+from benchmarks.learning_lm import ENV, FAMILIES, _algo, add_protocol_arguments, evaluate_metrics, weaken
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -329,20 +329,9 @@ def main(argv=None) -> int:
     p.add_argument("--mse-perms", type=int, default=50)
     p.add_argument("--mse-seed", type=int, default=0)
     # the learning benchmark's settings (benchmarks.learning_lm), which the GRPO reference runs used
-    p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--critic-lr", type=float, default=1e-4)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-turns", type=int, default=15)
-    p.add_argument("--target", type=float, default=0.30)
-    p.add_argument("--calib", type=int, default=40)
-    p.add_argument("--bisect-steps", type=int, default=6)
+    add_protocol_arguments(p)
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--value-pretrain-steps", type=int, default=20)
-    p.add_argument("--max-gen-batches", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--results", default=str(RESULTS), help="folder of basis_check.md/.json (default docs/results)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--quick", action="store_true",

@@ -37,7 +37,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, EVAL_SEED, FAMILIES, _algo, _train_one, evaluate_metrics, weaken
+from benchmarks.learning_lm import (
+    ENV,
+    EVAL_SEED,
+    FAMILIES,
+    _algo,
+    _train_one,
+    add_protocol_arguments,
+    evaluate_metrics,
+    weaken,
+)
 from shopsim.paths import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,18 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--train-refs", action="store_true", help="also train missing grpo / gigpo runs")
     p.add_argument("--results", default=str(ROOT / "docs" / "results"))
     # learning_lm's protocol settings (same defaults)
-    p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--critic-lr", type=float, default=1e-4)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-turns", type=int, default=15)
-    p.add_argument("--target", type=float, default=0.30)
-    p.add_argument("--calib", type=int, default=40)
-    p.add_argument("--bisect-steps", type=int, default=6)
-    p.add_argument("--value-pretrain-steps", type=int, default=20)
-    p.add_argument("--max-gen-batches", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
+    add_protocol_arguments(p)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     from agents.lm.agent import LMAgent, default_checkpoint_dir

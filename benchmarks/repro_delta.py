@@ -44,7 +44,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, FAMILIES, _algo, _commit, evaluate_metrics, summarise, weaken
+from benchmarks.learning_lm import (
+    ENV,
+    FAMILIES,
+    _algo,
+    _commit,
+    add_protocol_arguments,
+    evaluate_metrics,
+    summarise,
+    weaken,
+)
 
 ARMS = {"delta": ("delta", {}),
         "dapo": ("dapo", {"dynamic_sampling": False, "overlong_buffer_frac": 0.2}),
@@ -230,20 +239,9 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--rollouts", type=int, default=32)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--critic-lr", type=float, default=1e-4)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-turns", type=int, default=15)
-    p.add_argument("--target", type=float, default=0.30)
-    p.add_argument("--calib", type=int, default=40)
-    p.add_argument("--bisect-steps", type=int, default=6)
+    add_protocol_arguments(p)
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--max-gen-batches", type=int, default=3)
-    p.add_argument("--value-pretrain-steps", type=int, default=20)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-tokens", action="store_true",
                    help="do not decode tokens again (the table already in the results json is kept)")
     p.add_argument("--quick", action="store_true",

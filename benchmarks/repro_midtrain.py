@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, EVAL_SEED, FAMILIES, _algo, _commit, _train_one, weaken
+from benchmarks.learning_lm import ENV, EVAL_SEED, FAMILIES, _algo, _commit, _train_one, add_protocol_arguments, weaken
 
 ARMS = ("diverse", "more_tasks", "star", "incorrect")
 
@@ -285,15 +285,7 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--rollouts", type=int, default=32)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--temperature", type=float, default=0.5, help="RL rollout temperature (learning_lm's)")
-    p.add_argument("--critic-lr", type=float, default=1e-4)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-turns", type=int, default=15)
-    p.add_argument("--target", type=float, default=0.30)
-    p.add_argument("--calib", type=int, default=40)
-    p.add_argument("--bisect-steps", type=int, default=6)
+    add_protocol_arguments(p)
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--num-tasks", type=int, default=8, help="generation tasks of the diverse arm (x n for more_tasks)")
@@ -302,7 +294,6 @@ def main(argv=None) -> int:
     p.add_argument("--no-exemplar", action="store_true", help="strategy description only, no expert exemplar")
     p.add_argument("--no-strategy-prompt", action="store_true",
                    help="generate without strategy prompts; the adherence check assigns samples to strategies")
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--results", default="docs/results")
     p.add_argument("--quick", action="store_true", help="diverse + more_tasks, seed 0, 3 iterations, 4 tasks, "
                                                         "20 eval episodes")

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, FAMILIES, _algo, _commit, evaluate_metrics, weaken
+from benchmarks.learning_lm import ENV, FAMILIES, _algo, _commit, add_protocol_arguments, evaluate_metrics, weaken
 
 #: the arms; the check isolates the trust region and outlier treatment, so prefix guidance is off in the first
 #: four ("tropd_prefix" is TrOPD with every default, teacher prefixes included)
@@ -231,20 +231,9 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--rollouts", type=int, default=32)
     p.add_argument("--group-size", type=int, default=8, help="unused by TrOPD (G = 1); kept for the shared protocol")
-    p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--critic-lr", type=float, default=1e-4)
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-turns", type=int, default=15)
-    p.add_argument("--target", type=float, default=0.30)
-    p.add_argument("--calib", type=int, default=40)
-    p.add_argument("--bisect-steps", type=int, default=6)
+    add_protocol_arguments(p)
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--value-pretrain-steps", type=int, default=20)
-    p.add_argument("--max-gen-batches", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--start", choices=("weaken", "init"), default="weaken")
     p.add_argument("--results", default="docs/results", help="folder of tropd_check.md / .json ('' : none)")

@@ -40,7 +40,7 @@ import torch
 
 from baselines.grpo import GRPO
 from baselines.wapo import TokenBinLogging
-from benchmarks.learning_lm import ENV, FAMILIES, _algo, _train_one, evaluate_metrics, weaken
+from benchmarks.learning_lm import ENV, FAMILIES, _algo, _train_one, add_protocol_arguments, evaluate_metrics, weaken
 
 ROOT = Path(__file__).resolve().parents[1]
 BINS = ("pos_peak", "pos_valley", "neg_peak", "neg_valley", "zero_adv_tokens")
@@ -226,18 +226,9 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--rollouts", type=int, default=32)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--critic-lr", type=float, default=1e-4)
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-turns", type=int, default=15)
-    p.add_argument("--target", type=float, default=0.30)
-    p.add_argument("--calib", type=int, default=40)
-    p.add_argument("--bisect-steps", type=int, default=6)
+    add_protocol_arguments(p)
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-grpo-bins", action="store_true", help="skip the GRPO runs with logged bins and entropy")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
