@@ -50,6 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shopsim.leaderboard.results import git_commit
+
 ENV = "shopsim/Shopping-v0"
 #: the families of the seed algorithms' checks (benchmarks/repro_*), and of start folders that do not record theirs
 FAMILIES = ("find_and_buy", "clarify_and_buy")
@@ -298,14 +300,6 @@ def summary_table(rows: list[dict], families=FAMILIES) -> list[str]:
     return lines
 
 
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _train_seconds(out: Path) -> float:
@@ -329,7 +323,7 @@ def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: 
                                                "minibatches", "lr", "temperature", "max_new_tokens", "max_turns",
                                                "eval_episodes", "seeds")}
     seeds = sorted({sd for r in rows for sd in r["seeds"]})
-    meta = {"command": command, "commit": _commit(), "seeds": seeds, "wall_s": round(wall_s, 1),
+    meta = {"command": command, "commit": git_commit(), "seeds": seeds, "wall_s": round(wall_s, 1),
             "train_s_total": round(_train_seconds(directory_runs), 1) if directory_runs else None,
             "init": str(args.init or "data/lm/sft"), "protocol": protocol, "start": start}
     write_text_atomic(directory / "learning_lm.json", json.dumps({**meta, "rows": rows}, indent=2, default=float))

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +51,7 @@ import numpy as np
 import torch
 
 from benchmarks.learning_lm import ARC_M, ARC_N, ENV, _algo, add_protocol_arguments, evaluate_metrics, weaken
+from shopsim.leaderboard.results import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -67,12 +67,6 @@ VARIANTS = {
 CLARIFY = "clarify_and_buy"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_dir(out: Path, variant: str, seed: int) -> Path:
@@ -303,7 +297,7 @@ def write_results(out: Path, args, start: dict, wall: float) -> dict:
         "[docs/algorithms/arc.md](../algorithms/arc.md#reproduction-check).",
         "",
         f"Command: `{cmd}`  ",
-        f"Commit: `{_commit()}`; seeds {' '.join(map(str, args.seeds))}; style bias {args.style_bias} (bonus on the "
+        f"Commit: `{git_commit()}`; seeds {' '.join(map(str, args.seeds))}; style bias {args.style_bias} (bonus on the "
         f"final reward of an episode that never asked); {args.iterations} iterations × {args.rollouts} rollouts "
         f"(ARC: {args.rollouts // 12} tasks × 12); {args.eval_episodes} greedy evaluation episodes per split, no "
         f"strategy instruction; wall time of this invocation {wall / 60:.1f} min (runs reused from earlier "
@@ -325,7 +319,7 @@ def write_results(out: Path, args, start: dict, wall: float) -> dict:
         "",
     ]
     write_text_atomic(RESULTS / "arc_check.md", "\n".join(text))
-    res = {"command": cmd, "commit": _commit(), "seeds": args.seeds, "wall_s": wall, "style_bias": args.style_bias,
+    res = {"command": cmd, "commit": git_commit(), "seeds": args.seeds, "wall_s": wall, "style_bias": args.style_bias,
            "settings": {k: v for k, v in vars(args).items() if not callable(v)}, "start": start,
            "runs": {v: {str(s): m for s, m in d.items()} for v, d in per_seed.items()},
            "references": {n: runs for n, runs in refs.items()}}

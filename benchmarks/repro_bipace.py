@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from benchmarks.learning_lm import (
     evaluate_metrics,
     weaken,
 )
+from shopsim.leaderboard.results import git_commit
 from shopsim.paths import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -320,11 +320,7 @@ def main(argv=None) -> int:
                       f"test {hist[-1].get('test_success', float('nan')):.2f} ({time.perf_counter() - t1:.0f}s)",
                       flush=True)
     res = summarise(out, start, args)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    commit = git_commit()
     meta = {"command": "python -m benchmarks.repro_bipace " + " ".join(sys.argv[1:] if argv is None else argv),
             "commit": commit, "seeds": args.seeds, "iterations": args.iterations, "rollouts": args.rollouts,
             "group_size": args.group_size, "eval_episodes": args.eval_episodes, "eval_seed": EVAL_SEED,

@@ -48,12 +48,12 @@ from benchmarks.learning_lm import (
     ENV,
     FAMILIES,
     _algo,
-    _commit,
     add_protocol_arguments,
     evaluate_metrics,
     summarise,
     weaken,
 )
+from shopsim.leaderboard.results import git_commit
 
 ARMS = {"delta": ("delta", {}),
         "dapo": ("dapo", {"dynamic_sampling": False, "overlong_buffer_frac": 0.2}),
@@ -168,7 +168,7 @@ def write(results: Path, out: Path, start: dict, args, wall_s: float, command: s
 
     rows = summarise(_curves(out, start, args.iterations), start, args.iterations)
     curves = reward_curves(out, args.iterations)
-    meta = {"command": command, "commit": _commit(), "seeds": list(args.seeds), "wall_s": round(wall_s, 1),
+    meta = {"command": command, "commit": git_commit(), "seeds": list(args.seeds), "wall_s": round(wall_s, 1),
             "out": str(out), "protocol": {k: getattr(args, k) for k in (
                 "iterations", "rollouts", "group_size", "minibatches", "lr", "temperature", "max_new_tokens",
                 "max_turns", "eval_episodes", "eval_every")},

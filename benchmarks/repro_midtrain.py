@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, EVAL_SEED, FAMILIES, _algo, _commit, _train_one, add_protocol_arguments, weaken
+from benchmarks.learning_lm import ENV, EVAL_SEED, FAMILIES, _algo, _train_one, add_protocol_arguments, weaken
+from shopsim.leaderboard.results import git_commit
 
 ARMS = ("diverse", "more_tasks", "star", "incorrect")
 
@@ -166,7 +167,7 @@ def run(args, argv) -> dict:
                      "weaken": {k: info[k] for k in ("alpha", "calib_success", "sft_success")}},
            "protocol": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
            "command": "python -m benchmarks.repro_midtrain " + shlex.join(argv if argv is not None else sys.argv[1:]),
-           "commit": _commit(), "wall_s": time.perf_counter() - t0}
+           "commit": git_commit(), "wall_s": time.perf_counter() - t0}
     if args.results:
         res = Path(args.results)
         res.mkdir(parents=True, exist_ok=True)

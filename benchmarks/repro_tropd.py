@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, FAMILIES, _algo, _commit, add_protocol_arguments, evaluate_metrics, weaken
+from benchmarks.learning_lm import ENV, FAMILIES, _algo, add_protocol_arguments, evaluate_metrics, weaken
+from shopsim.leaderboard.results import git_commit
 
 #: the arms; the check isolates the trust region and outlier treatment, so prefix guidance is off in the first
 #: four ("tropd_prefix" is TrOPD with every default, teacher prefixes included)
@@ -211,7 +212,7 @@ def run(args, argv) -> dict:
     command = "python -m benchmarks.repro_tropd " + shlex.join(sys.argv[1:] if argv is None else argv)
     protocol = {k: getattr(args, k) for k in ("iterations", "rollouts", "minibatches", "lr", "temperature",
                                                "max_new_tokens", "max_turns", "eval_episodes", "families")}
-    meta = {"command": command, "commit": _commit(), "seeds": list(args.seeds),
+    meta = {"command": command, "commit": git_commit(), "seeds": list(args.seeds),
             "wall_s": round(time.perf_counter() - t0, 1), "teacher": shown_teacher, "start": start,
             "protocol": protocol,
             "notes": notes + list(args.note or [])}

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ import torch
 from baselines.grpo import GRPO
 from baselines.wapo import TokenBinLogging
 from benchmarks.learning_lm import ENV, FAMILIES, _algo, _train_one, add_protocol_arguments, evaluate_metrics, weaken
+from shopsim.leaderboard.results import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 BINS = ("pos_peak", "pos_valley", "neg_peak", "neg_valley", "zero_adv_tokens")
@@ -52,12 +52,6 @@ class GRPOBins(TokenBinLogging, GRPO):
     name = "grpo"
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _read(path: Path) -> list[dict]:
@@ -266,7 +260,7 @@ def main(argv=None) -> int:
         if runs:
             arms[name] = _arm_summary(runs, args.iterations, start)
     res = {"command": "python -m benchmarks.repro_wapo " + " ".join(sys.argv[1:] if argv is None else argv),
-           "git_commit": _git_commit(), "args": {k: v for k, v in vars(args).items()}, "start": start,
+           "git_commit": git_commit(), "args": {k: v for k, v in vars(args).items()}, "start": start,
            "families": list(FAMILIES), "wall_s": time.perf_counter() - t0, "arms": arms}
     res["train_s"] = float(sum(p["wall_s"] for s in arms.values() for p in s["per_seed"].values()))
     res["reading"] = _reading(arms)
