@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from baselines.core.batch import Batch
-from baselines.core.stats import group_index
+from baselines.core.stats import group_index, group_stats
 from baselines.grpo import GRPO, GRPOConfig, grpo_advantages, trajectory_reward, zero_variance_share
 from shopsim.configs import bounded
 from shopsim.errors import ConfigError
@@ -170,14 +170,12 @@ def ppo_group_advantages(batch: Batch, values: torch.Tensor, r: torch.Tensor, gi
     n = torch.arange(len(last))
     bonus_tt[n[has], last[has]] = (r - batch.returns).float()[has]
     adv, ret = token_gae_for_batch(batch, values, gamma=gamma, lam=lam, extra_rewards=batch.from_traj_tokens(bonus_tt))
-    g = gids[batch.row_traj]  # group of each row
-    m = batch.gen_mask.float()
-    G = int(gids.max()) + 1 if gids.numel() else 0
-    cnt = torch.zeros(G).index_add_(0, g, m.sum(1))
-    mean = torch.zeros(G).index_add_(0, g, (adv * m).sum(1)) / cnt.clamp_min(1)
-    dev = ((adv - mean[g][:, None]) ** 2) * m
-    std = (torch.zeros(G).index_add_(0, g, dev.sum(1)) / (cnt - 1).clamp_min(1)).sqrt()
-    return (adv - mean[g][:, None]) / (std[g][:, None] + eps) * m, ret
+    sel = batch.gen_mask.bool()
+    vals = adv[sel]
+    mean, std, _ = group_stats(vals, gids[batch.row_traj][:, None].expand_as(adv)[sel])
+    out = torch.zeros_like(adv)
+    out[sel] = (vals - mean) / (std + eps)
+    return out, ret
 
 
 class ARC(GRPO):
