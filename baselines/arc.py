@@ -232,9 +232,7 @@ class ARC(GRPO):
         token_mask = None
         if c.drop_zero_variance:
             # a group whose rewards are all equal leaves the loss and its normaliser entirely
-            lo = torch.full((int(gids.max()) + 1,), float("inf")).scatter_reduce(0, gids, r, "amin")
-            hi = torch.full((int(gids.max()) + 1,), float("-inf")).scatter_reduce(0, gids, r, "amax")
-            keep = (hi > lo)[gids]
+            keep = group_stats(r, gids)[1] > 0  # group_stats gives a tied (or single-member) group std 0
             token_mask = batch.traj_to_tokens(keep.float()) > 0
             metrics["dropped_trajectories"] = float((~keep).sum())
         return Advantages(adv=batch.traj_to_tokens(A), token_mask=token_mask, metrics=metrics)
