@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from baselines.core.batch import Batch
+from baselines.core.stats import group_normalize
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
 from baselines.grpo import Reward, trajectory_reward
 from shopsim.configs import bounded
@@ -80,14 +81,7 @@ class WAPOConfig(LMConfig):
 def wapo_advantages(R: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(A [N], winner [N] bool): A_i = R_i − mean_g R, exactly 0 in a group whose rewards are all equal (so that
     rounding in the mean never makes a "winner" of a tie), winner = A_i > 0. A singleton group has A = 0."""
-    R = R.float()
-    g = group_ids.long()
-    n = int(g.max()) + 1 if g.numel() else 0
-    cnt = torch.zeros(n).index_add_(0, g, torch.ones_like(R))
-    mean = torch.zeros(n).index_add_(0, g, R) / cnt.clamp_min(1.0)
-    hi = torch.full((n,), -torch.inf).scatter_reduce(0, g, R, "amax")
-    lo = torch.full((n,), torch.inf).scatter_reduce(0, g, R, "amin")
-    A = torch.where((hi == lo)[g], torch.zeros_like(R), R - mean[g])
+    A = group_normalize(R.float(), group_ids.long(), "mean")  # `group_stats` gives a tied group its exact value
     return A, A > 0
 
 
