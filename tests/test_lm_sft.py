@@ -116,6 +116,32 @@ def test_sft_is_deterministic(expert_trajs, tmp_path):
     assert [h["loss"] for h in runs[0]] == [h["loss"] for h in runs[1]]
 
 
+def test_interrupted_sft_resumes_on_the_same_batches(expert_trajs, tmp_path):
+    cfg = plain(steps=6, batch_size=4, size="tiny", eval_every=3, eval_episodes=2, num_envs=2,
+                reset_options=FIND, max_new_tokens=8)
+    full = train_sft(ENV, expert_trajs[:10], cfg, out_dir=tmp_path / "full", progress=False)[1]
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_4(rec):
+        if rec["step"] == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_sft(ENV, expert_trajs[:10], cfg, out_dir=tmp_path / "cut", progress=False, callback=stop_after_4)
+    assert (tmp_path / "cut" / "sft_state.pt").is_file()
+    steps_run = []
+    agent, resumed = train_sft(ENV, expert_trajs[:10], cfg, out_dir=tmp_path / "cut", progress=False,
+                               callback=lambda r: steps_run.append(r["step"]))
+    assert steps_run == [4, 5, 6]  # continued after the step-3 checkpoint, step 4 redone
+    assert [h["loss"] for h in resumed] == [h["loss"] for h in full]
+    assert not (tmp_path / "cut" / "sft_state.pt").exists()
+    with pytest.raises(ConfigError, match="other options"):
+        torch.save({"config": {**vars(cfg), "lr": 1.0}}, tmp_path / "cut" / "sft_state.pt")
+        train_sft(ENV, expert_trajs[:10], cfg, out_dir=tmp_path / "cut", progress=False)
+
+
 def test_bad_config():
     with pytest.raises(ConfigError):
         SFTConfig(steps=0)

@@ -37,6 +37,7 @@ find_and_buy success). Four changes, each measured (docs/agents.md, "Language-mo
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -343,11 +344,43 @@ def plot_curve(history: Sequence[dict], path: Path) -> None:
     plt.close(fig)
 
 
+#: file in an SFT run folder holding what a resumed run needs besides the checkpoint's weights
+RESUME_STATE = "sft_state.pt"
+
+
+def _save_resume_state(out_dir: Path, config: SFTConfig, opt, step: int, tokens_seen: int, history) -> None:
+    """Written next to each intermediate checkpoint (atomically): optimizer state, step and the metrics so far."""
+    tmp = out_dir / (RESUME_STATE + ".tmp")
+    torch.save({"config": asdict(config), "step": step, "tokens_seen": tokens_seen, "history": history,
+                "optimizer": opt.state_dict()}, tmp)
+    os.replace(tmp, out_dir / RESUME_STATE)
+
+
+def _load_resume_state(out_dir: Path, config: SFTConfig, model, opt):
+    """``(step, tokens_seen, history)`` of an interrupted run of the same config in `out_dir` (its latest checkpoint's
+    weights are loaded into `model`, its optimizer state into `opt`), or None when there is nothing to resume."""
+    path = out_dir / RESUME_STATE
+    if not path.is_file() or not (out_dir / "checkpoint" / "config.json").is_file():
+        return None
+    state = torch.load(path, weights_only=False)
+    if state["config"] != asdict(config):
+        changed = sorted(k for k, v in asdict(config).items() if state["config"].get(k) != v)
+        raise ConfigError(f"{out_dir} holds an interrupted SFT run with other options ({', '.join(changed)}); "
+                          "rerun with the same options to resume it, or choose another --out")
+    from agents.lm.model import load_model
+
+    model.load_state_dict(load_model(out_dir / "checkpoint").state_dict())
+    opt.load_state_dict(state["optimizer"])
+    return state["step"], state["tokens_seen"], list(state["history"])
+
+
 def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Path, tokenizer=None,
               model=None, progress: bool = True, callback=None):
     """Behaviour-clone `trajectories`; returns ``(agent, history)``. Writes checkpoints, metrics.csv, the plot.
 
-    `callback(record)` is called after every step with that step's metrics dict.
+    `callback(record)` is called after every step with that step's metrics dict. An interrupted run resumes: each
+    intermediate checkpoint (every `config.eval_every` steps) also saves the optimizer state and the metrics so far,
+    and calling again with the same config and `out_dir` continues from that step on the same batches.
     """
     from agents.lm.agent import LMAgent
     from agents.lm.model import build_model
@@ -388,6 +421,15 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         ratio = lengths.mean() / np.mean([len(r[0]) for r in short])
         short_batches = _batches(short, max(1, round(config.batch_size * ratio)), rng)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    history: list[dict] = []
+    start, tokens_seen = 0, 0
+    resumed = _load_resume_state(out_dir, config, model, opt)
+    if resumed is not None:
+        start, tokens_seen, history = resumed
+        # the batch streams are seeded generators: replaying their first `start` draws puts them where the
+        # interrupted run left them, so the resumed run sees the same batches as an uninterrupted one
+        for step in range(start):
+            next(short_batches if step < config.curriculum_steps and short_batches else batches)
 
     cur = min(config.curriculum_steps, config.steps)
 
@@ -403,15 +445,13 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         frac = (step - config.warmup) / max(1, total - config.warmup)
         return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-    history: list[dict] = []
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=config.steps, desc="sft", unit="step")
-    t0 = time.perf_counter()
-    tokens_seen = 0
-    for step in range(config.steps):
+        bar = tqdm(total=config.steps, initial=start, desc="sft", unit="step")
+    t0 = time.perf_counter() - (history[-1]["time_s"] if history else 0.0)
+    for step in range(start, config.steps):
         model.train()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
@@ -439,6 +479,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
                            env_kwargs=dict(env_kwargs),
                            final_eval={k: v for k, v in rec.items() if k.startswith("eval_")})
                 write_metrics_csv(out_dir / "metrics.csv", history + [rec])
+                _save_resume_state(out_dir, config, opt, step + 1, tokens_seen, history + [rec])
         history.append(rec)
         if callback is not None:
             callback(rec)
@@ -452,6 +493,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     ckpt = agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), env_kwargs=dict(env_kwargs),
                       final_eval={k: v for k, v in history[-1].items() if k.startswith("eval_")})
     write_metrics_csv(out_dir / "metrics.csv", history)
+    (out_dir / RESUME_STATE).unlink(missing_ok=True)
     plot_curve(history, out_dir / "sft_curve.png")
     agent.checkpoint = str(ckpt)
     return agent, history
