@@ -59,3 +59,26 @@ def test_replacements_never_collide_and_are_seeded(trajs):
         seen_old = set().union(*(_words(t.observation) for t in old.turns))
         assert not new_words & seen_old
     assert copy_augment(trajs, 0) == [] and len(copy_augment(trajs, 2, seed=0)) == 2 * len(a)
+
+
+def test_resampled_ids_are_fresh_and_consistent_within_an_episode():
+    after = expert_trajectories(ENV, 12, reset_options={"family": "after_sales"}, progress=False, env_kwargs=KW,
+                                expert_kwargs={"click_by": "index", "query": "instruction"}, num_envs=4)
+    id_re = re.compile(r"\b(?:W[1-9]\d{6}|B0[0-9A-Z]{8})\b")
+    plain = copy_augment(after, 1, seed=0)
+    aug = copy_augment(after, 1, seed=0, resample_ids=True)
+    assert len(aug) == sum(t.success for t in after) >= len(plain)
+    n_ids = 0
+    for new in aug:
+        old = next(t for t in after if t.task_id == new.task_id and t.seed == new.seed)
+        mapping = {}
+        for a, b in zip(old.turns, new.turns, strict=True):
+            for text_a, text_b in ((a.observation, b.observation), (a.action, b.action)):
+                ids_a, ids_b = id_re.findall(str(text_a)), id_re.findall(str(text_b))
+                assert len(ids_a) == len(ids_b)
+                for x, y in zip(ids_a, ids_b, strict=True):
+                    assert x != y and x[0] == y[0] and len(x) == len(y)
+                    assert mapping.setdefault(x, y) == y  # the same old id always becomes the same new one
+        assert len(set(mapping.values())) == len(mapping)  # distinct ids stay distinct
+        n_ids += len(mapping)
+    assert n_ids > 2 * len(aug)  # after-sales episodes carry order and product ids, and every one was replaced

@@ -55,34 +55,74 @@ def protected_words(trajectories, template_df: float = 0.15) -> set[str]:
     return set(GRAMMAR_WORDS) | buttons | frequent
 
 
+#: order ids (``W`` + 7 digits) and product ids (``B0`` + 8 characters) as the env writes them
+_ID = re.compile(r"\b(?:W[1-9]\d{6}|B0[0-9A-Z]{8})\b")
+_ID_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _fresh_id(old: str, rng: np.random.Generator) -> str:
+    if old.startswith("W"):
+        return "W" + str(int(rng.integers(1_000_000, 10_000_000)))
+    return "B0" + "".join(_ID_CHARS[i] for i in rng.integers(0, len(_ID_CHARS), size=8))
+
+
 def copy_augment(trajectories, copies: int = 1, *, seed: int = 0, template_df: float = 0.15,
-                 only_success: bool = True) -> list:
+                 only_success: bool = True, resample_ids: bool = False) -> list:
     """`copies` rewritten copies of every (successful) trajectory, see the module docstring. Deterministic in
-    `seed`. Observations and actions are rewritten as text; token records (``prompt_ids`` etc.) are dropped."""
+    `seed`. Observations and actions are rewritten as text; token records (``prompt_ids`` etc.) are dropped.
+
+    With `resample_ids`, order and product ids are also replaced, consistently within the episode, by fresh random
+    ids of the same form. An id is a string of single-character tokens that no prior predicts, so the after-sales
+    tools (``get_order[W...]``, ``exchange_item[...]``) can only be learnt by copying digit by digit; fresh ids give
+    each copy of an episode new strings to copy."""
     if copies <= 0:
         return []
     trajs = [t for t in trajectories if t.success or not only_success]
     keep = protected_words(trajs, template_df)
     pool = sorted({w.lower() for t in trajs for w in _WORD.findall(_task_line(t))} - keep)
-    if len(pool) < 2:
+    if len(pool) < 2 and not resample_ids:
         return []
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(copies):
         for traj in trajs:
             words = sorted({w.lower() for w in _WORD.findall(_task_line(traj))} - keep)
-            if not words:
-                continue
             # replacements never collide with a word already in the episode (the rewrite stays unambiguous)
             seen = {w.lower() for turn in traj.turns for text in (turn.observation, turn.action)
                     for w in _WORD.findall(str(text))}
             free = [w for w in pool if w not in seen]
-            if len(free) < len(words):
+            if words and len(free) >= len(words):
+                picks = rng.choice(len(free), size=len(words), replace=False)
+                new = _rewrite(traj, dict(zip(words, (free[i] for i in picks), strict=False)))
+            elif resample_ids:  # nothing to rewrite but the ids
+                new = _rewrite(traj, {})
+            else:
                 continue
-            picks = rng.choice(len(free), size=len(words), replace=False)
-            mapping = dict(zip(words, (free[i] for i in picks), strict=False))
-            out.append(_rewrite(traj, mapping))
+            if resample_ids:
+                new = _resample_ids(new, rng)
+            out.append(new)
     return out
+
+
+def _resample_ids(traj, rng: np.random.Generator):
+    ids = sorted({m for turn in traj.turns for text in (turn.observation, turn.action)
+                  for m in _ID.findall(str(text))})
+    if not ids:
+        return traj
+    mapping: dict[str, str] = {}
+    taken = set(ids)
+    for old in ids:
+        fresh = _fresh_id(old, rng)
+        while fresh in taken:
+            fresh = _fresh_id(old, rng)
+        taken.add(fresh)
+        mapping[old] = fresh
+
+    def sub(text):
+        return _ID.sub(lambda m: mapping[m.group(0)], text) if isinstance(text, str) else text
+
+    return replace(traj, turns=[replace(t, observation=sub(t.observation), action=sub(t.action))
+                                for t in traj.turns])
 
 
 def _case_like(src: str, word: str) -> str:
@@ -94,6 +134,9 @@ def _case_like(src: str, word: str) -> str:
 
 
 def _rewrite(traj, mapping: dict[str, str]):
+    if not mapping:
+        return replace(traj, turns=[replace(t, prompt_ids=None, action_ids=None, action_logprobs=None)
+                                    for t in traj.turns])
     pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in sorted(mapping, key=len, reverse=True)) + r")\b",
                          re.IGNORECASE)
 

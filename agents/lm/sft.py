@@ -114,6 +114,9 @@ class SFTConfig:
     augment_copies: int = bounded(1, min=0)
     """Prior-breaking copy augmentation (`agents.lm.augment.copy_augment`): this many rewritten copies of every
     expert episode are added to the training rows (0: off)."""
+    augment_ids: bool = False
+    """The augmented copies also get fresh order and product ids (consistent within an episode), so the after-sales
+    tools' id arguments are learnt as copies (`copy_augment(resample_ids=True)`)."""
     # expert data (`sft_expert_data`)
     numbered_results: bool = True
     """Env ``numbered_results`` and the expert opens results by position (``click[#3]``) instead of by SKU."""
@@ -400,6 +403,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         from agents.lm.augment import copy_augment
 
         trajectories = list(trajectories) + copy_augment(trajectories, config.augment_copies, seed=config.seed,
+                                                         resample_ids=config.augment_ids,
                                                          only_success=config.only_success)
     rows = build_examples(trajectories, agent.fmt, mode=config.context_mode, history=config.history,
                           history_obs_chars=config.history_obs_chars, only_success=config.only_success,
