@@ -116,6 +116,13 @@ def test_table_has_rank_and_tier_and_interval_under_each_value(tmp_path):
     assert _column(shop, "success_rate")[:2] == ["0.950 0.90–1.00", "0.400 0.35–0.45"]
 
 
+def test_interval_text():
+    from shopsim.leaderboard.page import fmt_interval
+
+    assert fmt_interval(0.35, 0.45) == "0.35–0.45" and fmt_interval(-0.001, 0.02) == "0.00–0.02"
+    assert fmt_interval(-9.0, -6.0) == "-9.00 to -6.00" and fmt_interval(11800, 12300) == "11,800–12,300"
+
+
 def test_ranks_share_ties_and_skip_rows_without_a_value():
     rows = [{"status": "ok", "metrics": {"m": {"mean": v}}} for v in (0.9, 0.5, 0.5, 0.1)]
     rows.append({"status": "error", "metrics": {}})
@@ -189,6 +196,11 @@ def test_old_style_curve_plots_the_sparse_value_not_the_loss(tmp_path):
     assert c.metric == "value" and c.x == [99.0, 199.0, 299.0] and c.n_seeds == 1
     (tmp_path / "loss.csv").write_text("iteration,loss\n0,1.0\n1,0.5\n")
     assert read_curve(tmp_path / "loss.csv", "retrieval") is None  # a loss is no learning curve
+    # a short run evaluated its value once: the per-iteration training reward is the curve then
+    (tmp_path / "short.csv").write_text("iteration,loss,reward,value\n0,1.0,5.0,\n1,0.9,5.5,\n2,0.8,5.9,6.1\n")
+    assert read_curve(tmp_path / "short.csv", "retrieval") == ("reward", [0.0, 1.0, 2.0], [5.0, 5.5, 5.9])
+    (tmp_path / "one.csv").write_text("iteration,loss,value\n0,1.0,\n1,0.9,6.1\n")
+    assert read_curve(tmp_path / "one.csv", "retrieval") == ("value", [1.0], [6.1])
 
 
 def test_charts_per_table(tmp_path):

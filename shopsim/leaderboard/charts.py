@@ -32,6 +32,8 @@ CURVE_KEYS: dict[str, tuple[str, ...]] = {
     "*": ("eval/success_rate", "eval_success", "success_rate", "success", "eval/score", "score", "eval/return",
           "mean_return", "return", "value", "reward", "mean_reward", "cost", "train_cost"),
 }
+#: points a metrics.csv column needs to be preferred as a curve over a later column of `CURVE_KEYS`
+MIN_POINTS = 3
 #: reference rows per family that a cost chart is relative to
 COST_REFERENCE = {"inventory": ("s_S", "gap_to_s_S_pct")}
 
@@ -89,7 +91,8 @@ def _curve_path(r: dict) -> Path | None:
 
 def read_curve(path: Path, fam: str = "") -> tuple[str, list[float], list[float]] | None:
     """(column, x, y) of the family's preferred learning-curve column of a metrics.csv (rows where it is missing
-    left out), or None if the file has none of `CURVE_KEYS`."""
+    left out), or None if the file has none of `CURVE_KEYS`. The first column in preference order with at least
+    `MIN_POINTS` values wins; if none has that many, the first with any."""
     import pandas as pd
 
     try:
@@ -97,7 +100,11 @@ def read_curve(path: Path, fam: str = "") -> tuple[str, list[float], list[float]
     except (OSError, ValueError):
         return None
     numeric = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
-    key = next((k for k in CURVE_KEYS.get(fam, ()) + CURVE_KEYS["*"] if k in numeric and df[k].notna().any()), None)
+    logged = {k: int(df[k].notna().sum()) for k in CURVE_KEYS.get(fam, ()) + CURVE_KEYS["*"] if k in numeric}
+    # the first preferred column with a curve's worth of points: a short run evaluates its policy value only once
+    # (eval_every), so its per-iteration training reward is the better curve there
+    key = next((k for k, n in logged.items() if n >= MIN_POINTS), None) or next(
+        (k for k, n in logged.items() if n), None)
     if key is None:
         return None
     xcol = next((c for c in ("iteration", "step", "iter") if c in df.columns), None)

@@ -131,9 +131,9 @@ def fmt_value(value: float) -> str:
 def fmt_interval(lo: float, hi: float) -> str:
     """An interval in one digit fewer than its value (it sits, smaller, under the value): "0.35–0.45"."""
     def one(v: float) -> str:
-        return fmt_value(v) if abs(v) >= 10 else f"{v:.2f}"
+        return fmt_value(v) if abs(v) >= 10 else f"{round(v, 2) + 0.0:.2f}"  # + 0.0: no "-0.00"
 
-    sep = " to " if lo < 0 or hi < 0 else "–"  # "-9.00–-6.00" reads badly
+    sep = " to " if one(lo).startswith("-") or one(hi).startswith("-") else "–"  # "-9.00–-6.00" reads badly
     return f"{one(lo)}{sep}{one(hi)}"
 
 
