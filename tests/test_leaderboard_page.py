@@ -123,6 +123,16 @@ def test_interval_text():
     assert fmt_interval(-9.0, -6.0) == "-9.00 to -6.00" and fmt_interval(11800, 12300) == "11,800–12,300"
 
 
+def test_slugs_are_safe_fragments_and_demo_rows_say_so():
+    from shopsim.leaderboard.charts import slug
+    from shopsim.leaderboard.page import tier_of
+
+    assert slug("shopsim/Replenishment-v0 [protocol 2]") == "Replenishment-v0_p2"
+    assert slug("shopsim/Replenishment-v0 (seasonal, capacity)") == "Replenishment-v0_seasonal_capacity"
+    assert tier_of({"demo": True, "budget": {"mode": "quick"}}) == "demo"
+    assert tier_of({"budget": {"mode": "standard"}}) == "standard" and tier_of({"budget": None}) == "—"
+
+
 def test_ranks_share_ties_and_skip_rows_without_a_value():
     rows = [{"status": "ok", "metrics": {"m": {"mean": v}}} for v in (0.9, 0.5, 0.5, 0.1)]
     rows.append({"status": "error", "metrics": {}})
@@ -227,6 +237,7 @@ def test_cost_chart_is_relative_to_s_S_on_a_log_axis(tmp_path, monkeypatch):
         ax = fig.axes[0]
         seen[path.name] = (ax.get_yscale(), [round(p.get_height(), 4) for p in ax.patches],
                            [t.get_text() for t in ax.texts], ax.get_ylabel())
+        seen[path.name + ":lines"] = [(list(line.get_xdata()), line.get_marker()) for line in ax.get_lines()]
         return real_save(fig, path)
 
     monkeypatch.setattr(charts, "_save", spy)
@@ -235,6 +246,10 @@ def test_cost_chart_is_relative_to_s_S_on_a_log_axis(tmp_path, monkeypatch):
     scale, heights, labels, ylabel = seen["Replenishment-v0_p1_cost.png"]
     assert scale == "log" and heights == [0.923, 1.0, 1.26, 20.0]
     assert labels == ["-8%", "+0%", "+26%", "+1900%"] and "s_S" in ylabel
+    # the sparse CA-PG value (3 logged points in 300 rows) is drawn as a visible line with markers
+    seen.clear()
+    charts.curves_chart(RET, groups[RET], tmp_path)
+    assert seen["TwoStageRetrieval-v0_curves.png:lines"] == [([99.0, 199.0, 299.0], ".")]
 
 
 def test_render_all_page_works_in_chromium_with_linkable_tabs_and_fits_1400px(tmp_path):

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +42,8 @@ COST_REFERENCE = {"inventory": ("s_S", "gap_to_s_S_pct")}
 def slug(key: str) -> str:
     """File- and URL-fragment-safe short name of a table key ("shopsim/Replenishment-v0 [protocol 2]" ->
     "Replenishment-v0_p2")."""
-    name = key.split("/")[-1]
-    return name.replace(" [protocol ", "_p").replace("]", "")
+    name = key.split("/")[-1].replace(" [protocol ", "_p").replace("]", "")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
 def family(rows: list[dict]) -> str:

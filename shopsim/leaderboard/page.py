@@ -138,7 +138,10 @@ def fmt_interval(lo: float, hi: float) -> str:
 
 
 def tier_of(r: dict) -> str:
-    """The tier (budget mode) a trained row was trained at; "—" for rows that were not trained."""
+    """The tier (budget mode) a trained row was trained at ("demo" for a live demo row); "—" for rows that were not
+    trained and name no tier."""
+    if r.get("demo"):
+        return "demo"
     b = r.get("budget") or {}
     return str(r.get("tier") or b.get("tier") or b.get("mode") or "—")
 
