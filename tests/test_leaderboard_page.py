@@ -131,6 +131,13 @@ def test_slugs_are_safe_fragments_and_demo_rows_say_so():
     assert slug("shopsim/Replenishment-v0 (seasonal, capacity)") == "Replenishment-v0_seasonal_capacity"
     assert tier_of({"demo": True, "budget": {"mode": "quick"}}) == "demo"
     assert tier_of({"budget": {"mode": "standard"}}) == "standard" and tier_of({"budget": None}) == "—"
+    from shopsim.leaderboard.page import submit_command
+
+    demo = {"env_id": INV, "kind": "trained", "demo": True, "budget": {"mode": "quick", "iterations": 6}}
+    std = {**demo, "demo": False, "budget": {"mode": "standard", "iterations": 300}}
+    assert submit_command([demo, std]) == "shopsim bench --budget standard --envs Replenishment-v0 --algo " \
+                                          "mypkg.module:MyAlgo"  # the standard rows' tier, not the demo's
+    assert submit_command([demo]).startswith("shopsim bench --quick ")
 
 
 def test_ranks_share_ties_and_skip_rows_without_a_value():

@@ -142,8 +142,14 @@ def tier_of(r: dict) -> str:
     trained and name no tier."""
     if r.get("demo"):
         return "demo"
+    return _mode(r) or "—"
+
+
+def _mode(r: dict) -> str | None:
+    """The benchmark mode (tier) a row's budget names, if any."""
     b = r.get("budget") or {}
-    return str(r.get("tier") or b.get("tier") or b.get("mode") or "—")
+    mode = r.get("tier") or b.get("tier") or b.get("mode")
+    return str(mode) if mode else None
 
 
 def _bench_flag(tier: str) -> str:
@@ -161,8 +167,7 @@ def reproduce_command(r: dict) -> str:
     if r["kind"] == "trained":
         algo = r.get("algorithm") or ""
         user = f" --algo {algo}" if ":" in algo else ""
-        tier = tier_of(r)
-        return f"shopsim bench {_bench_flag(tier if tier != '—' else 'quick')} --envs {env_id.split('/')[-1]}{user}"
+        return f"shopsim bench {_bench_flag(_mode(r) or 'quick')} --envs {env_id.split('/')[-1]}{user}"
     ckpt = (r.get("config") or {}).get("checkpoint") if r["kind"] == "checkpoint" else None
     who = f"--checkpoint {shlex.quote(str(ckpt))}" if ckpt else f"--agent {r['entry']}"
     parts = [f"shopsim eval --env {env_id} {who} --split {r['split']}"]
@@ -176,7 +181,7 @@ def reproduce_command(r: dict) -> str:
 
 def submit_command(rows: list[dict]) -> str:
     """The command that trains your own algorithm at the table's tier and places it in this table."""
-    tiers = [tier_of(r) for r in rows if r["kind"] == "trained" and tier_of(r) != "—"]
+    tiers = [m for r in rows if r["kind"] == "trained" and not r.get("demo") and (m := _mode(r))]
     tier = max(set(tiers), key=tiers.count) if tiers else "quick"
     return f"shopsim bench {_bench_flag(tier)} --envs {rows[0]['env_id'].split('/')[-1]} --algo mypkg.module:MyAlgo"
 
@@ -219,6 +224,11 @@ def protocol_notes(groups: dict[str, list[dict]]) -> dict[str, str]:
         descs = {k: _protocol_desc(groups[k]) for k in keys}
         fields = list(dict.fromkeys(f for d in descs.values() for f in d))
         differ = [f for f in fields if len({d.get(f, "—") for d in descs.values()}) > 1]
+        if not differ:  # e.g. the same episodes under another env option the results files do not record
+            for k in keys:
+                notes[k] = (f"This env has results under {len(keys)} evaluation protocols that share split, tasks, "
+                            "tries and eval seeds but not every setting; they are ranked separately.")
+            continue
         for k in keys:
             others = "; ".join(f"{slug(o)}: " + ", ".join(f"{f} {descs[o].get(f, '—')}" for f in differ)
                                for o in keys if o != k)
