@@ -9,6 +9,7 @@ from shopsim.commands import positive_int, writable_output
 
 
 def add_parser(sub) -> None:
+    from shopsim.envs.shopping.env import STRATEGIES
     from shopsim.envs.shopping.tasks import FAMILIES
 
     p = sub.add_parser("rollout", help="run an agent for N episodes and write a Parquet dataset",
@@ -27,6 +28,9 @@ def add_parser(sub) -> None:
                    help=f"Shopping task family ({', '.join(FAMILIES)}); several alternate episode by episode. "
                         "Default: the families the checkpoint was trained on if its manifest records them (the "
                         "shipped SFT model behind --agent lm: find_and_buy), else the env's mix of all four")
+    p.add_argument("--strategy", nargs="+", default=None, metavar="STRATEGY",
+                   help=f"Shopping strategy instruction given at reset ({', '.join(STRATEGIES)}); several alternate "
+                        "group by group. Recorded per episode (the viewer's strategy column). Default: none")
     p.add_argument("--num-envs", type=positive_int, default=8, help="env copies stepped together")
     p.add_argument("--vector", choices=["sync", "async"], default=None, help="use a gymnasium vector env")
     p.add_argument("--out", required=True, help="output Parquet file")
@@ -47,6 +51,21 @@ def _check_families(families: list[str] | None, env_id: str) -> list[str] | None
     if bad:
         raise ConfigError(f"--family {bad[0]!r} is not a Shopping task family; choose from {', '.join(FAMILIES)}")
     return list(families)
+
+
+def _check_strategies(strategies: list[str] | None, env_id: str) -> list[str] | None:
+    from shopsim.envs import family_of
+    from shopsim.envs.shopping.env import STRATEGIES
+    from shopsim.errors import ConfigError
+
+    if strategies is None:
+        return None
+    if family_of(env_id) != "shopping":
+        raise ConfigError(f"--strategy instructs the Shopping agent; {env_id} has no strategies, drop --strategy")
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise ConfigError(f"--strategy {bad[0]!r} is not a Shopping strategy; choose from {', '.join(STRATEGIES)}")
+    return list(strategies)
 
 
 def _checkpoint_dir(args: argparse.Namespace, agent) -> Path | None:
@@ -72,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_env_id(args.env)
     families = _check_families(args.family, args.env)
+    strategies = _check_strategies(args.strategy, args.env)
     out = writable_output(args.out)
     agent = (agents.load_checkpoint(args.checkpoint, env_id=args.env) if args.checkpoint
              else agents.make(args.agent, args.env))
@@ -83,11 +103,15 @@ def run(args: argparse.Namespace) -> int:
         if families:
             print(f"note: {' and '.join(families)} tasks, the families {ckpt} was trained on (--family to change)")
     options = None
-    if families:
-        options = lambda index, group: {"family": families[group % len(families)]}  # noqa: E731
+    if families or strategies:
+        def options(index: int, group: int) -> dict:
+            out = {"family": families[group % len(families)]} if families else {}
+            if strategies:
+                out["strategy"] = strategies[group % len(strategies)]
+            return out
     meta = {"env_id": args.env, "agent": args.agent, "checkpoint": args.checkpoint, "seed": args.seed,
             "split": args.split, "episodes": args.episodes, "group_size": args.group_size, "families": families,
-            "env_kwargs": env_kwargs}
+            "strategies": strategies, "env_kwargs": env_kwargs}
     with DatasetWriter(out, metadata=meta) as writer:
         trajs = collect(args.env, agent, episodes=args.episodes, seed=args.seed, split=args.split,
                         group_size=args.group_size, num_envs=args.num_envs, vector=args.vector, writer=writer,
