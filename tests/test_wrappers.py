@@ -141,3 +141,18 @@ def test_sb3_ppo_beats_random_on_replenishment():
     rnd = _mean_return(env, lambda o: env.action_space.sample())
     # rewards are minus costs: random over-orders (mean 100 units a period against demand ~10)
     assert ppo > 0.8 * rnd, (ppo, rnd)  # at least 20% cheaper (measured: about 44% cheaper)
+
+
+@pytest.mark.parametrize("env_id,kwargs", [("shopsim/TwoStageRetrieval-v0", {}),
+                                           ("shopsim/ProactiveRec-v0", {"simulator": "analytic"})])
+def test_sb3_ppo_updates_its_policy_on_the_other_wrapped_envs(env_id, kwargs):
+    import torch
+    from stable_baselines3 import PPO
+
+    torch.set_num_threads(1)
+    model = PPO("MlpPolicy", make_sb3_env(env_id, **kwargs), n_steps=64, batch_size=64, n_epochs=1, seed=0,
+                device="cpu")
+    before = [p.detach().clone() for p in model.policy.parameters()]
+    model.learn(64)
+    assert model.num_timesteps == 64
+    assert any((a != b).any() for a, b in zip(before, model.policy.parameters(), strict=True))
