@@ -100,6 +100,27 @@ def test_sft_trainer_runs_on_converted_data(expert_trajs, tiny, tmp_path):
     assert any((a != b).any() for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_sft_trainer_runs_on_the_tool_call_form(expert_trajs, tiny, tmp_path):
+    """`sft_dataset` keeps each call's own arguments (a plain Arrow struct would add the other tools' argument names
+    as None) and SFTTrainer renders calls and tool schemas with a tool-capable template."""
+    from trl import SFTConfig, SFTTrainer
+
+    from shopsim.integrations.trl import sft_dataset
+
+    ds = sft_dataset(expert_trajs)
+    assert ds[0]["messages"] == to_messages(expert_trajs[:1], form="tool_calls")[0]["messages"]
+    assert [t["function"]["name"] for t in json.loads(ds[0]["tools"])] == list(TOOLS)
+    tok, model = tiny
+    tok.chat_template = tool_chat_template()
+    text = tok.apply_chat_template(ds[0]["messages"], tools=json.loads(ds[0]["tools"]), tokenize=False)
+    assert '{"name": "search", "arguments": {"query": ' in text and "null" not in text
+    cfg = SFTConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, report_to="none",
+                    use_cpu=True, logging_steps=1, save_strategy="no", max_length=2048, seed=0)
+    trainer = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok)
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
 # ---- the environment class -----------------------------------------------------------------------------------------
 def test_one_method_per_tool_with_schema_types_and_docstring():
     cls = shopping_environment(catalog_size=SIZE)

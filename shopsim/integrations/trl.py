@@ -17,7 +17,9 @@ was an invalid action: invalid calls stay in the episode, as in the env); a call
 final score (0 until the episode ends) minus invalid-action penalties.
 
 `shopping_environment(**env_kwargs)` is the factory to pass; `task_dataset` builds the matching train dataset
-(a ``prompt`` column plus the reset options ``split``, ``task_id``, ``family``, ``seed``).
+(a ``prompt`` column plus the reset options ``split``, ``task_id``, ``family``, ``seed``). `sft_dataset` turns
+episodes into an ``SFTTrainer`` dataset (`shopsim.datasets.to_messages`; in the tool-call form with the same tool
+schemas in a ``tools`` column, so that supervised warm-up and GRPO show the model the same prompt).
 
 TRL requirements met outside this module (the tiny test model hits both): the tokenizer's chat template must render
 tool calls (TRL's ``supports_tool_calling``) and be one TRL can parse tool calls back from (``add_response_schema``
@@ -34,7 +36,8 @@ from typing import Any
 
 from shopsim.errors import ConfigError
 
-__all__ = ["DEFAULT_PROMPT", "environment_class", "shopping_environment", "task_dataset", "tool_chat_template"]
+__all__ = ["DEFAULT_PROMPT", "environment_class", "sft_dataset", "shopping_environment", "task_dataset",
+           "tool_chat_template"]
 
 #: the user message each rollout starts from; `reset` appends the first page of the episode to it
 DEFAULT_PROMPT = ("You are a shopping assistant serving a customer in an online shop. Use the tools to search, open "
@@ -170,6 +173,25 @@ def task_dataset(n: int, *, split: str = "train", family: str | None = None, see
     if family is not None:
         rows["family"] = [family] * n
     return Dataset.from_dict(rows)
+
+
+def sft_dataset(source, *, form: str = "tool_calls", tools: dict | None = None, **kwargs):
+    """`shopsim.datasets.to_messages(source, form=form, tools=tools, **kwargs)` as a `datasets.Dataset` for TRL's
+    ``SFTTrainer``. Each message is stored with datasets' `Json` feature: a plain Arrow struct would give every tool
+    call the union of all argument names (the missing ones None), which the chat template would then render. In the
+    tool-call form a ``tools`` column holds the tool schemas (JSON), which ``SFTTrainer`` renders into the prompt."""
+    from datasets import Dataset, Features, Json, List, Value
+
+    from shopsim.datasets import to_messages
+    from shopsim.envs.shopping.tools import TOOLS, tool_schemas
+
+    rows = to_messages(source, form=form, tools=tools, **kwargs)
+    features = {"messages": List(Json())}
+    if form == "tool_calls":
+        schemas = json.dumps(tool_schemas(TOOLS if tools is None else tools))
+        rows = [{**row, "tools": schemas} for row in rows]
+        features["tools"] = Value("string")
+    return Dataset.from_list(rows, features=Features(features))
 
 
 def tool_chat_template() -> str:
