@@ -6,11 +6,11 @@ appended to the prompt's last user message), whose public methods are the model'
 arguments and Google-style docstrings become the JSON tool schema in the prompt) and whose ``get_reward()`` scores
 the finished rollout. One instance serves one rollout at a time; TRL pools and resets them.
 
-`environment_class` builds such a class from a Shopping tool table (default: every tool of `ShoppingEnv`, i.e.
-`shopsim.envs.shopping.tools.TOOLS` plus anything the env registers): one method per tool, whose docstring is the
-tool's description with an ``Args:`` line per schema property (``(choices: [...])`` for an ``enum``), and whose
-arguments carry the schema's types (string -> str, integer -> int, number -> float, boolean -> bool). A new entry
-in the tool table is a new method without any change here. Each call sends the JSON tool call to
+`environment_class` builds such a class from a Shopping tool table (default: the table of a `ShoppingEnv` built with
+the same options, i.e. `shopsim.envs.shopping.tools.TOOLS` plus anything the env registers): one method per tool,
+whose docstring is the tool's description with an ``Args:`` line per schema property (``(choices: [...])`` for an
+``enum``), and whose arguments carry the schema's types (string -> str, integer -> int, number -> float, boolean ->
+bool). A new entry in the tool table is a new method without any change here. Each call sends the JSON tool call to
 ``ShoppingEnv.step`` and returns the page the env renders next (with the feedback line, or the reason when the call
 was an invalid action: invalid calls stay in the episode, as in the env); a call after the episode ended raises
 `ValueError` (TRL reports it to the model as a tool error). ``get_reward()`` is the episode's return so far: the
@@ -134,13 +134,16 @@ class _ShoppingToolEnvBase:
 
 
 def environment_class(tools: dict | None = None, name: str = "ShoppingToolEnv", **env_kwargs) -> type:
-    """A class for ``GRPOTrainer(environment_factory=...)`` with one method per tool of `tools` (default: the tools
-    of `shopsim.envs.shopping.tools.TOOLS`, the table every `ShoppingEnv` starts from); instances build their
-    `ShoppingEnv` with `env_kwargs` and register the table's tools it lacks."""
+    """A class for ``GRPOTrainer(environment_factory=...)`` with one method per tool of `tools` (default: the tool
+    table of a `ShoppingEnv` built with `env_kwargs`: `shopsim.envs.shopping.tools.TOOLS` plus any tool the env
+    registers itself); instances build their `ShoppingEnv` with `env_kwargs` and register the table's tools it
+    lacks."""
     if tools is None:
-        from shopsim.envs.shopping.tools import TOOLS
+        from shopsim.envs.shopping import ShoppingEnv
 
-        tools = TOOLS  # every ShoppingEnv starts with a copy of this table
+        # the table of an env built with these options: the built-in tools plus any the env adds on construction
+        # (the catalog is memoised, so the instances TRL builds later do not pay for it again)
+        tools = ShoppingEnv(**env_kwargs).tools
     namespace: dict[str, Any] = {"_env_kwargs": dict(env_kwargs), "_tools": dict(tools), "__module__": __name__,
                                  "__doc__": f"Shopping-v0 tools for TRL: {', '.join(tools)}."}
     for tool in tools.values():
