@@ -318,6 +318,66 @@ def read_episodes(path: str | os.PathLike):
     return df[df["turn"] == 0].drop(columns=["turn"]).reset_index(drop=True)
 
 
+MESSAGE_FORMS = ("text", "tool_calls")
+
+
+def _content(value: Any) -> str:
+    return value if isinstance(value, str) else _dumps(value)
+
+
+def to_messages(source, *, form: str = "text", system: str | None = None, only_success: bool = False,
+                tools: dict | None = None) -> list[dict]:
+    """Episodes as chat rows for TRL's ``SFTTrainer`` (conversational format): ``[{"messages": [...]}, ...]``.
+
+    `source` is a dataset path (read with `iter_trajectories`) or an iterable of `Trajectory`. One row per episode
+    (with `only_success`, successful episodes only), starting with a ``system`` message if `system` is given.
+
+    * ``form="text"``: each turn is a ``user`` message (the observation; non-text observations as JSON) followed by
+      an ``assistant`` message (the action as sent, text or JSON).
+    * ``form="tool_calls"`` (Shopping-v0, the form `shopsim.integrations.trl` trains in): the first observation is
+      the ``user`` message; each action that parses against the tool table `tools` (default
+      `shopsim.envs.shopping.tools.TOOLS`) is an ``assistant`` message with one OpenAI-style ``tool_calls`` entry
+      (arguments by name), answered by a ``tool`` message holding the next observation; an action that does not
+      parse stays an assistant text message, answered by a user message. The last action closes the row.
+
+    ``datasets.Dataset.from_list(rows)`` makes the training set; `Dataset.from_list` keeps the nested messages.
+    """
+    if form not in MESSAGE_FORMS:
+        raise DatasetError(f"form={form!r}; choose one of {', '.join(MESSAGE_FORMS)}")
+    if isinstance(source, (str, os.PathLike)):
+        source = iter_trajectories(source)
+    if form == "tool_calls":
+        from shopsim.envs.shopping.actions import ActionError, parse
+        from shopsim.envs.shopping.tools import TOOLS
+
+        tools = TOOLS if tools is None else tools
+    rows = []
+    for traj in source:
+        if only_success and not traj.success:
+            continue
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        call = None  # the previous action's tool call: its answer is a tool message
+        for turn in traj.turns:
+            observation = _content(turn.observation)
+            messages.append({"role": "user", "content": observation} if call is None else
+                            {"role": "tool", "name": call["function"]["name"], "content": observation})
+            call = None
+            if form == "tool_calls" and isinstance(turn.action, str):
+                try:
+                    act = parse(turn.action, max_chars=1 << 30, tools=tools)
+                except ActionError:
+                    pass
+                else:
+                    names = tools[act.name].arg_names
+                    call = {"type": "function", "function": {
+                        "name": act.name, "arguments": dict(zip(names, act.args, strict=True))}}
+            messages.append({"role": "assistant", "content": _content(turn.action)} if call is None else
+                            {"role": "assistant", "content": "", "tool_calls": [call]})
+        if traj.turns:
+            rows.append({"messages": messages})
+    return rows
+
+
 def write_metrics_csv(path: str | Path, history: list[dict]) -> Path:
     """Write one row per iteration to `path` (the union of all keys as columns), atomically.
 
