@@ -21,6 +21,8 @@ from shopsim.errors import ConfigError
 ACTION_CHARSET = "".join(chr(c) for c in range(32, 127))
 MAX_OBS_CHARS = 20_000
 OBS_MODES = ("compact", "full", "terse")
+#: loose: partial credit (WebShop); strict: all-or-nothing, 1 only when every constraint holds (ShopSimulator)
+REWARD_SCHEMES = ("loose", "strict")
 STRATEGIES = {
     "recommend_directly": "Recommend and buy directly; ask the customer only if something is unclear.",
     "ask_first": "Ask the customer a question before you search.",
@@ -62,7 +64,9 @@ class ShoppingEnv(gym.Env):
     ## Rewards
     Zero until the episode ends (minus ``invalid_penalty`` per invalid action). At the end: find_and_buy and
     clarify_and_buy use WebShop's partial credit (`grading.score_purchase`); bundle the mean item score times budget
-    satisfied (`grading.score_bundle`); checkout of several lines in a one-item family scores the best line divided by
+    satisfied (`grading.score_bundle`); with ``reward_scheme="strict"`` every purchase scores 1 only when every
+    constraint holds (the loose score is 1) and 0 otherwise (``reward_parts["loose_score"]`` keeps the partial
+    credit); checkout of several lines in a one-item family scores the best line divided by
     the number of lines; after_sales 1 if the final order database equals the gold one, the agent opened the request's
     order and answered the customer (`orders.grade`). ``info["score"]`` is that number, ``info["success"]`` is
     ``score == 1``; ``info["reward_parts"]`` has the components. At every episode end ``info["episode_metrics"]``
@@ -94,7 +98,7 @@ class ShoppingEnv(gym.Env):
     simulators, e.g. an LLM-backed one; default: the seeded programmatic `Customer`), ``numbered_results=False`` (prefix
     each result line with its position on the page, ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
     instead of copying a 10-character SKU; positional clicks are accepted either way), ``style_bias=0.0`` (see
-    Rewards).
+    Rewards), ``reward_scheme="loose"|"strict"`` (see Rewards).
 
     ## Vector envs
     Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
@@ -114,7 +118,7 @@ class ShoppingEnv(gym.Env):
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
-                 numbered_results: bool = False, style_bias: float = 0.0):
+                 numbered_results: bool = False, style_bias: float = 0.0, reward_scheme: str = "loose"):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
         if family is not None and family not in FAMILIES:
@@ -128,6 +132,8 @@ class ShoppingEnv(gym.Env):
             raise ConfigError(f"invalid_penalty must be a finite number >= 0, got {invalid_penalty!r}")
         if isinstance(style_bias, bool) or not isinstance(style_bias, (int, float)) or not np.isfinite(style_bias):
             raise ConfigError(f"style_bias must be a finite number (0 turns it off), got {style_bias!r}")
+        if reward_scheme not in REWARD_SCHEMES:
+            raise ConfigError(f"reward_scheme={reward_scheme!r}; choose one of {', '.join(REWARD_SCHEMES)}")
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode={render_mode!r}; choose None or 'ansi'")
         self.catalog_size, self.catalog_seed = int(catalog_size), int(catalog_seed)
@@ -141,6 +147,7 @@ class ShoppingEnv(gym.Env):
         self.customer_factory = customer or Customer
         self.numbered_results = bool(numbered_results)
         self.style_bias = float(style_bias)
+        self.reward_scheme = reward_scheme
         self._attach_catalog()
         self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
@@ -483,6 +490,11 @@ class ShoppingEnv(gym.Env):
             score, parts = scored[best][0] / len(items), dict(scored[best][1])
             parts["lines_bought"] = float(len(items))
         parts["purchased"] = 1.0
+        if self.reward_scheme == "strict":
+            # all-or-nothing: the loose score is 1 exactly when every constraint of every goal holds (and, for a
+            # one-item family, a single line was bought; for a bundle, the budget holds)
+            parts["loose_score"] = float(score)
+            score = float(score >= 1.0 - 1e-9)
         bought = "; ".join(f"{p.sku}" + (f" ({', '.join(f'{k}={v}' for k, v in c.items())})" if c else "")
                            for p, c in items)
         self.feedback.append(f"Purchased {bought}. The episode is over.")
