@@ -79,3 +79,69 @@ def test_strict_bundle_needs_every_item():
 def test_unknown_reward_scheme_is_a_config_error():
     with pytest.raises(ConfigError, match="reward_scheme"):
         ShoppingEnv(catalog_size=SIZE, reward_scheme="multiplicative")
+
+
+# ---- paraphrased instructions ----------------------------------------------------------------------------------
+def test_paraphrase_keeps_the_task_and_is_deterministic():
+    from shopsim.envs.shopping.tasks import make_task
+
+    t_env = ShoppingEnv(catalog_size=SIZE)
+    changed = 0
+    for fam in ("find_and_buy", "clarify_and_buy", "bundle", "after_sales"):
+        for tid in range(2_000_000, 2_000_010):
+            a = make_task(t_env.catalog, fam, "test", tid)
+            b = make_task(t_env.catalog, fam, "test", tid, "paraphrase")
+            c = make_task(t_env.catalog, fam, "test", tid, "paraphrase")
+            assert (a.goals, a.hidden, a.budget, a.request) == (b.goals, b.hidden, b.budget, b.request)
+            assert b.instruction == c.instruction
+            changed += a.instruction != b.instruction
+    assert changed >= 28  # the three shopping families are reworded (after_sales keeps its wording)
+    with pytest.raises(ConfigError, match="instruction_style"):
+        ShoppingEnv(catalog_size=SIZE, instruction_style="free")
+
+
+def test_paraphrase_states_all_values_verbatim_in_under_half_of_tasks():
+    from shopsim.envs.shopping.paraphrase import verbatim_values
+    from shopsim.envs.shopping.tasks import make_task
+
+    cat = ShoppingEnv(catalog_size=SIZE).catalog
+    share = {}
+    for style in ("template", "paraphrase"):
+        hits = 0
+        for fam in ("find_and_buy", "clarify_and_buy", "bundle"):
+            for tid in range(2_000_000, 2_000_030):
+                t = make_task(cat, fam, "test", tid, style)
+                counts = [verbatim_values(g, t.instruction, t.hidden) for g in t.goals]
+                hits += all(k == n for k, n in counts)
+        share[style] = hits / 90
+    assert share["template"] == 1.0 and share["paraphrase"] < 0.5
+
+
+def test_numeric_forms_and_synonyms_by_hand():
+    import numpy as np
+
+    from shopsim.envs.shopping.paraphrase import number_words, reword
+
+    assert number_words(9.5) == "nine and a half" and number_words(45) == "forty five"
+    assert number_words(120) == "one hundred twenty" and number_words(1250) == "one thousand two hundred fifty"
+    rng = np.random.default_rng(0)
+    assert {reword("5 pack", rng, p=1.0) for _ in range(30)} <= {"pack of five", "five pack bundle", "set of five"}
+    assert {reword("waterproof", rng, p=1.0) for _ in range(30)} == {"water tight", "keeps water out"}
+    assert reword("128gb", rng, p=1.0) in ("128 gigabytes", "128 gb")
+    assert reword("waterproof", rng, p=0.0) == "waterproof"
+
+
+def test_taxonomy_synonyms_never_repeat_the_original_and_leave_the_catalog_hash_alone():
+    import re
+
+    from shopsim.catalog.taxonomy import load_taxonomy, synonyms
+
+    table = synonyms()
+    assert len(table) > 200
+    for value, alts in table.items():
+        assert alts and all(not re.search(rf"(?<![a-z0-9]){re.escape(value)}(?![a-z0-9])", a) for a in alts), value
+    known = set()
+    for cat in load_taxonomy()["categories"].values():
+        for t, spec in cat["types"].items():
+            known |= {t, *spec["attributes"], *(v for vals in spec["options"].values() for v in vals)}
+    assert set(table) <= known  # no entry for a word the catalog never uses

@@ -14,7 +14,7 @@ from shopsim.envs.shopping.cache import search as _search
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
 from shopsim.envs.shopping.orders import ToolError, apply_gold
-from shopsim.envs.shopping.tasks import FAMILIES, SPLITS, make_task, split_ids, split_of
+from shopsim.envs.shopping.tasks import FAMILIES, INSTRUCTION_STYLES, SPLITS, make_task, split_ids, split_of
 from shopsim.envs.shopping.tools import TOOLS, Tool, tool_schemas
 from shopsim.errors import ConfigError
 
@@ -98,7 +98,9 @@ class ShoppingEnv(gym.Env):
     simulators, e.g. an LLM-backed one; default: the seeded programmatic `Customer`), ``numbered_results=False`` (prefix
     each result line with its position on the page, ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
     instead of copying a 10-character SKU; positional clicks are accepted either way), ``style_bias=0.0`` (see
-    Rewards), ``reward_scheme="loose"|"strict"`` (see Rewards).
+    Rewards), ``reward_scheme="loose"|"strict"`` (see Rewards), ``instruction_style="template"|"paraphrase"``
+    (template: WebShop-style lines stating every value verbatim; paraphrase: a seeded rewording with synonyms,
+    numeric forms and reordering, `paraphrase`; the goal, hidden slots and grading are the same).
 
     ## Vector envs
     Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
@@ -118,7 +120,8 @@ class ShoppingEnv(gym.Env):
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
-                 numbered_results: bool = False, style_bias: float = 0.0, reward_scheme: str = "loose"):
+                 numbered_results: bool = False, style_bias: float = 0.0, reward_scheme: str = "loose",
+                 instruction_style: str = "template"):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
         if family is not None and family not in FAMILIES:
@@ -134,6 +137,8 @@ class ShoppingEnv(gym.Env):
             raise ConfigError(f"style_bias must be a finite number (0 turns it off), got {style_bias!r}")
         if reward_scheme not in REWARD_SCHEMES:
             raise ConfigError(f"reward_scheme={reward_scheme!r}; choose one of {', '.join(REWARD_SCHEMES)}")
+        if instruction_style not in INSTRUCTION_STYLES:
+            raise ConfigError(f"instruction_style={instruction_style!r}; choose one of {', '.join(INSTRUCTION_STYLES)}")
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode={render_mode!r}; choose None or 'ansi'")
         self.catalog_size, self.catalog_seed = int(catalog_size), int(catalog_seed)
@@ -147,7 +152,7 @@ class ShoppingEnv(gym.Env):
         self.customer_factory = customer or Customer
         self.numbered_results = bool(numbered_results)
         self.style_bias = float(style_bias)
-        self.reward_scheme = reward_scheme
+        self.reward_scheme, self.instruction_style = reward_scheme, instruction_style
         self._attach_catalog()
         self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
@@ -212,7 +217,7 @@ class ShoppingEnv(gym.Env):
         strategy = options.get("strategy")
         if strategy is not None and not isinstance(strategy, str):
             raise ConfigError(f"reset option strategy must be a string, got {type(strategy).__name__}")
-        self.task = make_task(self.catalog, family, split, int(task_id))
+        self.task = make_task(self.catalog, family, split, int(task_id), self.instruction_style)
         self.strategy = strategy or None
         self.strategy_text = STRATEGIES.get(strategy, strategy) if strategy else ""
         self.customer = self.customer_factory(self.task, self.np_random)

@@ -36,6 +36,8 @@ from shopsim.paths import data_dir
 
 FAMILIES = ("find_and_buy", "clarify_and_buy", "bundle", "after_sales")
 SPLITS = ("train", "dev", "test")
+#: template: WebShop-style, every value verbatim; paraphrase: seeded rewording (`paraphrase`), the same task
+INSTRUCTION_STYLES = ("template", "paraphrase")
 TRAIN_RANGE = (0, 1_000_000)
 DEV_BASE, TEST_BASE = 1_000_000, 2_000_000
 N_DEV, N_TEST = 200, 500
@@ -175,8 +177,13 @@ def slot_label(slot: tuple[str, str]) -> str:
     return {"option": slot[1], "attribute": "a must-have feature", "price": "budget"}[slot[0]]
 
 
-def make_task(catalog, family: str, split: str, task_id: int) -> Task:
-    """Build task `task_id` of `family` on `catalog` (deterministic; see module docstring)."""
+def make_task(catalog, family: str, split: str, task_id: int, instruction_style: str = "template") -> Task:
+    """Build task `task_id` of `family` on `catalog` (deterministic; see module docstring).
+
+    ``instruction_style="paraphrase"`` rewords the instruction (`paraphrase`) with its own RNG, so the goal, hidden
+    slots and grading are those of the template task."""
+    if instruction_style not in INSTRUCTION_STYLES:
+        raise ConfigError(f"instruction_style={instruction_style!r}; choose one of {', '.join(INSTRUCTION_STYLES)}")
     if family not in FAMILIES:
         raise ConfigError(f"unknown task family {family!r}; choose one of {', '.join(FAMILIES)}")
     if split_of(task_id) != split:
@@ -187,23 +194,33 @@ def make_task(catalog, family: str, split: str, task_id: int) -> Task:
     pool = pools(catalog)[1 if split == "test" else 0]
     tpl = templates()
     opener = tpl["openers"][int(rng.integers(len(tpl["openers"])))]
+    # the paraphrase draws from its own stream: the task (goal, hidden slots) is the same in both styles
+    say = describe
+    if instruction_style == "paraphrase":
+        from shopsim.envs.shopping.paraphrase import paraphrase
+
+        prng = np.random.default_rng(np.random.SeedSequence(
+            [FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x9A2]))
+
+        def say(goal, hidden=(), with_price=True):
+            return paraphrase(goal, prng, hidden, with_price)
     if family in ("find_and_buy", "clarify_and_buy"):
         product = _product(catalog, int(pool[rng.integers(len(pool))]))
         goal = _pick_goal(rng, product)
         if family == "find_and_buy":
-            return Task(family, split, task_id, f"{opener} {describe(goal)}", [goal], patience=3)
+            return Task(family, split, task_id, f"{opener} {say(goal)}", [goal], patience=3)
         slots = [("option", n) for n, _ in goal.options] + [("attribute", goal.attributes[-1]), ("price", "")]
         k = int(rng.integers(1, min(3, len(slots)) + 1))
         hidden = tuple(slots[i] for i in sorted(rng.choice(len(slots), size=k, replace=False).tolist()))
         hint = tpl["clarify_hint"].format(slots=", ".join(slot_label(s) for s in hidden))
-        text = f"{opener} {describe(goal, hidden)}. {hint}"
+        text = f"{opener} {say(goal, hidden)}. {hint}"
         return Task(family, split, task_id, text, [goal], hidden=hidden, patience=len(hidden) + 2)
     if family == "bundle":
-        return _bundle(catalog, split, task_id, rng, pool, tpl)
+        return _bundle(catalog, split, task_id, rng, pool, tpl, say)
     return _after_sales(catalog, split, task_id, rng, pool, tpl)
 
 
-def _bundle(catalog, split, task_id, rng, pool, tpl) -> Task:
+def _bundle(catalog, split, task_id, rng, pool, tpl, say=describe) -> Task:
     n = int(rng.integers(2, 5))
     goals, types = [], set()
     while len(goals) < n:
@@ -215,7 +232,7 @@ def _bundle(catalog, split, task_id, rng, pool, tpl) -> Task:
     total = sum(catalog.prices[g.target_id] for g in goals)
     budget = float(math.ceil(total * float(rng.uniform(1.1, 1.3)) / 5.0) * 5.0)
     opener = tpl["bundle_openers"][int(rng.integers(len(tpl["bundle_openers"])))]
-    items = "; ".join(f"({i + 1}) {describe(g, with_price=False)}" for i, g in enumerate(goals))
+    items = "; ".join(f"({i + 1}) {say(g, with_price=False)}" for i, g in enumerate(goals))
     text = f"{opener}, total budget {budget:.2f} dollars: {items}. Put them in the cart and check out once."
     return Task("bundle", split, task_id, text, goals, budget=budget, patience=3)
 
