@@ -145,3 +145,89 @@ def test_taxonomy_synonyms_never_repeat_the_original_and_leave_the_catalog_hash_
         for t, spec in cat["types"].items():
             known |= {t, *spec["attributes"], *(v for vals in spec["options"].values() for v in vals)}
     assert set(table) <= known  # no entry for a word the catalog never uses
+
+
+# ---- personalized_buy --------------------------------------------------------------------------------------------
+def test_personalized_buy_passes_check_env():
+    import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make("shopsim/Shopping-v0", family="personalized_buy", catalog_size=SIZE)
+    check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_personalized_target_is_consistent_with_the_profile_and_left_open_by_the_instruction():
+    env = ShoppingEnv(catalog_size=SIZE, family="personalized_buy")
+    for k in range(40):
+        obs, info = env.reset(seed=k, options={"task_id": 2_000_000 + k})
+        goal, prof = info["oracle"]["goals"][0], info["oracle"]["profile"]
+        target = env.catalog.product(goal["target_id"])
+        assert prof["brands"][target.category] == target.brand == goal["brand"]
+        assert prof["preferences"][target.product_type] == goal["options"]
+        assert target.price <= prof["max_spend"][target.product_type] == goal["price_ceiling"]
+        assert all(h["sku"] != target.sku for h in prof["history"])
+        task_line = obs.split("\n")[0].lower()
+        assert target.brand.lower() not in task_line and "$" not in task_line
+        assert all(a in task_line for a in goal["attributes"])
+        assert "Profile: " + prof["name"] in obs and "Past orders: [W" in obs  # the first observation shows both
+        # the same task twice is the same profile (task = f(family, id, catalog))
+        assert env.reset(seed=k + 99, options={"task_id": 2_000_000 + k})[1]["oracle"]["profile"] == prof
+
+
+def test_profile_tools_only_in_personalized_tasks():
+    env = ShoppingEnv(catalog_size=SIZE)
+    _, info = env.reset(seed=0, options={"family": "personalized_buy", "task_id": 5})
+    assert {"get_profile", "get_orders"} <= set(info["valid_actions"])
+    obs, _, _, _, info = env.step('{"name": "get_profile", "arguments": {}}')
+    assert info["invalid_action"] is None and "Favourite brands:" in obs.split("Feedback: ")[1]
+    obs, _, _, _, info = env.step("get_orders")
+    first = info["oracle"]["profile"]["history"][0]
+    assert info["invalid_action"] is None and first["title"] in obs.split("Feedback:")[1]
+    _, info = env.reset(seed=0, options={"family": "find_and_buy", "task_id": 5})
+    assert "get_profile" not in info["valid_actions"]
+    _, _, _, _, info = env.step("get_profile")
+    assert info["invalid_kind"] == "tool" and "profile" in info["invalid_action"]
+    names = [s["function"]["name"] for s in env.tool_schemas]
+    assert "get_profile" in names and "get_orders" in names
+
+
+def test_wrong_brand_loses_the_brand_term_by_hand():
+    env = ShoppingEnv(catalog_size=SIZE, family="personalized_buy")
+    _, info = env.reset(seed=0, options={"task_id": 7})
+    goal = info["oracle"]["goals"][0]
+    target = env.catalog.product(goal["target_id"])
+    # a product of the same type from another brand, opened directly, bought with the goal's options where offered
+    other = next(i for i in range(len(env.catalog)) if env.catalog.product(i).product_type == target.product_type
+                 and env.catalog.product(i).brand != target.brand)
+    p = env.catalog.product(other)
+    env.step(f"search[{p.title}]")
+    env.step(f"click[{p.sku}]")
+    for name, value in goal["options"].items():
+        if value in p.options.get(name, []):
+            env.step(f"click[{name}: {value}]")
+    _, r, _, _, info = env.step("buy")
+    parts = info["reward_parts"]
+    assert parts["brand_ok"] == 0.0
+    n = parts["attributes_total"] + parts["options_total"] + 2  # + brand + price
+    assert r == pytest.approx((parts["attributes_matched"] + parts["options_matched"] + parts["price_ok"]) / n)
+
+
+def test_expert_solves_personalized_test_tasks_and_random_does_not():
+    from agents.random_agent import RandomTextAgent
+    from agents.shopping_expert import ShoppingExpert
+
+    env = ShoppingEnv(catalog_size=SIZE, family="personalized_buy")
+    rates = []
+    for agent in (ShoppingExpert(), RandomTextAgent(env_id="shopsim/Shopping-v0")):
+        agent.reset(1, 0)
+        ok = 0
+        for k in range(60):
+            obs, info = env.reset(seed=k, options={"task_id": 2_000_000 + k})
+            agent.begin_episode(0, obs, info)
+            while True:
+                obs, _, term, trunc, info = env.step(agent.act_one(0, obs, info))
+                if term or trunc:
+                    break
+            ok += info["success"]
+        rates.append(ok / 60)
+    assert rates[0] >= 0.95 and rates[1] <= 0.05

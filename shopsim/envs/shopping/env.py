@@ -14,7 +14,15 @@ from shopsim.envs.shopping.cache import search as _search
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
 from shopsim.envs.shopping.orders import ToolError, apply_gold
-from shopsim.envs.shopping.tasks import FAMILIES, INSTRUCTION_STYLES, SPLITS, make_task, split_ids, split_of
+from shopsim.envs.shopping.tasks import (
+    ALL_FAMILIES,
+    FAMILIES,
+    INSTRUCTION_STYLES,
+    SPLITS,
+    make_task,
+    split_ids,
+    split_of,
+)
 from shopsim.envs.shopping.tools import TOOLS, Tool, tool_schemas
 from shopsim.errors import ConfigError
 
@@ -38,9 +46,12 @@ class ShoppingEnv(gym.Env):
     ## Description
     A shopping assistant serves a simulated customer on a seeded synthetic catalog (`shopsim.catalog`): it searches
     (BM25), opens products, chooses options, asks clarifying questions, fills a cart and checks out, or handles an
-    after-sales request on the customer's order database. Four task families (`tasks.FAMILIES`): find_and_buy
-    (WebShop-like), clarify_and_buy (hidden constraints revealed by asking), bundle (2-4 items under a budget, the
-    long-horizon family) and after_sales (tau-bench-like cancel/return/exchange under a written policy).
+    after-sales request on the customer's order database. Four task families in the default mix (`tasks.FAMILIES`):
+    find_and_buy (WebShop-like), clarify_and_buy (hidden constraints revealed by asking), bundle (2-4 items under a
+    budget, the long-horizon family) and after_sales (tau-bench-like cancel/return/exchange under a written policy);
+    a fifth, personalized_buy, is chosen by name (`tasks.ALL_FAMILIES`): the instruction names the product type and
+    its must-have features, and the brand, options and price ceiling come from the customer's profile and purchase
+    history (`profiles`), which the first observation shows and the tools ``get_profile`` / ``get_orders`` return.
 
     ## Action Space
     `Text(max_length=max_input_chars)`: one action string per step, either the WebShop-compatible text grammar
@@ -91,7 +102,7 @@ class ShoppingEnv(gym.Env):
     ## Arguments
     ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"|"terse"``
     (`render`; terse states the task once per episode and drops SKUs from result lines: the rendering for LM agents that
-    keep the episode in context), ``family=None`` (default mix) or one of `FAMILIES`, ``invalid_penalty=0.0``,
+    keep the episode in context), ``family=None`` (default mix) or one of `ALL_FAMILIES`, ``invalid_penalty=0.0``,
     ``max_invalid=5``, ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop),
     ``max_input_chars=1000``, ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None`` (a class or callable
     ``(task, rng)`` returning a simulated user with the `customer.Customer` interface: the plug-in point for other user
@@ -124,8 +135,8 @@ class ShoppingEnv(gym.Env):
                  instruction_style: str = "template"):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
-        if family is not None and family not in FAMILIES:
-            raise ConfigError(f"family={family!r}; choose one of {', '.join(FAMILIES)} or None (default mix)")
+        if family is not None and family not in ALL_FAMILIES:
+            raise ConfigError(f"family={family!r}; choose one of {', '.join(ALL_FAMILIES)} or None (default mix)")
         for name, v, lo in (("max_invalid", max_invalid, 1), ("results_per_page", results_per_page, 1),
                             ("max_results", max_results, 1), ("max_input_chars", max_input_chars, 16),
                             ("max_turns", max_turns, 1)):

@@ -10,6 +10,10 @@ Families (docs/envs.md):
   score × budget satisfied (`grading.score_bundle`)
 * after_sales — goal: cancel / return / exchange an item of one of the customer's orders, or refuse a request that
   breaks the policy; reward: binary on the final order database (`orders.grade`)
+* personalized_buy — goal: one product whose type and must-have features the instruction names, while the brand,
+  every option and the price ceiling come from the customer's profile (`profiles`: favourite brands, price
+  sensitivity, size and colour preferences, purchase history); reward: the purchase score with the brand as one more
+  constraint. Not in the default mix (``family="personalized_buy"``).
 
 **Splits.** Task ids live in disjoint ranges: train ``[0, 1_000_000)``, dev ``1_000_000 + i``, test
 ``2_000_000 + i``; the lists used for evaluation are in ``data/splits/Shopping-v0.json``. Target products are
@@ -31,10 +35,14 @@ import numpy as np
 from shopsim.envs.shopping.cache import product as _product
 from shopsim.envs.shopping.grading import Goal
 from shopsim.envs.shopping.orders import CANCEL_REASONS, RETURN_WINDOW_DAYS, Item, Order, OrderDB
+from shopsim.envs.shopping.profiles import Profile
 from shopsim.errors import ConfigError
 from shopsim.paths import data_dir
 
+#: the default mix: without a family, task id t is of family FAMILIES[t % 4] (unchanged since v0)
 FAMILIES = ("find_and_buy", "clarify_and_buy", "bundle", "after_sales")
+#: every family; the ones after the default mix are chosen by name only (``family=...``)
+ALL_FAMILIES = (*FAMILIES, "personalized_buy")
 SPLITS = ("train", "dev", "test")
 #: template: WebShop-style, every value verbatim; paraphrase: seeded rewording (`paraphrase`), the same task
 INSTRUCTION_STYLES = ("template", "paraphrase")
@@ -75,8 +83,10 @@ def splits_manifest() -> dict:
     """The content of data/splits/Shopping-v0.json (written by `write_splits`)."""
     return {"env_id": ENV_ID, "train": {"range": list(TRAIN_RANGE)}, "dev": list(split_ids("dev")),
             "test": list(split_ids("test")), "eval_seeds": [0, 1, 2], "families": list(FAMILIES),
+            "named_families": list(ALL_FAMILIES[len(FAMILIES):]),
             "note": "task = f(family, task_id, catalog); pass family via env kwargs or reset options; "
-                    "test target products are disjoint from train/dev targets"}
+                    "test target products are disjoint from train/dev targets; families = the default mix "
+                    "(family = families[task_id % 4]); named_families run on the same ids when named"}
 
 
 def write_splits() -> None:
@@ -127,6 +137,8 @@ class Task:
     customer: str = ""
     request: dict = field(default_factory=dict)
     orders: OrderDB | None = None
+    profile: Profile | None = None
+    """personalized_buy: the customer's profile and purchase history."""
 
     def oracle(self) -> dict:
         """Privileged view for scripted experts (``info["oracle"]``)."""
@@ -134,6 +146,8 @@ class Task:
                "hidden": [list(h) for h in self.hidden], "budget": self.budget}
         if self.request:
             out["request"] = {k: v for k, v in self.request.items()}
+        if self.profile is not None:
+            out["profile"] = self.profile.to_dict()
         return out
 
 
@@ -184,13 +198,13 @@ def make_task(catalog, family: str, split: str, task_id: int, instruction_style:
     slots and grading are those of the template task."""
     if instruction_style not in INSTRUCTION_STYLES:
         raise ConfigError(f"instruction_style={instruction_style!r}; choose one of {', '.join(INSTRUCTION_STYLES)}")
-    if family not in FAMILIES:
-        raise ConfigError(f"unknown task family {family!r}; choose one of {', '.join(FAMILIES)}")
+    if family not in ALL_FAMILIES:
+        raise ConfigError(f"unknown task family {family!r}; choose one of {', '.join(ALL_FAMILIES)}")
     if split_of(task_id) != split:
         raise ConfigError(f"task id {task_id} is not in split {split!r} (train ids are {TRAIN_RANGE[0]}.."
                           f"{TRAIN_RANGE[1] - 1}, dev {DEV_BASE}+0..{N_DEV - 1}, test {TEST_BASE}+0..{N_TEST - 1})")
     rng = np.random.default_rng(np.random.SeedSequence(
-        [FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x5E0]))
+        [ALL_FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x5E0]))
     pool = pools(catalog)[1 if split == "test" else 0]
     tpl = templates()
     opener = tpl["openers"][int(rng.integers(len(tpl["openers"])))]
@@ -200,7 +214,7 @@ def make_task(catalog, family: str, split: str, task_id: int, instruction_style:
         from shopsim.envs.shopping.paraphrase import paraphrase
 
         prng = np.random.default_rng(np.random.SeedSequence(
-            [FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x9A2]))
+            [ALL_FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x9A2]))
 
         def say(goal, hidden=(), with_price=True):
             return paraphrase(goal, prng, hidden, with_price)
@@ -217,6 +231,8 @@ def make_task(catalog, family: str, split: str, task_id: int, instruction_style:
         return Task(family, split, task_id, text, [goal], hidden=hidden, patience=len(hidden) + 2)
     if family == "bundle":
         return _bundle(catalog, split, task_id, rng, pool, tpl, say)
+    if family == "personalized_buy":
+        return _personalized(catalog, split, task_id, rng, pool, opener, say)
     return _after_sales(catalog, split, task_id, rng, pool, tpl)
 
 
@@ -235,6 +251,30 @@ def _bundle(catalog, split, task_id, rng, pool, tpl, say=describe) -> Task:
     items = "; ".join(f"({i + 1}) {say(g, with_price=False)}" for i, g in enumerate(goals))
     text = f"{opener}, total budget {budget:.2f} dollars: {items}. Put them in the cart and check out once."
     return Task("bundle", split, task_id, text, goals, budget=budget, patience=3)
+
+
+PERSONALIZED_HINTS = (
+    "Pick the brand, {dims} and price that fit my profile.",
+    "You know my favourite brands, my usual {dims} and what I like to spend; choose accordingly.",
+    "Go by my profile for the brand, {dims} and budget.",
+)
+
+
+def _personalized(catalog, split, task_id, rng, pool, opener, say) -> Task:
+    """personalized_buy: the instruction names type + features; brand, options and price come from the profile."""
+    from shopsim.envs.shopping.profiles import make_profile
+
+    product = _product(catalog, int(pool[rng.integers(len(pool))]))
+    g = _pick_goal(rng, product)
+    goal = Goal(g.product_type, g.attributes, g.options, g.price_ceiling, g.target_id, brand=product.brand)
+    profile = make_profile(catalog, rng, product, goal, _fake_name(int(rng.integers(1 << 31))))
+    left_open = tuple(("option", n) for n, _ in goal.options) + (("price", ""),)
+    dims = " and ".join(n for n, _ in goal.options) if len(goal.options) <= 2 else \
+        ", ".join(n for n, _ in goal.options)
+    hint = PERSONALIZED_HINTS[int(rng.integers(len(PERSONALIZED_HINTS)))].format(dims=dims)
+    text = f"{opener} {say(goal, left_open)}. {hint}"
+    return Task("personalized_buy", split, task_id, text, [goal], patience=3, customer=profile.name,
+                profile=profile)
 
 
 def _fake_name(seed: int) -> str:
