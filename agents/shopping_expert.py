@@ -96,7 +96,12 @@ class ShoppingExpert(ScriptedAgent):
         from shopsim.catalog import load_catalog
 
         cat = info["oracle"].get("catalog", {})
-        return load_catalog(self.catalog_size or cat.get("size", 10_000), self.catalog_seed or cat.get("seed", 0))
+        size, seed = self.catalog_size or cat.get("size", 10_000), self.catalog_seed or cat.get("seed", 0)
+        if cat.get("near_duplicates"):
+            from shopsim.catalog.near_duplicates import load_near_duplicates
+
+            return load_near_duplicates(size, seed, cat["near_duplicates"])
+        return load_catalog(size, seed)
 
     def act_one(self, slot, observation, info):
         action = self._act(slot, observation, info)

@@ -231,3 +231,99 @@ def test_expert_solves_personalized_test_tasks_and_random_does_not():
             ok += info["success"]
         rates.append(ok / 60)
     assert rates[0] >= 0.95 and rates[1] <= 0.05
+
+
+# ---- near-duplicate catalog --------------------------------------------------------------------------------------
+def test_near_duplicate_siblings_differ_from_their_head_in_exactly_one_thing():
+    from shopsim.catalog import load_catalog
+    from shopsim.catalog.near_duplicates import near_duplicate_catalog
+
+    base = load_catalog(SIZE, 0)
+    cat = near_duplicate_catalog(base, 4)
+    again = near_duplicate_catalog(base, 4)
+    assert cat.table.equals(again.table) and cat.clusters == again.clusters  # deterministic
+    assert cat.table.slice(0, SIZE).equals(base.table)  # the base rows are untouched
+    assert len(cat) == SIZE + sum(len(c["members"]) - 1 for c in cat.clusters.values()) > SIZE
+    kinds = {"attributes": 0, "options": 0, "price": 0}
+    for head, cl in list(cat.clusters.items())[:100]:
+        h = cat.product(head)
+        for m in cl["members"][1:]:
+            s = cat.product(m)
+            assert (s.product_type, s.brand, s.option_names) == (h.product_type, h.brand, h.option_names)
+            assert cat.sku_to_id(s.sku) == m
+            diff = [k for k, a, b in (("attributes", s.attributes, h.attributes),
+                                      ("options", s.option_values, h.option_values), ("price", s.price, h.price))
+                    if a != b]
+            assert len(diff) == 1, (head, m, diff)
+            kinds[diff[0]] += 1
+    assert all(kinds.values())
+    with pytest.raises(ConfigError, match="near_duplicates"):
+        ShoppingEnv(catalog_size=SIZE, near_duplicates=1)
+
+
+def test_near_duplicate_tasks_target_heads_and_every_sibling_misses_the_goal():
+    import pickle
+
+    from shopsim.envs.shopping.grading import Goal, best_options, satisfies
+
+    env = ShoppingEnv(catalog_size=SIZE, near_duplicates=4)
+    assert len(ShoppingEnv(catalog_size=SIZE).catalog) == SIZE  # the default catalog has no clusters
+    for fam in ("find_and_buy", "clarify_and_buy", "personalized_buy"):
+        for k in range(15):
+            _, info = env.reset(seed=k, options={"family": fam, "task_id": 2_000_000 + k})
+            g = info["oracle"]["goals"][0]
+            goal = Goal(g["product_type"], tuple(g["attributes"]), tuple(g["options"].items()), g["price_ceiling"],
+                        g["target_id"], brand=g.get("brand"))
+            members = env.catalog.clusters[goal.target_id]["members"]
+            assert satisfies(goal, env.catalog.product(goal.target_id))
+            for m in members[1:]:
+                sib = env.catalog.product(m)
+                assert not satisfies(goal, sib), (fam, k, m, best_options(goal, sib))
+    clone = pickle.loads(pickle.dumps(env))
+    assert clone.catalog is env.catalog and clone.reset(seed=0, options={"task_id": 3})[1]["oracle"] == \
+        env.reset(seed=0, options={"task_id": 3})[1]["oracle"]
+
+
+# ---- every option: check_env, fuzzing, determinism ---------------------------------------------------------------
+OPTION_KWARGS = [{"reward_scheme": "strict"}, {"instruction_style": "paraphrase"}, {"near_duplicates": 3},
+                 {"family": "personalized_buy", "instruction_style": "paraphrase", "near_duplicates": 5}]
+
+
+@pytest.mark.parametrize("kwargs", OPTION_KWARGS)
+def test_options_pass_check_env_and_survive_garbage(kwargs):
+    import numpy as np
+    from gymnasium.utils.env_checker import check_env
+
+    from tests.test_shopping_fuzz import garbage
+
+    env = ShoppingEnv(catalog_size=SIZE, **kwargs)
+    check_env(env, skip_render_check=True)
+    env = ShoppingEnv(catalog_size=SIZE, max_invalid=10**9, max_turns=10**9, **kwargs)
+    rng = np.random.default_rng(0)
+    env.reset(seed=0, options={"family": kwargs.get("family", "find_and_buy")})
+    env.step("search[shirt]")
+    for _ in range(200):
+        obs, r, term, trunc, info = env.step(garbage(rng))
+        assert info["invalid_action"] and env.observation_space.contains(obs) and not term and not trunc
+
+
+@pytest.mark.parametrize("kwargs", OPTION_KWARGS)
+def test_options_same_seed_same_episode(kwargs):
+    from agents.random_agent import RandomTextAgent
+
+    def run() -> list:
+        env = ShoppingEnv(catalog_size=SIZE, **kwargs)
+        agent = RandomTextAgent(env_id="shopsim/Shopping-v0")
+        agent.reset(1, 3)
+        obs, info = env.reset(seed=3)
+        out = [obs]
+        for _ in range(40):
+            a = agent.act_one(0, obs, info)
+            obs, r, term, trunc, info = env.step(a)
+            out.append((a, obs, r, info["oracle"]))
+            if term or trunc:
+                obs, info = env.reset(seed=4)
+                out.append(obs)
+        return out
+
+    assert run() == run()

@@ -111,7 +111,10 @@ class ShoppingEnv(gym.Env):
     instead of copying a 10-character SKU; positional clicks are accepted either way), ``style_bias=0.0`` (see
     Rewards), ``reward_scheme="loose"|"strict"`` (see Rewards), ``instruction_style="template"|"paraphrase"``
     (template: WebShop-style lines stating every value verbatim; paraphrase: a seeded rewording with synonyms,
-    numeric forms and reordering, `paraphrase`; the goal, hidden slots and grading are the same).
+    numeric forms and reordering, `paraphrase`; the goal, hidden slots and grading are the same),
+    ``near_duplicates=0`` (k = 2..5: the catalog gains, for one product in five, k - 1 siblings that differ from it
+    in one attribute, option or price, `shopsim.catalog.near_duplicates`; targets are drawn among those cluster
+    heads and every goal names what tells a cluster apart, so the first plausible hit is often wrong).
 
     ## Vector envs
     Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
@@ -132,7 +135,7 @@ class ShoppingEnv(gym.Env):
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
                  numbered_results: bool = False, style_bias: float = 0.0, reward_scheme: str = "loose",
-                 instruction_style: str = "template"):
+                 instruction_style: str = "template", near_duplicates: int = 0):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
         if family is not None and family not in ALL_FAMILIES:
@@ -150,6 +153,13 @@ class ShoppingEnv(gym.Env):
             raise ConfigError(f"reward_scheme={reward_scheme!r}; choose one of {', '.join(REWARD_SCHEMES)}")
         if instruction_style not in INSTRUCTION_STYLES:
             raise ConfigError(f"instruction_style={instruction_style!r}; choose one of {', '.join(INSTRUCTION_STYLES)}")
+        if near_duplicates != 0:
+            from shopsim.catalog.near_duplicates import MAX_CLUSTER
+
+            if isinstance(near_duplicates, bool) or not isinstance(near_duplicates, (int, np.integer)) or \
+                    not 2 <= near_duplicates <= MAX_CLUSTER:
+                raise ConfigError(f"near_duplicates={near_duplicates!r}: give the cluster size 2..{MAX_CLUSTER} "
+                                  "(head + siblings), or 0 for the plain catalog")
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode={render_mode!r}; choose None or 'ansi'")
         self.catalog_size, self.catalog_seed = int(catalog_size), int(catalog_seed)
@@ -164,6 +174,10 @@ class ShoppingEnv(gym.Env):
         self.numbered_results = bool(numbered_results)
         self.style_bias = float(style_bias)
         self.reward_scheme, self.instruction_style = reward_scheme, instruction_style
+        self.near_duplicates = int(near_duplicates)
+        self._catalog_ref = {"size": self.catalog_size, "seed": self.catalog_seed}
+        if self.near_duplicates:
+            self._catalog_ref["near_duplicates"] = self.near_duplicates
         self._attach_catalog()
         self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
@@ -186,7 +200,12 @@ class ShoppingEnv(gym.Env):
     def _attach_catalog(self) -> None:
         from shopsim.catalog import load_catalog
 
-        self.catalog = load_catalog(self.catalog_size, self.catalog_seed)  # memoised: shared by every copy
+        if getattr(self, "near_duplicates", 0):
+            from shopsim.catalog.near_duplicates import load_near_duplicates
+
+            self.catalog = load_near_duplicates(self.catalog_size, self.catalog_seed, self.near_duplicates)
+        else:
+            self.catalog = load_catalog(self.catalog_size, self.catalog_seed)  # memoised: shared by every copy
         self.index = self.catalog.index()
 
     def __getstate__(self):
@@ -321,7 +340,7 @@ class ShoppingEnv(gym.Env):
             "success": bool(self.done and self.score >= 1.0 - 1e-9), "score": float(self.score),
             "family": t.family, "task_id": int(t.task_id), "split": t.split, "strategy": self.strategy,
             "reward_parts": dict(self.parts), "structured": render.structured(self),
-            "oracle": {**t.oracle(), "catalog": {"size": self.catalog_size, "seed": self.catalog_seed}},
+            "oracle": {**t.oracle(), "catalog": dict(self._catalog_ref)},
             "anchor": render.anchor(self), "end_reason": self.end_reason, "patience": self.customer.patience,
             "turns_before_first_answer": self.first_answer_turn if self.first_answer_turn is not None else self.turns,
             "chars_before_first_answer": self.chars_before_answer,

@@ -45,7 +45,7 @@ class Profile:
     def to_dict(self) -> dict:
         return {"name": self.name, "brands": dict(self.brands), "price_sensitivity": self.price_sensitivity,
                 "max_spend": dict(self.max_spend), "preferences": {t: dict(p) for t, p in self.preferences},
-                "history": [dict(h) for h in self.history]}
+                "history": [{**h, "options": dict(h["options"])} for h in self.history]}
 
 
 def _brand_ids(catalog) -> dict[str, np.ndarray]:

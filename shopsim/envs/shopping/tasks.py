@@ -111,7 +111,9 @@ def pools(catalog) -> tuple[np.ndarray, np.ndarray]:
     """(train/dev target ids, test target ids) for a catalog; computed once per catalog per process."""
     key = (catalog.size, catalog.seed, id(catalog))
     if key not in _POOLS:
-        ids = np.arange(len(catalog), dtype=np.int64)
+        # a near-duplicate catalog (`shopsim.catalog.near_duplicates`) draws targets among its cluster heads only
+        heads = getattr(catalog, "cluster_heads", None)
+        ids = np.arange(len(catalog), dtype=np.int64) if heads is None else np.asarray(heads, dtype=np.int64)
         test = (_mix(ids, catalog.seed) % np.uint64(TEST_SHARE)) == 0
         _POOLS[key] = (ids[~test], ids[test])
     return _POOLS[key]
@@ -167,6 +169,22 @@ def _pick_goal(rng, product, n_attr_max: int = 3, with_price: bool = True) -> Go
     return Goal(product.product_type, tuple(attrs[i] for i in pick), opts, ceiling, int(product.product_id))
 
 
+def _goal_for(catalog, rng, product, **kw) -> Goal:
+    """`_pick_goal`, plus, on a near-duplicate catalog, the constraints that tell the target's cluster apart (the
+    attributes and option value its siblings change; the price is in every one-item goal anyway)."""
+    goal = _pick_goal(rng, product, **kw)
+    cluster = getattr(catalog, "clusters", {}).get(int(product.product_id))
+    if cluster is None:
+        return goal
+    need = set(goal.attributes) | set(cluster["attributes"])
+    attrs = tuple(a for a in product.attributes if a in need)
+    opts = goal.options
+    if cluster["option"] is not None:
+        dim, value = cluster["option"]
+        opts = tuple((n, value if n == dim else v) for n, v in opts)
+    return Goal(goal.product_type, attrs, opts, goal.price_ceiling, goal.target_id)
+
+
 def _article(word: str) -> str:
     w = word.lower()
     if w.startswith(("us", "uni", "use", "uti", "eu", "one")):  # "a usb cable", "a eucalyptus ..."
@@ -220,7 +238,7 @@ def make_task(catalog, family: str, split: str, task_id: int, instruction_style:
             return paraphrase(goal, prng, hidden, with_price)
     if family in ("find_and_buy", "clarify_and_buy"):
         product = _product(catalog, int(pool[rng.integers(len(pool))]))
-        goal = _pick_goal(rng, product)
+        goal = _goal_for(catalog, rng, product)
         if family == "find_and_buy":
             return Task(family, split, task_id, f"{opener} {say(goal)}", [goal], patience=3)
         slots = [("option", n) for n, _ in goal.options] + [("attribute", goal.attributes[-1]), ("price", "")]
@@ -244,7 +262,7 @@ def _bundle(catalog, split, task_id, rng, pool, tpl, say=describe) -> Task:
         if p.product_type in types:
             continue
         types.add(p.product_type)
-        goals.append(_pick_goal(rng, p, n_attr_max=2, with_price=False))
+        goals.append(_goal_for(catalog, rng, p, n_attr_max=2, with_price=False))
     total = sum(catalog.prices[g.target_id] for g in goals)
     budget = float(math.ceil(total * float(rng.uniform(1.1, 1.3)) / 5.0) * 5.0)
     opener = tpl["bundle_openers"][int(rng.integers(len(tpl["bundle_openers"])))]
@@ -265,7 +283,7 @@ def _personalized(catalog, split, task_id, rng, pool, opener, say) -> Task:
     from shopsim.envs.shopping.profiles import make_profile
 
     product = _product(catalog, int(pool[rng.integers(len(pool))]))
-    g = _pick_goal(rng, product)
+    g = _goal_for(catalog, rng, product)
     goal = Goal(g.product_type, g.attributes, g.options, g.price_ceiling, g.target_id, brand=product.brand)
     profile = make_profile(catalog, rng, product, goal, _fake_name(int(rng.integers(1 << 31))))
     left_open = tuple(("option", n) for n, _ in goal.options) + (("price", ""),)
