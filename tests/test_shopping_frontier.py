@@ -327,3 +327,81 @@ def test_options_same_seed_same_episode(kwargs):
         return out
 
     assert run() == run()
+
+
+# ---- LM customer -------------------------------------------------------------------------------------------------
+def _clarify_task_with_option_and_price(env):
+    for tid in range(200):
+        _, info = env.reset(seed=0, options={"family": "clarify_and_buy", "task_id": tid})
+        kinds = [h[0] for h in info["oracle"]["hidden"]]
+        if "option" in kinds and "price" in kinds:
+            return tid, info
+    raise AssertionError("no clarify task hides an option and the price among the first 200")
+
+
+def test_lm_customer_uses_checked_replies_and_falls_back_on_leaks():
+    from functools import partial
+
+    from shopsim.envs.shopping.lm_customer import LMCustomer
+
+    replies = {}
+
+    def stub(prompt: str) -> str:
+        return replies["next"]
+
+    env = ShoppingEnv(catalog_size=SIZE, customer=partial(LMCustomer, generate=stub))
+    tid, info = _clarify_task_with_option_and_price(env)
+    goal = info["oracle"]["goals"][0]
+    dim = next(h[1] for h in info["oracle"]["hidden"] if h[0] == "option")
+    value = goal["options"][dim]
+    price = f"{goal['price_ceiling']:.2f}"
+    # 1) a reply that states the asked value and nothing hidden is used as is
+    replies["next"] = f"I would like {value}, thanks."
+    obs, _, _, _, info = env.step(f"ask[Which {dim} would you like?]")
+    assert f"Customer: I would like {value}, thanks." in obs
+    assert info["customer_lm_replies"] == 1 and info["customer_fallbacks"] == 0
+    # 2) a reply that also leaks the hidden budget is replaced by the scripted sentence and counted
+    env.reset(seed=0, options={"family": "clarify_and_buy", "task_id": tid})
+    replies["next"] = f"{value}, and I spend at most {price} dollars."
+    obs, _, _, _, info = env.step(f"ask[Which {dim} would you like?]")
+    assert price not in obs.split("Feedback:")[1] and value in obs.split("Feedback:")[1]
+    assert info["customer_fallbacks"] == 1 and info["customer_lm_replies"] == 0
+    assert env.customer.fallback_reasons == ["leaks price"]
+    # 3) a reply that does not state the asked value falls back too
+    env.reset(seed=0, options={"family": "clarify_and_buy", "task_id": tid})
+    replies["next"] = "Whatever you think is best."
+    _, _, _, _, info = env.step(f"ask[Which {dim} would you like?]")
+    assert info["customer_fallbacks"] == 1 and env.customer.fallback_reasons == ["does not state the asked value"]
+    # the scripted customer reports no LM counters (the default info is unchanged)
+    assert "customer_fallbacks" not in ShoppingEnv(catalog_size=SIZE).reset(seed=0)[1]
+
+
+def test_lm_customer_with_a_tiny_local_checkpoint(tmp_path):
+    from agents.lm.model import build_model
+    from agents.lm.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    build_model(tok, size="tiny", seed=0).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+
+    def episode():
+        env = ShoppingEnv(catalog_size=SIZE, customer="lm", customer_model=str(tmp_path))
+        tid, info = _clarify_task_with_option_and_price(env)
+        out = []
+        for h in info["oracle"]["hidden"]:
+            q = {"option": f"Which {h[1]} would you like?", "attribute": "Is there a feature it must have?",
+                 "price": "What is your budget?"}[h[0]]
+            obs, _, _, _, info = env.step(f"ask[{q}]")
+            out.append(obs)
+        return out, info, len(info["oracle"]["hidden"])
+
+    out, info, n = episode()
+    # an untrained model never states the value: every reveal falls back to the scripted answer, and is counted
+    assert info["customer_fallbacks"] + info["customer_lm_replies"] == n and info["customer_fallbacks"] == n
+    assert out == episode()[0]  # greedy decoding: the same episode again
+    with pytest.raises(ConfigError, match="customer_model"):
+        ShoppingEnv(catalog_size=SIZE, customer="lm")
+    with pytest.raises(ConfigError, match="not a folder"):
+        ShoppingEnv(catalog_size=SIZE, customer="lm", customer_model=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="customer_model"):
+        ShoppingEnv(catalog_size=SIZE, customer_model=str(tmp_path))

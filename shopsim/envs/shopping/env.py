@@ -104,10 +104,13 @@ class ShoppingEnv(gym.Env):
     (`render`; terse states the task once per episode and drops SKUs from result lines: the rendering for LM agents that
     keep the episode in context), ``family=None`` (default mix) or one of `ALL_FAMILIES`, ``invalid_penalty=0.0``,
     ``max_invalid=5``, ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop),
-    ``max_input_chars=1000``, ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None`` (a class or callable
-    ``(task, rng)`` returning a simulated user with the `customer.Customer` interface: the plug-in point for other user
-    simulators, e.g. an LLM-backed one; default: the seeded programmatic `Customer`), ``numbered_results=False`` (prefix
-    each result line with its position on the page, ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
+    ``max_input_chars=1000``, ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None|"scripted"|"lm"`` or a
+    class or callable ``(task, rng)`` returning a simulated user with the `customer.Customer` interface (the plug-in
+    point for other user simulators; default and "scripted": the seeded programmatic `Customer`; "lm" with
+    ``customer_model=PATH``: `lm_customer.LMCustomer`, whose reveals a local causal LM words greedily, checked to
+    state only the asked slot, with a scripted fallback counted in ``info["customer_fallbacks"]``),
+    ``customer_model=None``, ``numbered_results=False`` (prefix each result line with its position on the page,
+    ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
     instead of copying a 10-character SKU; positional clicks are accepted either way), ``style_bias=0.0`` (see
     Rewards), ``reward_scheme="loose"|"strict"`` (see Rewards), ``instruction_style="template"|"paraphrase"``
     (template: WebShop-style lines stating every value verbatim; paraphrase: a seeded rewording with synonyms,
@@ -135,7 +138,7 @@ class ShoppingEnv(gym.Env):
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
                  numbered_results: bool = False, style_bias: float = 0.0, reward_scheme: str = "loose",
-                 instruction_style: str = "template", near_duplicates: int = 0):
+                 instruction_style: str = "template", near_duplicates: int = 0, customer_model: str | None = None):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
         if family is not None and family not in ALL_FAMILIES:
@@ -167,9 +170,21 @@ class ShoppingEnv(gym.Env):
         self.invalid_penalty, self.max_invalid = float(invalid_penalty), int(max_invalid)
         self.results_per_page, self.max_results = int(results_per_page), int(max_results)
         self.max_input_chars, self.max_turns, self.render_mode = int(max_input_chars), int(max_turns), render_mode
+        if customer == "lm":
+            if not customer_model:
+                raise ConfigError('customer="lm" needs customer_model=PATH, a local causal LM checkpoint folder')
+            from functools import partial
+
+            from shopsim.envs.shopping.lm_customer import LMCustomer, hf_generator
+
+            customer = partial(LMCustomer, generate=hf_generator(customer_model))
+        elif customer_model is not None:
+            raise ConfigError('customer_model is only used with customer="lm"')
+        elif customer == "scripted":
+            customer = None
         if customer is not None and not callable(customer):
-            raise ConfigError("customer must be a class or callable (task, rng) -> customer; see "
-                              "shopsim.envs.shopping.customer for the protocol")
+            raise ConfigError("customer must be 'scripted', 'lm' (with customer_model=PATH) or a class or callable "
+                              "(task, rng) -> customer; see shopsim.envs.shopping.customer for the protocol")
         self.customer_factory = customer or Customer
         self.numbered_results = bool(numbered_results)
         self.style_bias = float(style_bias)
@@ -344,6 +359,9 @@ class ShoppingEnv(gym.Env):
             "anchor": render.anchor(self), "end_reason": self.end_reason, "patience": self.customer.patience,
             "turns_before_first_answer": self.first_answer_turn if self.first_answer_turn is not None else self.turns,
             "chars_before_first_answer": self.chars_before_answer,
+            # an LM customer (customer="lm") reports how often its answer was replaced by the scripted one
+            **({"customer_fallbacks": self.customer.fallbacks, "customer_lm_replies": self.customer.lm_replies}
+               if hasattr(self.customer, "fallbacks") else {}),
         }
 
     def _valid_actions(self) -> list[str]:
