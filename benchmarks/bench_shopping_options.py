@@ -158,18 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     for style, r in res["instructions"].items():
         print(f"{style:10s} all values verbatim {r['all_values_verbatim']:.3f}  values verbatim "
               f"{r['values_verbatim']:.3f}  BM25 recall@10 {r['bm25_recall_at_10']:.3f}", flush=True)
-    try:
-        res["personalized"] = personalized(a.size, n)
-        for fam, r in res["personalized"].items():
-            print(f"{fam:16s} expert {r['expert']['success']:.3f}  random {r['random']['success']:.3f}", flush=True)
-    except TypeError:  # pragma: no cover - before the family exists
-        pass
-    try:
-        res["near_duplicates"] = near_duplicates(a.size, n, a.near_duplicates)
-        for name, r in res["near_duplicates"].items():
-            print(f"{name:20s} expert success {r['success']:.3f}  turns {r['turns']:.1f}", flush=True)
-    except TypeError:  # pragma: no cover
-        pass
+    res["personalized"] = personalized(a.size, n)
+    for fam, r in res["personalized"].items():
+        print(f"{fam:16s} expert {r['expert']['success']:.3f}  random {r['random']['success']:.3f}", flush=True)
+    res["near_duplicates"] = near_duplicates(a.size, n, a.near_duplicates)
+    for name, r in res["near_duplicates"].items():
+        print(f"{name:20s} expert success {r['success']:.3f}  turns {r['turns']:.1f}", flush=True)
     res["wall_s"] = time.perf_counter() - t0
     a.results.mkdir(parents=True, exist_ok=True)
     write_markdown(res, a.results / "shopping_options.md")

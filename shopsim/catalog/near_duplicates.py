@@ -12,10 +12,12 @@ this order:
    offers only two), so the sibling cannot be bought with it (same title and price);
 4. ``attribute_last``: the head's last attribute replaced (not in the title when the head has four attributes).
 
-``clusters[head] = {"members": ids, "attributes": [...], "option": [dim, value]}`` says which constraints tell the
-cluster apart; `shopsim.envs.shopping.tasks` draws targets among heads only and puts those constraints in every goal,
-so buying a sibling always misses one. Siblings get new ids after the base rows (SKUs from the same bijection), so
-the base catalog's products, ids and tasks' target pools are unchanged. Deterministic in (size, seed, k).
+``clusters[target] = {"members": ids, "attributes": [...], "option": [dim, value]}`` says which constraints tell the
+cluster apart; `shopsim.envs.shopping.tasks` draws targets among the cluster targets only and puts those constraints
+in every goal, so buying a sibling always misses one. Siblings get new ids after the base rows (SKUs from the same
+bijection); because search ties rank lower ids first, the head's content is then moved to a random member id (its
+row swapped with that sibling's), so the target is not always the first of its cluster in the results. Every other
+base row is unchanged. Deterministic in (size, seed, k).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def near_duplicate_catalog(base: Catalog, k: int) -> NearDuplicateCatalog:
     types = {t: spec for cat in base.taxonomy["categories"].values() for t, spec in cat["types"].items()}
     ab = generate.sku_params(base.seed)
     rows, clusters, next_id = [], {}, base.size
+    order = np.arange(base.size + len(heads) * (k - 1), dtype=np.int64)  # row i shows the content of row order[i]
     for h in heads.tolist():
         p = base.product(h)
         spec = types[p.product_type]
@@ -123,10 +126,21 @@ def near_duplicate_catalog(base: Catalog, k: int) -> NearDuplicateCatalog:
                          "attributes": attrs, "option_names": list(p.option_names), "option_values": values})
             members.append(next_id)
             next_id += 1
-        clusters[h] = {"members": members, "attributes": need_attrs, "option": need_opt}
+        # search ties rank lower ids first: the target's content goes to a random member id, so it is not always
+        # the cluster's first hit (its row swaps with the sibling drawn for that id)
+        slot = int(rng.integers(len(members)))
+        target = members[slot]
+        if slot:
+            order[h], order[target] = target, h
+        clusters[target] = {"members": members, "attributes": need_attrs, "option": need_opt}
     extra = pa.Table.from_pylist(rows, schema=generate.SCHEMA)
     table = pa.concat_tables([base.table, extra])
-    return NearDuplicateCatalog(table, base.size, base.seed, int(k), clusters)
+    # move row contents, keep each position's product id and SKU
+    moved = table.take(pa.array(order[:table.num_rows]))
+    for col in ("product_id", "sku"):
+        i = moved.schema.get_field_index(col)
+        moved = moved.set_column(i, col, table.column(col))
+    return NearDuplicateCatalog(moved, base.size, base.seed, int(k), clusters)
 
 
 _MEMO: dict[tuple, NearDuplicateCatalog] = {}
