@@ -3,6 +3,7 @@
     python -m benchmarks.bench_shopping_options --quick          # 100 test tasks per family
     python -m benchmarks.bench_shopping_options                  # every test task (500 per family)
     python -m benchmarks.bench_shopping_options --json runs/bench/bench_shopping_options.json
+    python -m benchmarks.bench_shopping_options --lm-checkpoint data/lm/sft    # + the shipped LM agent (minutes)
 
 * **Instructions** (``instruction_style``): over the test tasks of find_and_buy, clarify_and_buy and bundle, the
   share of tasks whose stated attribute and option values all appear word for word in the instruction
@@ -10,9 +11,12 @@
   task line is the search query (find_and_buy, clarify_and_buy): how far copying the instruction goes. Reference:
   the template style.
 * **personalized_buy**: success of the random text agent and of the scripted expert on its test tasks, next to
-  find_and_buy (reference).
+  the other families (reference).
 * **Near-duplicate catalog** (``near_duplicates=k``): the expert's success, turns and product pages opened on
   find_and_buy test tasks with and without the near-duplicate clusters (reference: no clusters).
+
+* **The shipped LM agent** (``--lm-checkpoint``): its find_and_buy success under each option, through
+  ``python -m shopsim.cli eval`` (reference: the defaults it was trained on).
 
 The tables go to ``docs/results/shopping_options.{md,json}`` (generated: command, commit, seeds, wall time).
 """
@@ -75,13 +79,13 @@ def _run(env, agent, family: str, ids, seed: int = 0) -> dict:
 def personalized(size: int, n: int) -> dict:
     from agents.random_agent import RandomTextAgent
     from agents.shopping_expert import ShoppingExpert
-    from shopsim.envs.shopping import ShoppingEnv
+    from shopsim.envs.shopping import ALL_FAMILIES, ShoppingEnv
     from shopsim.envs.shopping.tasks import TEST_BASE
 
     env = ShoppingEnv(catalog_size=size)
     ids = list(range(TEST_BASE, TEST_BASE + n))
     out = {}
-    for fam in ("find_and_buy", "personalized_buy"):
+    for fam in ALL_FAMILIES:
         out[fam] = {"expert": _run(env, ShoppingExpert(), fam, ids),
                     "random": _run(env, RandomTextAgent(env_id="shopsim/Shopping-v0"), fam, ids)}
     return out
@@ -97,6 +101,29 @@ def near_duplicates(size: int, n: int, k: int) -> dict:
     for dup in (0, k):
         env = ShoppingEnv(catalog_size=size, near_duplicates=dup)
         out[f"near_duplicates={dup}"] = _run(env, ShoppingExpert(), "find_and_buy", ids)
+    return out
+
+
+LM_VARIANTS = {"default": {}, "near_duplicates=4": {"near_duplicates": 4},
+               "instruction_style=paraphrase": {"instruction_style": "paraphrase"}}
+
+
+def lm_agent(checkpoint: Path, n: int) -> dict:
+    """The shipped LM agent on find_and_buy test tasks under each option, through ``python -m shopsim.cli eval``
+    (one subprocess per variant; the checkpoint's presentation options apply)."""
+    import subprocess
+    import tempfile
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, kw in LM_VARIANTS.items():
+            dest = Path(tmp) / "r.json"
+            cmd = [sys.executable, "-m", "shopsim.cli", "eval", "--env", "shopsim/Shopping-v0", "--checkpoint",
+                   str(checkpoint), "--tasks", str(n), "--tries", "1", "--seeds", "0", "--no-progress",
+                   "--env-kwargs", json.dumps({"family": "find_and_buy", **kw}), "--out", str(dest)]
+            subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+            m = json.loads(dest.read_text())["metrics"]
+            out[name] = {k: m[k]["mean"] for k in ("success_rate", "score", "turns", "invalid_rate")}
     return out
 
 
@@ -122,7 +149,8 @@ def write_markdown(res: dict, path: Path) -> None:
         lines.append(f"| {style} | {r['tasks']} | {r['all_values_verbatim']:.3f} | {r['values_verbatim']:.3f} | "
                      f"{r['bm25_recall_at_10']:.3f} | {ratio:.2f}x |")
     if "personalized" in res:
-        lines += ["", "## personalized_buy", "", "Success on the test tasks (find_and_buy is the reference).", "",
+        lines += ["", "## personalized_buy", "", "Success on the same test task ids, every family (the four default "
+                  "families are the reference).", "",
                   "| family | expert success | expert turns | random success |", "|---|---|---|---|"]
         for fam, r in res["personalized"].items():
             lines.append(f"| {fam} | {r['expert']['success']:.3f} | {r['expert']['turns']:.1f} | "
@@ -133,6 +161,17 @@ def write_markdown(res: dict, path: Path) -> None:
                   "| catalog | expert success | turns |", "|---|---|---|"]
         for name, r in res["near_duplicates"].items():
             lines.append(f"| {name} | {r['success']:.3f} | {r['turns']:.1f} |")
+    if "lm_agent" in res:
+        ref = res["lm_agent"]["default"]["success_rate"]
+        lines += ["", "## The shipped LM agent", "",
+                  f"`python -m shopsim.cli eval --checkpoint {res['lm_checkpoint']}` on the first {res['lm_tasks']} "
+                  "find_and_buy test tasks, one try, eval seed 0, with each option in `--env-kwargs` (reference: "
+                  "the defaults it was trained on). The task ids are the same; the near-duplicate catalog draws "
+                  "other targets for them (cluster targets).", "",
+                  "| env option | success | ratio | score | turns | invalid rate |", "|---|---|---|---|---|---|"]
+        for name, r in res["lm_agent"].items():
+            lines.append(f"| {name} | {r['success_rate']:.3f} | {r['success_rate'] / max(1e-9, ref):.2f}x | "
+                         f"{r['score']:.3f} | {r['turns']:.2f} | {r['invalid_rate']:.3f} |")
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 
@@ -142,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="100 test tasks per family instead of 500")
     p.add_argument("--size", type=int, default=10_000, help="catalog size (default: the env's 10,000)")
     p.add_argument("--near-duplicates", type=int, default=4, help="cluster size of the near-duplicate catalog")
+    p.add_argument("--lm-checkpoint", type=Path, default=None, metavar="DIR",
+                   help="also evaluate this LM checkpoint (e.g. data/lm/sft) under each option (minutes)")
+    p.add_argument("--lm-tasks", type=int, default=200, help="find_and_buy test tasks for the LM agent")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON here")
     p.add_argument("--results", type=Path, default=ROOT / "docs" / "results",
                    help="folder of shopping_options.{md,json} (default docs/results)")
@@ -164,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     res["near_duplicates"] = near_duplicates(a.size, n, a.near_duplicates)
     for name, r in res["near_duplicates"].items():
         print(f"{name:20s} expert success {r['success']:.3f}  turns {r['turns']:.1f}", flush=True)
+    if a.lm_checkpoint is not None:
+        res["lm_checkpoint"] = str(a.lm_checkpoint)
+        res["lm_tasks"] = a.lm_tasks
+        res["lm_agent"] = lm_agent(a.lm_checkpoint, a.lm_tasks)
+        for name, r in res["lm_agent"].items():
+            print(f"LM agent, {name:28s} success {r['success_rate']:.3f}", flush=True)
     res["wall_s"] = time.perf_counter() - t0
     a.results.mkdir(parents=True, exist_ok=True)
     write_markdown(res, a.results / "shopping_options.md")
