@@ -400,7 +400,12 @@ def test_lm_customer_with_a_tiny_local_checkpoint(tmp_path):
             out.append(obs)
         return out, info, len(info["oracle"]["hidden"])
 
+    import pickle
+
     out, info, n = episode()
+    env = ShoppingEnv(catalog_size=SIZE, customer="lm", customer_model=str(tmp_path))
+    assert pickle.loads(pickle.dumps(env)).customer_factory.keywords["generate"] is \
+        env.customer_factory.keywords["generate"]  # pickles as its path; the same process reuses the loaded model
     # an untrained model never states the value: every reveal falls back to the scripted answer, and is counted
     assert info["customer_fallbacks"] + info["customer_lm_replies"] == n and info["customer_fallbacks"] == n
     assert out == episode()[0]  # greedy decoding: the same episode again

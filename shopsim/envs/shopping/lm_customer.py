@@ -38,7 +38,7 @@ PROMPT = ("You are a customer talking to a shopping assistant. You want to buy a
           "\"{question}\"\nAnswer in one short sentence. Say that you want {fact}. Do not mention anything else."
           "\nCustomer:")
 
-_MODELS: dict[str, Callable[[str], str]] = {}
+_MODELS: dict[str, HFGenerator] = {}
 _LOCK = threading.Lock()
 
 
@@ -77,8 +77,30 @@ def check_reply(reply: str, task, slot: tuple[str, str], revealed) -> str | None
     return None
 
 
-def hf_generator(path: str | Path) -> Callable[[str], str]:
-    """A greedy text generator over the local causal LM at `path` (loaded once per process and path)."""
+class HFGenerator:
+    """Greedy generation with a local causal LM: ``generate(prompt) -> first line of the continuation``.
+
+    Pickles as its path (a copy in another process loads the checkpoint again)."""
+
+    def __init__(self, path: str, tok, model):
+        self.path, self.tok, self.model = path, tok, model
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def __call__(self, prompt: str) -> str:
+        import torch
+
+        ids = self.tok(prompt, return_tensors="pt")
+        with torch.no_grad():
+            out = self.model.generate(**ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, pad_token_id=self.pad)
+        text = self.tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        return text.strip().split("\n")[0].strip()
+
+    def __reduce__(self):
+        return (hf_generator, (self.path,))
+
+
+def hf_generator(path: str | Path) -> HFGenerator:
+    """The greedy generator over the local causal LM at `path` (loaded once per process and path)."""
     key = str(Path(path).resolve())
     with _LOCK:
         if key in _MODELS:
@@ -95,17 +117,8 @@ def hf_generator(path: str | Path) -> Callable[[str], str]:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"customer_model={str(path)!r}: cannot load a causal LM and its tokenizer ({exc})") \
                 from exc
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-
-        def generate(prompt: str) -> str:
-            ids = tok(prompt, return_tensors="pt")
-            with torch.no_grad():
-                out = model.generate(**ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, pad_token_id=pad)
-            text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-            return text.strip().split("\n")[0].strip()
-
-        _MODELS[key] = generate
-        return generate
+        _MODELS[key] = gen = HFGenerator(key, tok, model)
+        return gen
 
 
 class LMCustomer(Customer):
