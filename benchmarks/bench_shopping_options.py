@@ -18,7 +18,7 @@
 * **The shipped LM agent** (``--lm-checkpoint``): its find_and_buy success under each option, through
   ``python -m shopsim.cli eval`` (reference: the defaults it was trained on).
 
-The tables go to ``docs/results/shopping_options.{md,json}`` (generated: command, commit, seeds, wall time).
+The tables go to ``docs/results/shopping_options.md`` (and ``.json``) (generated: command, commit, seeds, wall time).
 """
 
 from __future__ import annotations
