@@ -10,7 +10,7 @@ from shopsim.commands import positive_int, writable_output
 
 def add_parser(sub) -> None:
     from shopsim.envs.shopping.env import STRATEGIES
-    from shopsim.envs.shopping.tasks import FAMILIES
+    from shopsim.envs.shopping.tasks import ALL_FAMILIES as FAMILIES
 
     p = sub.add_parser("rollout", help="run an agent for N episodes and write a Parquet dataset",
                        description="Run an agent on an env and stream its trajectories to a Parquet file. A "
@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
 
 def _check_families(families: list[str] | None, env_id: str) -> list[str] | None:
     from shopsim.envs import family_of
-    from shopsim.envs.shopping.tasks import FAMILIES
+    from shopsim.envs.shopping.tasks import ALL_FAMILIES as FAMILIES
     from shopsim.errors import ConfigError
 
     if families is None:

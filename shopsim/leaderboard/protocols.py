@@ -32,8 +32,8 @@ SEED_STRIDE = 100_000
 #: family -> table columns (metric names as in the results file), first = the column the table is sorted by
 FAMILY_METRICS: dict[str, tuple[str, ...]] = {
     "shopping": ("success_rate", "success/find_and_buy", "success/clarify_and_buy", "success/bundle",
-                 "success/after_sales", "score", "pass^1", "pass^2", "pass^3", "pass^4", "turns", "tokens",
-                 "invalid_rate"),
+                 "success/after_sales", "success/personalized_buy", "score", "pass^1", "pass^2", "pass^3", "pass^4",
+                 "turns", "tokens", "invalid_rate"),
     "rec": ("return", "IoI", "IoR", "CTR", "length", "success_rate"),
     "retrieval": ("policy_value", "regret", "recall", "success_rate"),
     "inventory": ("cost", "gap_to_s_S_pct", "fill_rate", "order_rate"),
