@@ -328,10 +328,15 @@ def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequ
         bar = tqdm(total=len(specs), initial=sum(b - a for k, (a, b) in enumerate(ranges) if k in done),
                    desc=f"rollout {env_id} -> {out}", unit="ep", leave=False)
 
+    from shopsim.datasets import creation_time
+
+    created = creation_time()  # the driver's (SOURCE_DATE_EPOCH as the driver sees it), not each worker's clock
+
     def job_meta(k: int) -> dict:
         a, b = ranges[k]
         # the footer names the shard and the run, so a shard whose manifest update was lost still counts on resume
-        return {**metadata, "shard": {"index": k, "start": a, "stop": b, "of": len(ranges), "run": fingerprint}}
+        return {**metadata, "created": created,
+                "shard": {"index": k, "start": a, "stop": b, "of": len(ranges), "run": fingerprint}}
 
     try:
         if pool is None:
