@@ -11,7 +11,9 @@ Two entry points, both built on `shopsim.rollout.collect`:
   after every finished shard and says ``"complete": true`` once all are there; `shopsim.datasets` reads the folder
   as one dataset, and Hugging Face ``datasets.load_dataset(FOLDER)`` reads its Parquet files as one split.
 * `RayPool.collect` has `collect`'s signature and result: it splits the episodes into ranges, runs them on the
-  pool's actors and returns the trajectories in episode order (the evaluator's ``collect=`` hook).
+  pool's actors and returns the trajectories in episode order (the evaluator's ``collect=`` hook). Inside
+  ``with using(pool):`` every evaluation (`shopsim.leaderboard.evaluate`, hence ``shopsim eval`` and
+  ``shopsim bench``) that is not given its own ``collect`` runs on the pool (`active_collect`).
 
 Work runs on a `RayPool` of actors (one CPU each), each holding its own env copies and a copy of the agent (the
 agent object is pickled once per call into Ray's object store). Without a pool, shards run in this process, one
@@ -27,6 +29,7 @@ the rows of a single-process run. With ``SOURCE_DATE_EPOCH`` set the files are b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -227,6 +230,31 @@ class RayPool:
         if writer is not None:
             writer.write_all(trajs)
         return trajs
+
+
+_ACTIVE: list[RayPool] = []
+
+
+@contextlib.contextmanager
+def using(pool: RayPool | None):
+    """Within the block, `active_collect` is `pool.collect` (nothing changes for ``pool=None``)."""
+    if pool is None:
+        yield None
+        return
+    _ACTIVE.append(pool)
+    try:
+        yield pool
+    finally:
+        _ACTIVE.remove(pool)
+
+
+def active_collect() -> Callable:
+    """The rollout function evaluations use by default: the innermost `using` pool's, else `shopsim.rollout.collect`."""
+    if _ACTIVE:
+        return _ACTIVE[-1].collect
+    from shopsim.rollout import collect
+
+    return collect
 
 
 # ---------------------------------------------------------------------- sharded datasets

@@ -121,3 +121,15 @@ def test_pool_collect_matches_collect(cluster):
     with RayPool(2) as pool:
         got = pool.collect(COUNT_ID, CountExpert(), **kw)
     assert [t.to_dict() for t in got] == [t.to_dict() for t in ref]
+
+
+def test_cli_eval_workers_gives_the_metrics_of_a_single_process_eval(cluster, tmp_path):
+    """`shopsim eval --workers 2` runs the protocol's episodes (and the reference's) on the pool: same metrics."""
+    from shopsim.cli import main
+
+    common = ["eval", "--env", REPLENISHMENT, "--agent", "s_S", "--tasks", "3", "--seeds", "0", "1", "--tries", "1",
+              "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "one.json")]) == 0
+    assert main([*common, "--workers", "2", "--out", str(tmp_path / "ray.json")]) == 0
+    one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "ray.json"))
+    assert one["metrics"] and one["metrics"] == two["metrics"]
