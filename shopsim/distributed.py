@@ -151,8 +151,12 @@ class RayPool:
                 ray.init(num_cpus=workers, include_dashboard=False, logging_level="warning", log_to_driver=True)
             else:
                 ray.init(address=address, logging_level="warning")
+        cpus = int(ray.cluster_resources().get("CPU", 0))
         if workers is None:
-            workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            workers = max(1, cpus)
+        elif workers > cpus:  # an actor that cannot get its CPU would wait for one forever
+            raise ConfigError(f"--workers {workers} needs {workers} CPUs (one per worker) but the Ray cluster has "
+                              f"{cpus}; lower --workers or add nodes (docs/scale.md)")
         self.ray = ray
         self.workers = workers
         remote = ray.remote(num_cpus=1, max_restarts=0)(ShardWorker)
@@ -307,10 +311,12 @@ def _write_manifest(out: Path, manifest: dict) -> None:
 
 def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequence, metadata: dict,
                       shard_episodes: int = DEFAULT_SHARD_EPISODES, pool: RayPool | None = None,
-                      agent_seed: int = 0, progress: bool = True, **collect_kwargs) -> ShardedRun:
+                      agent_seed: int = 0, progress: bool = True, on_shard: Callable[[dict], None] | None = None,
+                      **collect_kwargs) -> ShardedRun:
     """Write the episodes `specs` (a `plan_episodes` plan) as a sharded dataset in the folder `out`; see module
     docstring. `pool` runs the shards on Ray actors (else here, one after the other); `collect_kwargs` go to
-    `shopsim.rollout.collect` (num_envs, env_kwargs, vector...)."""
+    `shopsim.rollout.collect` (num_envs, env_kwargs, vector...); `on_shard(record)` runs in the driver after each
+    shard is recorded (e.g. to sample memory)."""
     t0 = time.perf_counter()
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -346,6 +352,8 @@ def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequ
         _write_manifest(out, manifest)
         if bar is not None:
             bar.update(rec["stop"] - rec["start"])
+        if on_shard is not None:
+            on_shard(rec)
 
     skipped = len(done)
     todo = [k for k in range(len(ranges)) if k not in done]

@@ -133,3 +133,8 @@ def test_cli_eval_workers_gives_the_metrics_of_a_single_process_eval(cluster, tm
     assert main([*common, "--workers", "2", "--out", str(tmp_path / "ray.json")]) == 0
     one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "ray.json"))
     assert one["metrics"] and one["metrics"] == two["metrics"]
+
+
+def test_more_workers_than_cluster_cpus_is_refused(cluster):
+    with pytest.raises(ConfigError, match="needs 3 CPUs"):
+        RayPool(3)
