@@ -77,6 +77,8 @@ def test_cli_workers_gives_the_rows_of_a_single_process_run(cluster, epoch, tmp_
     assert manifest["complete"] and [s["start"] for s in manifest["shards"]] == [0, 4, 8]
     assert read_metadata(tmp_path / "ray")["num_shards"] == 3
     assert "3 shards: 3 run now" in capsys.readouterr().out
+    assert main([*common, "--shard-episodes", "4", "--out", str(tmp_path / "local")]) == 0  # the same command again
+    assert "0 run now, 3 already there" in capsys.readouterr().out
 
 
 def test_killed_worker_loses_no_shard_and_rerun_finishes_only_the_missing(cluster, tmp_path):

@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_env_id(args.env)
     families = _check_families(args.family, args.env)
-    out = writable_output(args.out)
+    sharded = bool(args.workers or args.ray_address or args.shard_episodes)
+    out = writable_output(args.out, is_dir=sharded)  # a sharded dataset is a folder (an existing one resumes)
     agent = (agents.load_checkpoint(args.checkpoint, env_id=args.env) if args.checkpoint
              else agents.make(args.agent, args.env))
     ckpt = _checkpoint_dir(args, agent)
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {"env_id": args.env, "agent": args.agent, "checkpoint": args.checkpoint, "seed": args.seed,
             "split": args.split, "episodes": args.episodes, "group_size": args.group_size, "families": families,
             "env_kwargs": env_kwargs}
-    if args.workers or args.ray_address or args.shard_episodes:
+    if sharded:
         return _run_sharded(args, agent, meta, env_kwargs, options)
     with DatasetWriter(out, metadata=meta) as writer:
         trajs = collect(args.env, agent, episodes=args.episodes, seed=args.seed, split=args.split,
