@@ -150,7 +150,7 @@ def write_table(res: dict, path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer episodes (the same measurements)")
-    p.add_argument("--episodes", type=int, default=None, help="throughput episodes (default 48 quick, 512 full)")
+    p.add_argument("--episodes", type=int, default=None, help="throughput episodes (default 192 quick, 1024 full)")
     p.add_argument("--memory-episodes", type=int, default=None,
                    help="episodes of the memory run (default 400 quick, 1,000,000 full)")
     p.add_argument("--shard-episodes", type=int, default=None,
@@ -172,12 +172,12 @@ def main(argv=None) -> int:
     niceness = os.nice(0)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    episodes = a.episodes or (48 if a.quick else 512)
+    episodes = a.episodes or (192 if a.quick else 1024)
     mem_episodes = a.memory_episodes or (400 if a.quick else 1_000_000)
     mem_shard = a.shard_episodes or (40 if a.quick else 1024)
     with tempfile.TemporaryDirectory() as tmp:
         mem = driver_memory(mem_episodes, a.seed, mem_shard, Path(tmp))  # first: before Ray grows this process
-        tp = throughput(episodes, a.seed, max(1, episodes // 4), Path(tmp))
+        tp = throughput(episodes, a.seed, max(1, episodes // 8), Path(tmp))
     res = {"command": "python -m benchmarks.bench_scale " + " ".join(sys.argv[1:] if argv is None else argv),
            "commit": git_commit(), "seed": a.seed,
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, 1 torch thread, "
