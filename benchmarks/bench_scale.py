@@ -5,8 +5,9 @@
 * **Throughput**: Replenishment-v0 episodes/s of the (s, S) agent written to Parquet, by the single-process runner
   (`shopsim.rollout.collect` into one `DatasetWriter` file, what ``shopsim rollout`` does without ``--workers``)
   and by `shopsim.distributed.rollout_to_shards` on a local Ray cluster with 1 and 2 workers, all in the same run;
-  ratios are against the single-process rate. Starting Ray and its actors (and one warm-up shard of one episode per
-  actor: imports, env construction) is timed separately and not counted.
+  ratios are against the single-process rate; each runner's best of 3 runs (all runs are in the JSON). Starting
+  Ray and its actors (and one warm-up shard of one episode per actor: imports, env construction) is timed
+  separately and not counted.
 * **Driver memory**: the peak resident memory (``ru_maxrss``) of this process after each shard while it writes
   `--memory-episodes` Replenishment episodes as shards itself (no Ray: the worst case for the driver, which runs
   and writes every episode). Flat means the peak after the first 10% of the shards equals the peak at the end;
@@ -48,7 +49,7 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def throughput(episodes: int, seed: int, shard_episodes: int, tmp: Path) -> dict:
+def throughput(episodes: int, seed: int, shard_episodes: int, tmp: Path, repeat: int = 3) -> dict:
     import agents
     from shopsim.datasets import DatasetWriter
     from shopsim.distributed import RayPool, rollout_to_shards
@@ -57,10 +58,13 @@ def throughput(episodes: int, seed: int, shard_episodes: int, tmp: Path) -> dict
     agent = agents.make("s_S", ENV_ID)
     rows = {}
     collect(ENV_ID, agent, episodes=2, seed=seed + episodes, progress=False)  # the same warm-up in this process
-    t0 = time.perf_counter()
-    with DatasetWriter(tmp / "single.parquet") as writer:
-        collect(ENV_ID, agent, episodes=episodes, seed=seed, writer=writer, progress=False)
-    rows["single process"] = {"workers": 0, "wall_s": time.perf_counter() - t0, "startup_s": 0.0}
+    walls = []
+    for r in range(repeat):
+        t0 = time.perf_counter()
+        with DatasetWriter(tmp / f"single{r}.parquet") as writer:
+            collect(ENV_ID, agent, episodes=episodes, seed=seed, writer=writer, progress=False)
+        walls.append(time.perf_counter() - t0)
+    rows["single process"] = {"workers": 0, "wall_s": min(walls), "walls_s": walls, "startup_s": 0.0}
     specs = plan_episodes(episodes=episodes, seed=seed)
     for workers in (1, 2):
         t0 = time.perf_counter()
@@ -71,17 +75,19 @@ def throughput(episodes: int, seed: int, shard_episodes: int, tmp: Path) -> dict
             rollout_to_shards(ENV_ID, agent, tmp / f"warm{workers}", specs=warm, metadata={"warm-up": workers},
                               shard_episodes=1, pool=pool, agent_seed=seed, progress=False)
             startup = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            rollout_to_shards(ENV_ID, agent, tmp / f"ray{workers}", specs=specs, metadata={"bench": workers},
-                              shard_episodes=shard_episodes, pool=pool, agent_seed=seed, progress=False)
-            rows[f"Ray, {workers} worker{'s' * (workers > 1)}"] = {"workers": workers,
-                                                                  "wall_s": time.perf_counter() - t1,
-                                                                  "startup_s": startup}
+            walls = []
+            for r in range(repeat):
+                t1 = time.perf_counter()
+                rollout_to_shards(ENV_ID, agent, tmp / f"ray{workers}-{r}", specs=specs, metadata={"bench": workers},
+                                  shard_episodes=shard_episodes, pool=pool, agent_seed=seed, progress=False)
+                walls.append(time.perf_counter() - t1)
+            rows[f"Ray, {workers} worker{'s' * (workers > 1)}"] = {"workers": workers, "wall_s": min(walls),
+                                                                  "walls_s": walls, "startup_s": startup}
     base = episodes / rows["single process"]["wall_s"]
     for row in rows.values():
         row["episodes_per_s"] = episodes / row["wall_s"]
         row["ratio"] = row["episodes_per_s"] / base
-    return {"episodes": episodes, "shard_episodes": shard_episodes, "rows": rows}
+    return {"episodes": episodes, "shard_episodes": shard_episodes, "repeat": repeat, "rows": rows}
 
 
 def driver_memory(episodes: int, seed: int, shard_episodes: int, tmp: Path) -> dict:
@@ -127,7 +133,8 @@ def write_table(res: dict, path: Path) -> None:
         f"- wall time of the benchmark: {res['wall_s']:.0f} s",
         "- the machine is shared (2 cores, other jobs running): throughput figures are noisy; a worker count above "
         "the free cores cannot speed up", "",
-        f"## Throughput ({tp['episodes']} episodes written to Parquet; shards of {tp['shard_episodes']})", "",
+        f"## Throughput ({tp['episodes']} episodes written to Parquet; shards of {tp['shard_episodes']}; "
+        f"best of {tp['repeat']} runs, all listed in the JSON)", "",
         "| runner | episodes/s | ratio to single process | wall (s) | Ray + actor start (s, not counted) |",
         "|---|---|---|---|---|",
     ]
@@ -150,7 +157,7 @@ def write_table(res: dict, path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer episodes (the same measurements)")
-    p.add_argument("--episodes", type=int, default=None, help="throughput episodes (default 192 quick, 1024 full)")
+    p.add_argument("--episodes", type=int, default=None, help="throughput episodes (default 96 quick, 1024 full)")
     p.add_argument("--memory-episodes", type=int, default=None,
                    help="episodes of the memory run (default 400 quick, 1,000,000 full)")
     p.add_argument("--shard-episodes", type=int, default=None,
@@ -172,12 +179,12 @@ def main(argv=None) -> int:
     niceness = os.nice(0)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    episodes = a.episodes or (192 if a.quick else 1024)
+    episodes = a.episodes or (96 if a.quick else 1024)
     mem_episodes = a.memory_episodes or (400 if a.quick else 1_000_000)
     mem_shard = a.shard_episodes or (40 if a.quick else 1024)
     with tempfile.TemporaryDirectory() as tmp:
         mem = driver_memory(mem_episodes, a.seed, mem_shard, Path(tmp))  # first: before Ray grows this process
-        tp = throughput(episodes, a.seed, max(1, episodes // 8), Path(tmp))
+        tp = throughput(episodes, a.seed, max(1, episodes // 4), Path(tmp))
     res = {"command": "python -m benchmarks.bench_scale " + " ".join(sys.argv[1:] if argv is None else argv),
            "commit": git_commit(), "seed": a.seed,
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, 1 torch thread, "
