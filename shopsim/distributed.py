@@ -43,9 +43,16 @@ from shopsim.datasets import MANIFEST
 from shopsim.errors import ConfigError, ShopsimError
 
 MANIFEST_FORMAT = "shopsim-shards/1"
-#: default episodes per shard: big enough that per-shard overhead (an actor call, a Parquet footer) is small, small
-#: enough that one lost shard is cheap to redo and a worker's memory stays low
+#: the most episodes a shard gets by default: big enough that per-shard overhead (an actor call, a Parquet footer) is
+#: small, small enough that one lost shard is cheap to redo and a worker's memory stays low
 DEFAULT_SHARD_EPISODES = 1024
+
+
+def default_shard_episodes(n: int) -> int:
+    """Episodes per shard when none is given: a 16th of the run (so a small run still spreads over the workers), at
+    most `DEFAULT_SHARD_EPISODES`. It depends on the episode count only, never on the number of workers, so the
+    shards (and a sampling agent's seeds) are the same whatever the cluster, and a rerun with other workers resumes."""
+    return max(1, min(DEFAULT_SHARD_EPISODES, -(-n // 16)))
 
 
 def shard_name(index: int) -> str:
@@ -310,7 +317,7 @@ def _write_manifest(out: Path, manifest: dict) -> None:
 
 
 def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequence, metadata: dict,
-                      shard_episodes: int = DEFAULT_SHARD_EPISODES, pool: RayPool | None = None,
+                      shard_episodes: int | None = None, pool: RayPool | None = None,
                       agent_seed: int = 0, progress: bool = True, on_shard: Callable[[dict], None] | None = None,
                       **collect_kwargs) -> ShardedRun:
     """Write the episodes `specs` (a `plan_episodes` plan) as a sharded dataset in the folder `out`; see module
@@ -323,6 +330,7 @@ def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequ
         raise ConfigError(f"--out {out} is a file; a sharded dataset is a folder, give a folder path")
     out.mkdir(parents=True, exist_ok=True)
     specs = list(specs)
+    shard_episodes = shard_episodes or default_shard_episodes(len(specs))
     ranges = shard_ranges(len(specs), shard_episodes)
     fingerprint = run_fingerprint(metadata, len(specs), shard_episodes)
     old = out / MANIFEST

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shopsim.datasets import read_episodes, read_metadata, read_trajectories, read_turns
-from shopsim.distributed import RayPool, rollout_to_shards, shard_ranges
+from shopsim.distributed import RayPool, default_shard_episodes, rollout_to_shards, shard_ranges
 from shopsim.errors import ConfigError, DatasetError, ShopsimError
 from shopsim.rollout import collect, plan_episodes
 from shopsim.testing import COUNT_ID, CountExpert, CountRandom, make_count_env
@@ -54,6 +54,8 @@ def _count_shards(out, agent, pool=None, n=12, shard=2):
 
 def test_shard_ranges_cover_the_plan_in_order():
     assert shard_ranges(7, 3) == [(0, 3), (3, 6), (6, 7)]
+    # the default depends on the episode count only: 16 shards of a small run, at most 1024 episodes per shard
+    assert [default_shard_episodes(n) for n in (5, 256, 1_000_000)] == [1, 16, 1024]
     with pytest.raises(ConfigError, match="shard_episodes"):
         shard_ranges(7, 0)
 

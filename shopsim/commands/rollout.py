@@ -34,8 +34,8 @@ def add_parser(sub) -> None:
                         "--shard-episodes (rerunning the same command finishes an interrupted folder)")
     add_scale_arguments(p)
     p.add_argument("--shard-episodes", type=positive_int, default=None,
-                   help="episodes per shard of a sharded dataset (default 1024 when sharded); without --workers the "
-                        "shards run in this process")
+                   help="episodes per shard of a sharded dataset (default: a 16th of the episodes, at most 1024); "
+                        "without --workers the shards run in this process")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -128,12 +128,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_sharded(args: argparse.Namespace, agent, meta: dict, env_kwargs: dict, options) -> int:
     """The sharded path of `run`: the same episodes, written as `shopsim.distributed` shards into the folder --out."""
-    from shopsim.distributed import DEFAULT_SHARD_EPISODES, rollout_to_shards
+    from shopsim.distributed import default_shard_episodes, rollout_to_shards
     from shopsim.rollout import plan_episodes
 
     specs = plan_episodes(episodes=args.episodes, seed=args.seed, split=args.split, group_size=args.group_size,
                           reset_options=options)
-    shard_episodes = args.shard_episodes or DEFAULT_SHARD_EPISODES
+    shard_episodes = args.shard_episodes or default_shard_episodes(len(specs))
     pool = ray_pool(args)
     try:
         run = rollout_to_shards(args.env, agent, args.out, specs=specs, metadata=meta, shard_episodes=shard_episodes,
