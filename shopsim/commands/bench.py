@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from shopsim.commands import positive_int, writable_output
+from shopsim.commands.rollout import add_scale_arguments, ray_pool
 
 
 def add_parser(sub) -> None:
@@ -33,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default 1 for quick/tiny: the models are small and extra threads only "
                         "contend; torch's default for full)")
+    add_scale_arguments(p)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-plots", action="store_true")
     p.set_defaults(func=run, budget="quick")
@@ -52,9 +54,15 @@ def run(args: argparse.Namespace) -> int:
     if args.algo and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `--algo mypkg.module:MyAlgo` resolves like `python -m` would
     out = writable_output(args.out or f"runs/{args.budget}", is_dir=True)
-    outcome = run_bench(args.budget, out, envs=args.envs, user_algos=args.algo, split=args.split,
-                        train_seed=args.seed, progress=not args.no_progress, plots=not args.no_plots,
-                        train_seeds=args.train_seeds)
+    import contextlib
+
+    from shopsim.distributed import using
+
+    # --workers / --ray-address: every evaluation runs on Ray actors
+    with ray_pool(args) or contextlib.nullcontext() as pool, using(pool):
+        outcome = run_bench(args.budget, out, envs=args.envs, user_algos=args.algo, split=args.split,
+                            train_seed=args.seed, progress=not args.no_progress, plots=not args.no_plots,
+                            train_seeds=args.train_seeds)
     print(outcome.markdown)
     print(f"leaderboard: {outcome.written['html']} (also leaderboard.md, leaderboard.csv, plots/) "
           f"in {outcome.wall_s:.0f}s")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from shopsim.commands import positive_int, writable_output
+from shopsim.commands.rollout import add_scale_arguments, ray_pool
 
 
 def add_parser(sub) -> None:
@@ -31,6 +32,7 @@ def add_parser(sub) -> None:
                         "checkpoint's manifest, else the env's defaults; the checkpoint's presentation options, e.g. "
                         "Shopping's obs_mode, always apply)")
     p.add_argument("--out", required=True, help="results JSON to write")
+    add_scale_arguments(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -78,8 +80,14 @@ def run(args: argparse.Namespace) -> int:
     used = agent_env_kwargs(agent, protocol)  # what `evaluate` runs on: the agent's rendering stays
     if used:
         config["env_kwargs"] = used
-    ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=not args.no_progress,
-                  num_envs=args.num_envs)
+    import contextlib
+
+    from shopsim.distributed import using
+
+    # --workers / --ray-address: the episodes run on Ray actors
+    with ray_pool(args) or contextlib.nullcontext() as pool, using(pool):
+        ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=not args.no_progress,
+                      num_envs=args.num_envs)
     rec = make_results(protocol=protocol, entry=name, kind=kind, metrics=ev.metrics,
                        agent=f"{type(agent).__module__}:{type(agent).__qualname__}", algorithm=algorithm,
                        config=config, budget=budget, wall_s=ev.wall_s, extra={"notes": ev.notes} if ev.notes else None)

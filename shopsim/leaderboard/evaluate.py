@@ -59,8 +59,10 @@ def agent_env_kwargs(agent, protocol: Protocol) -> dict:
 def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: int = 8,
               collect: Callable | None = None, keep: bool = False) -> tuple[list[dict], list]:
     """Per-seed summaries of `agent` on every episode of `protocol` (and the trajectories if `keep`)."""
-    if collect is None:
-        from shopsim.rollout import collect
+    if collect is None:  # shopsim.rollout.collect, or a Ray pool's inside `shopsim.distributed.using(pool)`
+        from shopsim.distributed import active_collect
+
+        collect = active_collect()
     summaries, kept = [], []
     env_kwargs = agent_env_kwargs(agent, protocol)
     for seed in protocol.seeds:
