@@ -31,7 +31,7 @@ from typing import Any
 
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
-from shopsim.leaderboard.metrics import aggregate
+from shopsim.leaderboard.metrics import summarize
 from shopsim.leaderboard.protocols import Protocol, load_protocol, protocol_envs
 from shopsim.leaderboard.results import find_results, make_results, write_results
 
@@ -293,7 +293,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             if n_train == 1:
                 metrics, notes = runs[0].metrics, runs[0].notes
             else:
-                metrics = aggregate([_mean_over_seeds(ev.per_seed) for ev in runs])
+                metrics = pool_runs(runs, protocol)
                 notes = sorted({n for ev in runs for n in ev.notes})
             for note in notes:
                 log(f"  note: {note}")
@@ -324,6 +324,16 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                            wall_s=time.perf_counter() - t0)
     write_results(res_path, rec)
     return rec
+
+
+def pool_runs(runs: list, protocol: Protocol) -> dict[str, dict]:
+    """Metrics of an entry trained with several seeds: the episodes of every run pooled for the mean and the
+    interval over tasks (`shopsim.leaderboard.metrics.summarize`), and one value per training run (its mean over
+    the eval seeds) in ``per_seed`` with their sample std (ddof = 1)."""
+    records = [r for ev in runs for r in ev.records]
+    ref = next((ev.reference_records for ev in runs if ev.reference_records is not None), None)
+    return summarize(records, per_seed=[_mean_over_seeds(ev.per_seed) for ev in runs], reference=ref,
+                     tries=protocol.tries, seeds_over="train_seeds")
 
 
 def _mean_over_seeds(per_seed: list[dict]) -> dict[str, float]:

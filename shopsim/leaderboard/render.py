@@ -84,12 +84,18 @@ def group_by_env(results: list[dict]) -> dict[str, list[dict]]:
 
 
 def fmt_metric(m: dict | None, digits: int = 3) -> str:
+    """``mean ± h`` for a (near-)symmetric 95% interval, ``mean [lo, hi]`` for a skewed one (a Wilson interval
+    near 0 or 1, a bootstrap interval of a skewed metric), so that the text never implies values outside it."""
     if not m:
         return "—"
     text = f"{m['mean']:.{digits}f}"
     if m.get("ci95"):
         lo, hi = m["ci95"]
-        text += f" ± {(hi - lo) / 2:.{digits}f}"
+        half = (hi - lo) / 2
+        if abs((hi - m["mean"]) - (m["mean"] - lo)) <= 0.2 * half:
+            text += f" ± {half:.{digits}f}"
+        else:
+            text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
     return text
 
 
