@@ -174,3 +174,20 @@ def test_summarize_intervals_per_metric_kind():
     g = summarize(recs, reference=ref)["gap_to_s_S_pct"]
     assert g["mean"] == pytest.approx(25.0) and g["ci95"] == pytest.approx([25.0, 25.0])
     assert "std" not in summarize(recs)["cost"]  # no per-seed values given: no seed spread claimed
+
+
+def test_two_level_bootstrap_carries_run_to_run_variation():
+    from shopsim.leaderboard.metrics import bootstrap_runs_tasks, summarize
+
+    assert bootstrap_runs_tasks([[2.0, 2.0], [2.0, 2.0]]) == [2.0, 2.0]
+    # run 0 scores 0 and run 1 scores 1 on every task: resampled run means are 0, .5, 1 (1/4, 1/2, 1/4)
+    assert bootstrap_runs_tasks([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]) == [0.0, 1.0]
+    # pooled records of two runs that disagree: the interval is as wide as the runs' spread, unlike a bootstrap
+    # over tasks alone, which would call the pooled mean exact
+    recs = [{"task_id": t, "run": run, "cost": 10.0 + 10.0 * run} for run in (0, 1) for t in range(20)]
+    m = summarize(recs, per_seed=[{"cost": 10.0}, {"cost": 20.0}], seeds_over="train_seeds")["cost"]
+    assert m["mean"] == 15.0 and m["ci95"] == [10.0, 20.0] and m["interval"] == "bootstrap_runs_tasks"
+    assert m["std"] == pytest.approx(7.0710678) and "run" not in summarize(recs)
+    ref = [{"task_id": t, "cost": 10.0} for t in range(20)]
+    g = summarize(recs, per_seed=[{}, {}], reference=ref)["gap_to_s_S_pct"]
+    assert g["mean"] == pytest.approx(50.0) and g["ci95"] == pytest.approx([0.0, 100.0])

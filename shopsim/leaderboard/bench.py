@@ -81,8 +81,35 @@ _QUICK_OVERRIDES = {
     "shopsim/Replenishment-v0": {"hpo": {**_INV_SMALL, "hidden": (128, 128)}, "ppo": _INV_SMALL},
 }
 
-#: mode -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
+# The standard tier: one fixed budget per env at which every baseline of the env is trained with 3 seeds and whose
+# results ship in data/results/standard/. The numeric envs' budgets are sized so that all of them together train
+# and evaluate in about 40 minutes on one CPU core; in-training evaluation is kept small (it only feeds the learning
+# curve; the leaderboard evaluates on the protocol).
+_REC_STD = {"sft_steps": 100, "eval_tasks": 32, "group_size": 8, "prompts_per_iter": 4, "eval_every": 10}
+_RET_STD = {"eval_contexts": 1000, "eval_every": 25}
+_INV_STD = {"batch_scenarios": 32, "eval_scenarios": 0}
+_SHOP_STD = {"grpo": {**_SHOP_SMALL, "group_size": 4, "tasks_per_iter": 8},
+             "mpo": {**_SHOP_SMALL, "group_size": 1, "tasks_per_iter": 32}}
+STANDARD_TRAIN_SEEDS = 3
+
+#: mode (tier) -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
 BUDGETS: dict[str, dict[str, Budget]] = {
+    "standard": {
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 20, "mpo": 20}, overrides=_SHOP_STD, needs_init=True,
+                                      user_iterations=20, train_seeds=STANDARD_TRAIN_SEEDS),
+        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 100, "reinforce": 100, "grpo": 100},
+                                          overrides={a: _REC_STD for a in ("prorl", "reinforce", "grpo")},
+                                          user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
+        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 300, "capg_swr": 300, "vpg": 300, "vpg_swr": 300,
+                                                      "top1": 300},
+                                               overrides={a: _RET_STD for a in ("capg", "capg_swr", "vpg",
+                                                                                "vpg_swr", "top1")},
+                                               user_iterations=300, train_seeds=STANDARD_TRAIN_SEEDS),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 60, "ppo": 60},
+                                           overrides={"hpo": {**_INV_STD, "hidden": (128, 128)}, "ppo": _INV_STD},
+                                           user_iterations=60, train_seeds=STANDARD_TRAIN_SEEDS),
+        "*": Budget(user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
+    },
     "quick": {
         # LM rollouts dominate here (~1-2 s per episode on one core): 4 tasks x 4 tries x 2 seeds per entry
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 3, "mpo": 3}, tasks=4, seeds=2, tries=4,
@@ -232,14 +259,39 @@ def _protocol(env_id: str, b: Budget, split: str) -> Protocol:
     return load_protocol(env_id, split).limited(tasks=b.tasks, seeds=b.seeds, tries=b.tries)
 
 
+def results_path(results_dir: Path, env_id: str, entry: str) -> Path:
+    """Where an entry's results file lives: ``<results_dir>/<Env-vN>/<entry>.json``."""
+    return Path(results_dir) / env_id.split("/")[-1] / f"{entry}.json"
+
+
+def existing_result(path: Path, protocol: Protocol) -> dict | None:
+    """The finished results file at `path` when it is valid, ``ok`` and on `protocol`'s episodes (resume)."""
+    from shopsim.errors import DatasetError
+    from shopsim.leaderboard.results import read_results
+
+    if not path.is_file():
+        return None
+    try:
+        rec = read_results(path)
+    except DatasetError:
+        return None  # a truncated or foreign file is produced again
+    return rec if rec["status"] == "ok" and rec.get("protocol_hash") == protocol.hash else None
+
+
 def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mode: str, train_seed: int = 0,
-              progress: bool = False, log: Callable[[str], None] = print) -> dict:
-    """Train (if needed) and evaluate one entry; returns its results record (an error row on failure)."""
+              progress: bool = False, log: Callable[[str], None] = print, results_dir: Path | None = None,
+              command: str | None = None, keep_checkpoints: bool = False) -> dict:
+    """Train (if needed) and evaluate one entry; returns its results record (an error row on failure).
+
+    The record is written to `results_path` under `results_dir` (default ``out/results``); training runs go to
+    ``out/runs/<Env>/<entry>/``. With `keep_checkpoints` the trained checkpoints are copied next to the results file
+    (``<entry>/seed<k>/``, the first training seed's), so that a shipped result can be evaluated again without
+    training."""
     import agents
     import baselines
 
     slug = entry.env_id.split("/")[-1]
-    res_path = out / "results" / slug / f"{entry.name}.json"
+    res_path = results_path(results_dir or out / "results", entry.env_id, entry.name)
     run_dir = out / "runs" / slug / entry.name
     info: dict[str, Any] = {"protocol": protocol, "entry": entry.name, "kind": entry.kind,
                             "algorithm": entry.algorithm}
@@ -249,6 +301,13 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
         info["budget"] = {"mode": mode, "iterations": entry.iterations, "train_seed": train_seed}
         if n_train > 1:
             info["budget"]["train_seeds"] = train_seeds
+    if command is None:  # the command that reproduces this file (into runs/<tier>/)
+        command = f"shopsim bench --tier {mode} --envs {slug}"
+        if entry.kind == "trained" and entry.algorithm and ":" in entry.algorithm:
+            command += f" --algo {entry.algorithm}"
+    meta: dict[str, Any] = {"command": command, "tier": mode}
+    if entry.kind == "trained":
+        meta["train_seeds"] = train_seeds
     t0 = time.perf_counter()
     if entry.skip_reason:
         rec = make_results(**info, metrics={}, status="skipped", error=entry.skip_reason)
@@ -272,6 +331,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             info["config"] = dataclasses.asdict(algo.config) if dataclasses.is_dataclass(algo.config) else {}
             init = sft_checkpoint() if budget.needs_init else None
             runs = []  # (per-eval-seed summaries, notes) per training seed
+            csvs: list[Path] = []  # each run's metrics.csv (the learning curves)
             for ts in train_seeds:
                 seed_dir = run_dir if n_train == 1 else run_dir / f"seed{ts}"
                 result = algo.train(entry.env_id, iterations=entry.iterations, seed=ts, out_dir=seed_dir,
@@ -282,9 +342,10 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                 if agent is None:
                     raise ShopsimError(f"{entry.algorithm}.train returned no agent and no checkpoint")
                 info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
-                curve = Path(result.out_dir or seed_dir) / "metrics.csv"
-                if curve.is_file() and "curve" not in info:
-                    info["curve"] = str(_relative(curve, res_path.parent))
+                csvs.append(Path(result.out_dir or seed_dir) / "metrics.csv")
+                if keep_checkpoints and ts == train_seeds[0] and result.checkpoint is not None:
+                    # the first run's checkpoint only: enough to re-evaluate live, and the repo stays small
+                    _copy_checkpoint(Path(result.checkpoint), res_path.parent / entry.name / f"seed{ts}")
                 ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=progress,
                               num_envs=budget.num_envs)
                 runs.append(ev)
@@ -297,7 +358,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                 notes = sorted({n for ev in runs for n in ev.notes})
             for note in notes:
                 log(f"  note: {note}")
-            extra = {"ci_over": "train_seeds" if n_train > 1 else "eval_seeds"}
+            info["curve"] = learning_curve(csvs, protocol.family)
+            extra = {"ci_over": "train_seeds" if n_train > 1 else "eval_seeds", **meta}
             if agent_env_kwargs(agent, protocol) != dict(protocol.env_kwargs):
                 extra["env_kwargs"] = agent_env_kwargs(agent, protocol)
             if notes:
@@ -308,7 +370,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                           num_envs=budget.num_envs)
             for note in ev.notes:
                 log(f"  note: {note}")
-            extra = {"ci_over": "eval_seeds"}
+            extra = {"ci_over": "eval_seeds", **meta}
             if agent_env_kwargs(agent, protocol) != dict(protocol.env_kwargs):
                 extra["env_kwargs"] = agent_env_kwargs(agent, protocol)  # the agent's presentation options
             if ev.notes:
@@ -319,18 +381,71 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
         log_path = out / "logs" / f"{slug}_{entry.name}.txt"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(tb)
-        rec = make_results(**{k: v for k, v in info.items() if k != "metrics"}, metrics={}, status="error",
-                           error=f"{type(exc).__name__}: {exc} (traceback: {log_path})",
-                           wall_s=time.perf_counter() - t0)
+        rec = make_results(**{k: v for k, v in info.items() if k not in ("metrics", "curve")}, metrics={},
+                           status="error", error=f"{type(exc).__name__}: {exc} (traceback: {log_path})",
+                           wall_s=time.perf_counter() - t0, extra=meta)
     write_results(res_path, rec)
     return rec
 
 
+#: family -> metrics.csv columns for the learning curve, in order of preference: the metric that matters (success,
+#: cost, value, IoI), never a loss
+CURVE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "shopping": ("eval/success_rate", "eval_success", "success_rate", "success", "reward", "mean_reward"),
+    "rec": ("eval_IoI", "sample_IoI", "return_raw"),
+    "retrieval": ("value", "reward"),
+    "inventory": ("dev_cost", "cost", "train_cost"),
+}
+CURVE_POINTS = 100
+
+
+def learning_curve(csv_paths: list[Path], family: str) -> dict | None:
+    """``{"metric", "x", "per_seed"}``: the family's curve metric (`CURVE_COLUMNS`) per training run, at the
+    iterations every run logged it (at most `CURVE_POINTS`, evenly thinned); None when no run logged one."""
+    import pandas as pd
+
+    frames = []
+    for path in csv_paths:
+        try:
+            frames.append(pd.read_csv(path))
+        except (OSError, ValueError):
+            return None
+    if not frames:
+        return None
+    for col in CURVE_COLUMNS.get(family, ()) + ("success_rate", "return", "reward", "cost"):
+        if not all(col in f.columns for f in frames):
+            continue
+        series = []
+        for f in frames:
+            xcol = "iteration" if "iteration" in f.columns else None
+            d = f[[c for c in (xcol, col) if c]].dropna()
+            d = d.groupby(xcol, as_index=False).last() if xcol else d
+            series.append(dict(zip((d[xcol] if xcol else range(len(d))).astype(int).tolist(),
+                                   d[col].astype(float).tolist(), strict=True)))
+        xs = sorted(set(series[0]).intersection(*series[1:]))
+        if not xs:
+            continue
+        if len(xs) > CURVE_POINTS:  # keep the first and last points
+            step = (len(xs) - 1) / (CURVE_POINTS - 1)
+            xs = sorted({xs[round(i * step)] for i in range(CURVE_POINTS)})
+        return {"metric": col, "x": xs, "per_seed": [[round(s[x], 6) for x in xs] for s in series]}
+    return None
+
+
+def _copy_checkpoint(src: Path, dst: Path) -> None:
+    import shutil
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dst)
+
+
 def pool_runs(runs: list, protocol: Protocol) -> dict[str, dict]:
-    """Metrics of an entry trained with several seeds: the episodes of every run pooled for the mean and the
-    interval over tasks (`shopsim.leaderboard.metrics.summarize`), and one value per training run (its mean over
-    the eval seeds) in ``per_seed`` with their sample std (ddof = 1)."""
-    records = [r for ev in runs for r in ev.records]
+    """Metrics of an entry trained with several seeds: the mean over every run's episodes with a two-level
+    bootstrap interval over runs and tasks (`shopsim.leaderboard.metrics.summarize`), and one value per training
+    run (its mean over the eval seeds) in ``per_seed`` with their sample std (ddof = 1)."""
+    records = [{**r, "run": i} for i, ev in enumerate(runs) for r in ev.records]
     ref = next((ev.reference_records for ev in runs if ev.reference_records is not None), None)
     return summarize(records, per_seed=[_mean_over_seeds(ev.per_seed) for ev in runs], reference=ref,
                      tries=protocol.tries, seeds_over="train_seeds")
@@ -340,15 +455,6 @@ def _mean_over_seeds(per_seed: list[dict]) -> dict[str, float]:
     """One training run's summary: each metric's mean over the eval seeds (keys present in every seed)."""
     keys = set(per_seed[0]).intersection(*per_seed[1:])
     return {k: sum(s[k] for s in per_seed) / len(per_seed) for k in keys}
-
-
-def _relative(path: Path, start: Path) -> Path:
-    import os
-
-    try:
-        return Path(os.path.relpath(path.resolve(), start.resolve()))
-    except ValueError:  # another drive (Windows)
-        return path.resolve()
 
 
 @dataclass
@@ -367,8 +473,13 @@ class BenchOutcome:
 def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list[str] | None = None,
               user_algos: list[str] = (), split: str = "test", train_seed: int = 0, progress: bool = True,
               table: dict | None = None, log: Callable[[str], None] | None = None,
-              plots: bool = True, train_seeds: int | None = None) -> BenchOutcome:
-    """Run the benchmark (see module docstring) and render the leaderboard into `out`."""
+              plots: bool = True, train_seeds: int | None = None, results_dir: str | Path | None = None,
+              command: str | None = None, resume: bool = True) -> BenchOutcome:
+    """Run the benchmark (see module docstring) and render the leaderboard into `out`.
+
+    Results files go to `results_dir` (default ``out/results``). With `resume`, an entry whose results file already
+    exists there (valid, ``ok``, on the same protocol) is not trained or evaluated again. `command` is recorded in
+    every results file (the command line that reproduces it)."""
     from shopsim.envs import check_env_id, family_of, is_pettingzoo
     from shopsim.leaderboard.render import render_all, to_markdown
 
@@ -388,6 +499,7 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
     entries = plan(mode, env_ids, list(user_algos), table=table, sft=sft_checkpoint())
     protocols: dict[str, Protocol] = {}
     results: list[dict] = []
+    res_dir = Path(results_dir) if results_dir is not None else out / "results"
     bar = _progress(len(entries), progress)
     for i, entry in enumerate(entries, 1):
         b = budget_for(mode, entry.env_id, family_of(entry.env_id), table)
@@ -405,8 +517,15 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
             log(f"{label}: no protocol: {exc}")
             bar.advance()
             continue
+        done = existing_result(results_path(res_dir, entry.env_id, entry.name), protocols[entry.env_id])
+        if resume and done is not None:
+            results.append(done)
+            log(f"{label}: done before ({done['_path']}), skipped")
+            bar.advance()
+            continue
         rec = run_entry(entry, protocols[entry.env_id], out, budget=b, mode=mode, train_seed=train_seed,
-                        progress=progress, log=log)
+                        progress=progress, log=log, results_dir=res_dir, command=command,
+                        keep_checkpoints=mode == "standard")
         results.append(rec)
         status = rec["status"] if rec["status"] != "ok" else f"ok ({time.perf_counter() - t0:.1f}s)"
         if rec["status"] != "ok":
@@ -414,7 +533,7 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
         log(f"{label}: {status}")
         bar.advance()
     bar.close()
-    all_results = find_results(out / "results") if (out / "results").is_dir() else []
+    all_results = find_results(res_dir) if res_dir.is_dir() else []
     current = {(r["env_id"], r["entry"]) for r in results}
     shown = [r for r in all_results if (r["env_id"], r["entry"]) in current]
     written = render_all(shown, out, plots=plots)

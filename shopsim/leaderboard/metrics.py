@@ -22,6 +22,8 @@ The pipeline is episodes → per-task values → a mean and an interval over the
      the sampling unit: with 2-3 eval seeds a Student-t interval over seeds is either uninformative or, for a
      deterministic policy on fixed tasks, a spurious "± 0.000". An interval of zero width now means that every
      task gave the same value.
+   * an entry trained with several seeds (records carrying a ``run``): a two-level bootstrap that resamples the
+     training runs and the tasks (`bootstrap_runs_tasks`), so the interval includes run-to-run variation;
    * the per-seed values stay in ``per_seed`` with their sample standard deviation (ddof = 1, None with one seed).
      For a trained entry with several training runs the "seeds" are the training seeds (``seeds_over``), which is
      where run-to-run variation belongs.
@@ -252,6 +254,40 @@ def bootstrap_gap_interval(values: Sequence[float], reference: Sequence[float], 
     return [float(lo), float(hi)]
 
 
+def bootstrap_runs_tasks(matrix, reference=None, *, resamples: int = BOOTSTRAP_RESAMPLES,
+                         seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> list[float] | None:
+    """Two-level percentile bootstrap of the mean of a (training runs × tasks) matrix: every resample draws the
+    runs and the tasks with replacement (in the spirit of rliable's stratified bootstrap, Agarwal et al. 2021,
+    "Deep RL at the Edge of the Statistical Precipice", §4), so the interval carries run-to-run variation as well
+    as task sampling. With `reference` (one value per task), the statistic is the relative gap
+    ``100 · (mean − mean(reference)) / |mean(reference)|`` on the same resampled tasks."""
+    m = np.asarray(matrix, dtype=float)
+    runs, n = m.shape
+    if n < 2 and runs < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    chunk = max(1, min(resamples, 2_000_000 // max(n, 1)))
+    stats, done = [], 0
+    while done < resamples:
+        b = min(chunk, resamples - done)
+        wr = rng.multinomial(runs, np.full(runs, 1.0 / runs), size=b).astype(float) / runs
+        wc = rng.multinomial(n, np.full(n, 1.0 / n), size=b).astype(float) / n
+        value = np.einsum("br,rc,bc->b", wr, m, wc)
+        if reference is not None:
+            ref = wc @ np.asarray(reference, dtype=float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                value = 100.0 * (value - ref) / np.abs(ref)
+        stats.append(value)
+        done += b
+    v = np.concatenate(stats)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return None
+    a = (1.0 - level) / 2
+    lo, hi = np.quantile(v, [a, 1.0 - a])
+    return [float(lo), float(hi)]
+
+
 def is_rate(metric: str) -> bool:
     return metric in RATE_METRICS or metric.startswith("success/")
 
@@ -262,7 +298,7 @@ def task_values(records: Sequence[Mapping]) -> dict[str, dict]:
     for r in records:
         task = _task_key(r)
         for key, value in r.items():
-            if key in ("task_id", "family", "success") or value is None:
+            if key in ("task_id", "family", "success", "run") or value is None:
                 continue
             v = float(value)
             if not math.isnan(v):
@@ -289,6 +325,10 @@ def summarize(records: Sequence[Mapping], *, per_seed: Sequence[Mapping[str, flo
     with a paired bootstrap interval. `tries` caps k of pass^k (default: the fewest episodes of any task)."""
     if not records:
         raise ConfigError("no episodes to summarise")
+    runs = sorted({r["run"] for r in records if r.get("run") is not None})
+    if len(runs) > 1:
+        return _summarize_runs(records, runs, per_seed=per_seed, reference=reference, max_k=max_k, tries=tries,
+                               seeds_over=seeds_over, gap_key=gap_key, gap_name=gap_name)
     out: dict[str, dict] = {}
     per_task = task_values(records)
     for key, by_task in sorted(per_task.items()):
@@ -325,6 +365,11 @@ def summarize(records: Sequence[Mapping], *, per_seed: Sequence[Mapping[str, flo
                                  "ci95": bootstrap_gap_interval(x, r), "interval": "bootstrap",
                                  "tasks": len(common)}
     out["episodes"] = {"mean": float(len(records)), "ci95": None, "interval": None}
+    _add_per_seed(out, per_seed, seeds_over)
+    return out
+
+
+def _add_per_seed(out: dict, per_seed: Sequence[Mapping[str, float]], seeds_over: str) -> None:
     for name, m in out.items():
         seeds = [float(s[name]) for s in per_seed if name in s]
         if name != "episodes" and len(seeds) == len(per_seed) and seeds:
@@ -332,4 +377,60 @@ def summarize(records: Sequence[Mapping], *, per_seed: Sequence[Mapping[str, flo
             m["std"] = sample_std(seeds)
             m["n"] = len(seeds)
             m["seeds_over"] = seeds_over
+
+
+def _summarize_runs(records, runs, *, per_seed, reference, max_k, tries, seeds_over, gap_key, gap_name) -> dict:
+    """`summarize` for the episodes of several training runs (each record has a ``run``): the mean over all of
+    them, and a two-level bootstrap over runs and tasks (`bootstrap_runs_tasks`) for every metric, rates included
+    (a Wilson interval would treat the runs' episodes as one sample and hide run-to-run variation)."""
+    by_run = {run: [r for r in records if r.get("run") == run] for run in runs}
+    singles = {run: summarize([{k: v for k, v in r.items() if k != "run"} for r in recs], max_k=max_k, tries=tries)
+               for run, recs in by_run.items()}
+    tables = {run: task_values(recs) for run, recs in by_run.items()}
+    for run, recs in by_run.items():  # success and pass^k per task and run, for the matrix below
+        succ: dict = defaultdict(list)
+        for r in recs:
+            if r.get("success") is not None:
+                succ[_task_key(r)].append(float(r["success"]))
+        if succ:
+            tables[run]["success_rate"] = {t: float(np.mean(v)) for t, v in succ.items()}
+            tables[run]["success"] = tables[run]["success_rate"]
+            for k in range(1, max_k + 1):
+                if f"pass^{k}" in singles[run]:
+                    tables[run][f"pass^{k}"] = {t: math.comb(int(sum(v)), k) / math.comb(len(v), k)
+                                                for t, v in succ.items()}
+            fams: dict = defaultdict(lambda: defaultdict(list))
+            for r in recs:
+                if r.get("family") is not None:
+                    fams[r["family"]][_task_key(r)].append(float(r.get("success") or 0.0))
+            for fam, tasks in fams.items():
+                tables[run][f"success/{fam}"] = {t: float(np.mean(v)) for t, v in tasks.items()}
+    out: dict[str, dict] = {}
+    names = set(singles[runs[0]]).intersection(*(singles[r] for r in runs[1:])) - {"episodes"}
+    if reference is not None and gap_key in names:
+        names.add(gap_name)
+    ref_tasks = task_values(reference).get(gap_key, {}) if reference is not None else {}
+    for name in sorted(names):
+        if name == gap_name and reference is not None:
+            src = gap_key
+        else:
+            src = name
+        cols = [t for t in tables[runs[0]].get(src, {}) if all(t in tables[r].get(src, {}) for r in runs)]
+        if name == gap_name:
+            cols = [t for t in cols if t in ref_tasks]
+        if not cols:
+            continue
+        m = np.array([[tables[r][src][t] for t in cols] for r in runs])
+        if name == gap_name:
+            ref = np.array([ref_tasks[t] for t in cols])
+            mean = float(100.0 * (m.mean() - ref.mean()) / abs(ref.mean())) if ref.mean() != 0 else float("nan")
+            ci = bootstrap_runs_tasks(m, ref)
+        else:
+            mean, ci = float(m.mean()), bootstrap_runs_tasks(m)
+        if math.isnan(mean):
+            continue
+        out[name] = {"mean": mean, "ci95": ci, "interval": "bootstrap_runs_tasks", "tasks": len(cols),
+                     "runs": len(runs)}
+    out["episodes"] = {"mean": float(len(records)), "ci95": None, "interval": None}
+    _add_per_seed(out, per_seed, seeds_over)
     return out

@@ -180,7 +180,7 @@ def _slug(env_id: str) -> str:
 
 def _curve_path(r: dict) -> Path | None:
     curve = r.get("curve")
-    if not curve:
+    if not curve or not isinstance(curve, str):  # a dict is the curve itself (`curve_of`)
         return None
     p = Path(curve)
     if not p.is_absolute() and r.get("_path"):
@@ -207,6 +207,16 @@ def read_curve(path: Path) -> tuple[str, list[float], list[float]] | None:
     xcol = next((c for c in ("iteration", "step", "iter") if c in df.columns), None)
     x = df[xcol].astype(float).tolist() if xcol else list(range(len(df)))
     return key, x, df[key].astype(float).tolist()
+
+
+def curve_of(r: dict) -> tuple[str, list[float], list[float]] | None:
+    """(metric, x, mean over training runs) of a results file's ``curve`` field, or of the metrics.csv it names."""
+    c = r.get("curve")
+    if isinstance(c, dict) and c.get("x") and c.get("per_seed"):
+        runs = c["per_seed"]
+        return c["metric"], list(c["x"]), [sum(v) / len(v) for v in zip(*runs, strict=False)]
+    cp = _curve_path(r)
+    return read_curve(cp) if cp else None
 
 
 def plot_env(env_id: str, rows: list[dict], out_dir: Path) -> list[Path]:
@@ -237,7 +247,7 @@ def plot_env(env_id: str, rows: list[dict], out_dir: Path) -> list[Path]:
         fig.savefig(p, dpi=90)
         plt.close(fig)
         paths.append(p)
-    curves = [(r["entry"], read_curve(cp)) for r in rows if (cp := _curve_path(r))]
+    curves = [(r["entry"], curve_of(r)) for r in rows]
     curves = [(e, c) for e, c in curves if c]
     if curves:  # one small panel per run: their columns and scales differ
         ncols = min(3, len(curves))
