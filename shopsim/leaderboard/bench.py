@@ -15,8 +15,17 @@ has an evaluation split (`shopsim.leaderboard.protocols.protocol_envs`), in regi
 A failing entry becomes an error row (its traceback in ``OUT/logs/``) and the run goes on; the exit status is
 non-zero only if a reference agent failed (then the table has no anchor to read the others against).
 
-All budgets live in `BUDGETS` (mode → env id or family → `Budget`): ``quick`` fits in about 10 minutes on 2 CPU
-cores, ``tiny`` is the CI smoke run, ``full`` uses the whole test split and the real iteration counts.
+All budgets live in `BUDGETS` (tier → env id or family → `Budget`):
+
+* ``standard`` — every baseline of an env at one fixed budget with 3 training seeds; its results ship in
+  ``data/results/standard/<Env>/<entry>.json`` (plus the first seed's checkpoint) and are what the leaderboard
+  shows. The run resumes: an entry whose results file exists on the same protocol is skipped.
+  ``--tier standard --algo pkg.module:Class`` trains your class at the tier's budget and ranks it among the
+  shipped rows (same protocol hash only).
+* ``quick`` — the main job (``make run``): renders the shipped standard tier, evaluates the reference agents and
+  the shipped checkpoints live and says which shipped results do not reproduce within their intervals
+  (`reproduction`), and trains one short ``demo-<algo>`` row per env family, shown apart.
+* ``tiny`` — the CI smoke run; ``full`` — the papers' iteration counts.
 """
 
 from __future__ import annotations
@@ -60,6 +69,8 @@ class Budget:
     entry's intervals are over training seeds (each run's metrics averaged over the eval seeds first)."""
     needs_init: bool = False
     """Trainers start from the shipped SFT checkpoint (LM envs); skipped when there is none."""
+    demo: bool = False
+    """The trained rows are short live demos (``demo-<algo>``), shown apart from the shipped standard rows."""
 
 
 _SHOP_REFS = ("expert", "random")
@@ -110,15 +121,17 @@ BUDGETS: dict[str, dict[str, Budget]] = {
                                            user_iterations=60, train_seeds=STANDARD_TRAIN_SEEDS),
         "*": Budget(user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
     },
+    # The main job (make run): the shipped standard rows are re-checked live (reference agents and the shipped
+    # checkpoints, on fewer tasks than the standard protocol except for Shopping, whose 100 tasks x 4 tries keep every
+    # family's Wilson interval under ±0.1), plus one short demo training per env family.
     "quick": {
-        # LM rollouts dominate here (~1-2 s per episode on one core): 4 tasks x 4 tries x 2 seeds per entry
-        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 3, "mpo": 3}, tasks=4, seeds=2, tries=4,
-                                      overrides=_SHOP_QUICK, needs_init=True, user_iterations=3),
-        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 20, "reinforce": 20}, tasks=8, seeds=3, tries=4,
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 2}, overrides=_SHOP_TINY, needs_init=True, demo=True,
+                                      user_iterations=3),
+        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 10}, tasks=64, demo=True,
                                           overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
-        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 100, "top1": 100, "vpg": 100}, tasks=256, seeds=3,
-                                               tries=4, overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 20, "ppo": 20}, tasks=16, seeds=3, tries=4,
+        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 50}, tasks=1000, demo=True,
+                                               overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 10}, tasks=64, demo=True,
                                            overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"], user_iterations=6),
         "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
     },
@@ -206,10 +219,12 @@ class Entry:
     overrides: dict = field(default_factory=dict)
     checkpoint: Path | None = None
     skip_reason: str | None = None
+    shipped_entry: str | None = None
+    """For a shipped checkpoint evaluated live: the shipped entry it must reproduce."""
 
 
 def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | None = None,
-         sft: Path | None = None) -> list[Entry]:
+         sft: Path | None = None, shipped: list[dict] = ()) -> list[Entry]:
     """Every entry of the run, in order (references first per env, so their failure shows early)."""
     import agents
     import baselines
@@ -238,10 +253,16 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
         note = None
         if b.needs_init and sft is None:
             note = "no SFT checkpoint in data/lm/ (see `shopsim sft`)"
+        for rec in shipped:  # the main job re-evaluates every shipped checkpoint of this env live
+            ckpt = shipped_checkpoint(rec)
+            if rec["env_id"] == env_id and ckpt is not None:
+                entries.append(Entry(env_id, f"{rec['entry']}-{ckpt.name}", "checkpoint", checkpoint=ckpt,
+                                     shipped_entry=rec["entry"]))
         for algo, iters in b.algos.items():
             if algo not in registered:
                 continue
-            entries.append(Entry(env_id, algo, "trained", algorithm=algo, iterations=iters,
+            name = f"demo-{algo}" if b.demo else algo
+            entries.append(Entry(env_id, name, "trained", algorithm=algo, iterations=iters,
                                  overrides=dict(b.overrides.get(algo, {})), skip_reason=note))
         used = {e.name for e in entries if e.env_id == env_id}
         for spec, cls in user_classes:
@@ -308,6 +329,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
     meta: dict[str, Any] = {"command": command, "tier": mode}
     if entry.kind == "trained":
         meta["train_seeds"] = train_seeds
+    if budget.demo and entry.kind == "trained":
+        meta["demo"] = True
     t0 = time.perf_counter()
     if entry.skip_reason:
         rec = make_results(**info, metrics={}, status="skipped", error=entry.skip_reason)
@@ -326,6 +349,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                 agent = agents.make("lm", entry.env_id)
             info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
             info["config"] = {"checkpoint": str(entry.checkpoint)}
+            if entry.shipped_entry:
+                meta["shipped_entry"] = entry.shipped_entry
         else:
             algo = baselines.make(entry.algorithm, env_id=entry.env_id, **entry.overrides)
             info["config"] = dataclasses.asdict(algo.config) if dataclasses.is_dataclass(algo.config) else {}
@@ -464,6 +489,7 @@ class BenchOutcome:
     markdown: str
     reference_failed: bool
     wall_s: float
+    reproduction: list[dict] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -496,7 +522,15 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
         env_ids = [e for e in protocol_envs() if not is_pettingzoo(e)]
         if not env_ids:
             raise ShopsimError("no env has an evaluation split under data/splits/; nothing to benchmark")
-    entries = plan(mode, env_ids, list(user_algos), table=table, sft=sft_checkpoint())
+    shipped = [r for r in shipped_results() if r["env_id"] in env_ids]
+    live_check = mode == "quick"  # the main job re-evaluates the shipped checkpoints
+    entries = plan(mode, env_ids, list(user_algos), table=table, sft=sft_checkpoint(),
+                   shipped=shipped if live_check else ())
+    if mode == "standard" and user_algos and shipped:
+        # your algorithm among the shipped rows: train only it (the baselines' and references' rows ship)
+        shipped_envs = {r["env_id"] for r in shipped}
+        entries = [e for e in entries if e.algorithm in user_algos or e.env_id not in shipped_envs]
+    resume = resume and mode in RESUMABLE
     protocols: dict[str, Protocol] = {}
     results: list[dict] = []
     res_dir = Path(results_dir) if results_dir is not None else out / "results"
@@ -536,10 +570,129 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
     all_results = find_results(res_dir) if res_dir.is_dir() else []
     current = {(r["env_id"], r["entry"]) for r in results}
     shown = [r for r in all_results if (r["env_id"], r["entry"]) in current]
-    written = render_all(shown, out, plots=plots)
+    same_dir = res_dir.resolve() == shipped_dir().resolve()
+    repro = reproduction(shown, shipped) if shipped and not same_dir else []
+    if mode == "standard" and not same_dir:
+        # your rows among the shipped ones: the shipped rows this run did not produce again
+        mine = {(r["env_id"], r["entry"]) for r in shown}
+        board = shown + [r for r in shipped if (r["env_id"], r["entry"]) not in mine]
+        md = to_markdown(board) + reproduction_markdown(repro)
+    elif live_check:
+        board = shipped + shown
+        md = main_job_markdown(shipped, shown, repro)
+    else:
+        board, md = shown, to_markdown(shown)
+    written = render_all(board, out, plots=plots)
+    wall = time.perf_counter() - t_start
+    md += f"\nFinished in {wall:.0f} s ({mode} tier).\n"
+    written["markdown"].write_text(md)
     ref_failed = any(r["kind"] == "reference" and r["status"] == "error" for r in results)
-    return BenchOutcome(results=shown, written=written, markdown=to_markdown(shown), reference_failed=ref_failed,
-                        wall_s=time.perf_counter() - t_start)
+    return BenchOutcome(results=shown, written=written, markdown=md, reference_failed=ref_failed,
+                        wall_s=wall, reproduction=repro)
+
+
+#: tiers whose runs resume (an entry whose results file exists on the same protocol is not run again); the main
+#: job always evaluates live
+RESUMABLE = ("standard", "full")
+
+
+def shipped_dir() -> Path:
+    """``data/results/standard``: the shipped standard-tier results (and the first training seed's checkpoints)."""
+    from shopsim.paths import data_dir
+
+    return data_dir() / "results" / "standard"
+
+
+def shipped_results(root: str | Path | None = None) -> list[dict]:
+    """Every shipped standard-tier results file (validated), each marked ``_shipped``; [] when none ship."""
+    root = Path(root) if root is not None else shipped_dir()
+    if not root.is_dir():
+        return []
+    out = find_results(root)
+    for r in out:
+        r["_shipped"] = True
+    return out
+
+
+def shipped_checkpoint(rec: dict) -> Path | None:
+    """The checkpoint folder shipped next to a trained results file (``<entry>/seed<k>/``), or None."""
+    from agents.registry import CHECKPOINT_MANIFEST
+
+    if rec.get("kind") != "trained" or rec.get("status") != "ok" or not rec.get("_path"):
+        return None
+    seeds = rec.get("train_seeds") or []
+    folder = Path(rec["_path"]).parent / rec["entry"] / f"seed{seeds[0] if seeds else 0}"
+    return folder if (folder / CHECKPOINT_MANIFEST).is_file() else None
+
+
+def _primary(rec: dict) -> str | None:
+    from shopsim.leaderboard.protocols import DEFAULT_METRICS, FAMILY_METRICS
+
+    cols = FAMILY_METRICS.get(rec.get("family") or "", DEFAULT_METRICS)
+    return next((c for c in cols if c in rec["metrics"]), None)
+
+
+def reproduction(live: list[dict], shipped: list[dict]) -> list[dict]:
+    """Whether each live result reproduces its shipped counterpart on the env's primary metric.
+
+    A live reference agent or re-trained entry is compared with the shipped row of the same name; a shipped
+    checkpoint evaluated live (``shipped_entry``) with that row's value for the checkpoint's training seed, with
+    the shipped interval's margins around it. It reproduces when the two 95% intervals overlap (live and shipped
+    may use different task subsets of the split: the main job evaluates fewer tasks)."""
+    by = {(r["env_id"], r["entry"]): r for r in shipped if r["status"] == "ok"}
+    rows = []
+    for r in live:
+        s = by.get((r["env_id"], r.get("shipped_entry") or r["entry"]))
+        if s is None or r["status"] != "ok" or r.get("demo"):
+            continue
+        metric = _primary(s)
+        if metric is None or metric not in r["metrics"]:
+            continue
+        sm, lm = s["metrics"][metric], r["metrics"][metric]
+        centre = sm["mean"]
+        if r.get("shipped_entry") and sm.get("per_seed"):
+            centre = sm["per_seed"][0]  # the shipped checkpoint is the first training seed's
+        lo, hi = sm.get("ci95") or [sm["mean"], sm["mean"]]
+        s_lo, s_hi = centre - (sm["mean"] - lo), centre + (hi - sm["mean"])
+        l_lo, l_hi = lm.get("ci95") or [lm["mean"], lm["mean"]]
+        rows.append({"env_id": r["env_id"], "entry": r["entry"], "metric": metric, "shipped": centre,
+                     "shipped_ci95": [s_lo, s_hi], "live": lm["mean"], "live_ci95": [l_lo, l_hi],
+                     "reproduces": bool(l_lo <= s_hi and s_lo <= l_hi)})
+    return rows
+
+
+def reproduction_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    bad = [r for r in rows if not r["reproduces"]]
+    lines = ["", "## Live check: shipped results evaluated again on this machine", "",
+             ("Every shipped result reproduces within its 95% interval." if not bad else
+              f"**{len(bad)} of {len(rows)} shipped results do not reproduce within their 95% interval:** "
+              + ", ".join(f"{r['env_id'].split('/')[-1]} {r['entry']}" for r in bad) + "."), "",
+             "| env | entry | metric | shipped [95% CI] | live [95% CI] | reproduces |", "|---|---|---|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['env_id'].split('/')[-1]} | {r['entry']} | {r['metric']} | {r['shipped']:.4g} "
+                     f"[{r['shipped_ci95'][0]:.4g}, {r['shipped_ci95'][1]:.4g}] | {r['live']:.4g} "
+                     f"[{r['live_ci95'][0]:.4g}, {r['live_ci95'][1]:.4g}] | {'yes' if r['reproduces'] else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main_job_markdown(shipped: list[dict], live: list[dict], repro: list[dict]) -> str:
+    """The main job's leaderboard.md: the shipped standard tier, the live check, the demo rows apart."""
+    from shopsim.leaderboard.render import to_markdown
+
+    head = to_markdown(shipped, title="shopsim leaderboard: standard tier (shipped results)") if shipped else (
+        "# shopsim leaderboard\n\nNo standard-tier results ship in data/results/standard; run "
+        "`shopsim bench --tier standard --results data/results/standard`.\n")
+    demo = [r for r in live if not r.get("shipped_entry")]  # the shipped checkpoints are in the live check
+    text = head + reproduction_markdown(repro)
+    if demo:
+        body = to_markdown(demo, title=None)
+        text += ("\n## Live rows: reference agents and a demo training per env family\n\n"
+                 "Evaluated on this machine on the main job's protocol (fewer tasks than the standard tier, so its "
+                 "own tables). `demo-*` rows are trained for a few iterations only: they show that training runs, "
+                 "not what the algorithm reaches; compare algorithms on the standard rows above.\n\n" + body)
+    return text
 
 
 class _Bar:
