@@ -100,3 +100,22 @@ def test_every_shipped_result_validates_and_names_a_command_that_exists():
             assert len(rec["train_seeds"]) >= 3 and rec["curve"]["metric"] and len(rec["curve"]["per_seed"]) >= 3
     size = sum(p.stat().st_size for p in REPO_DATA.rglob("*") if p.is_file())
     assert size < 8e6, f"shipped results take {size / 1e6:.1f} MB; keep the repository small"
+
+
+def test_card_claims_are_read_from_results_with_sample_std():
+    from benchmarks.repro_standard import claims
+
+    def row(entry, kind, per_seed, ci, family="inventory", metric="cost"):
+        return {"entry": entry, "kind": kind, "family": family, "config": {},
+                "metrics": {metric: {"mean": sum(per_seed) / len(per_seed), "per_seed": per_seed, "ci95": ci}}}
+
+    inv = {"random": row("random", "reference", [900.0], [850.0, 950.0]),
+           "hpo": row("hpo", "trained", [100.0, 110.0, 120.0], [95.0, 125.0]),
+           "ppo": row("ppo", "trained", [118.0, 130.0, 142.0], [115.0, 145.0])}
+    got = {c["claim"]: c for c in claims({"Replenishment-v0": inv})}
+    assert got["hpo beats random on cost"]["verdict"] == "shown"
+    hpo_ppo = got["HPO below Gaussian PPO in cost (N = 5 SKUs)"]
+    # the intervals overlap (95..125 vs 115..145): not shown, however the means compare
+    assert hpo_ppo["verdict"] == "not shown" and hpo_ppo["values"]["sd"] == 10.0  # sample std of 100, 110, 120
+    assert hpo_ppo["relative_pct"] == -15.4  # 110 / 130 - 1
+    assert got["the HPO-PPO gap grows with N"]["verdict"] == "not measured"
