@@ -674,10 +674,14 @@ def reproduction_markdown(rows: list[dict]) -> str:
               f"**{len(bad)} of {len(rows)} shipped results do not reproduce within their 95% interval:** "
               + ", ".join(f"{r['env_id'].split('/')[-1]} {r['entry']}" for r in bad) + "."), "",
              "| env | entry | metric | shipped [95% CI] | live [95% CI] | reproduces |", "|---|---|---|---:|---:|---|"]
+    def num(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
     for r in rows:
-        lines.append(f"| {r['env_id'].split('/')[-1]} | {r['entry']} | {r['metric']} | {r['shipped']:.4g} "
-                     f"[{r['shipped_ci95'][0]:.4g}, {r['shipped_ci95'][1]:.4g}] | {r['live']:.4g} "
-                     f"[{r['live_ci95'][0]:.4g}, {r['live_ci95'][1]:.4g}] | {'yes' if r['reproduces'] else '**no**'} |")
+        lines.append(f"| {r['env_id'].split('/')[-1]} | {r['entry']} | {r['metric']} | {num(r['shipped'])} "
+                     f"[{num(r['shipped_ci95'][0])}, {num(r['shipped_ci95'][1])}] | {num(r['live'])} "
+                     f"[{num(r['live_ci95'][0])}, {num(r['live_ci95'][1])}] | "
+                     f"{'yes' if r['reproduces'] else '**no**'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -691,7 +695,7 @@ def main_job_markdown(shipped: list[dict], live: list[dict], repro: list[dict]) 
     demo = [r for r in live if not r.get("shipped_entry")]  # the shipped checkpoints are in the live check
     text = head + reproduction_markdown(repro)
     if demo:
-        body = to_markdown(demo, title=None)
+        body = to_markdown(demo, title=None, legend=False)
         text += ("\n## Live rows: reference agents and a demo training per env family\n\n"
                  "Evaluated on this machine on the main job's protocol (fewer tasks than the standard tier, so its "
                  "own tables). `demo-*` rows are trained for a few iterations only: they show that training runs, "

@@ -150,9 +150,9 @@ def _per_run_cell(r: dict, metric: str | None) -> str:
     return f"{vals} (sd {m['std']:.3g})" if m.get("std") is not None else vals
 
 
-def to_markdown(results: list[dict], title: str | None = "shopsim leaderboard") -> str:
+def to_markdown(results: list[dict], title: str | None = "shopsim leaderboard", legend: bool = True) -> str:
     lines = [f"# {title}", ""] if title else []
-    lines += [LEGEND, ""]
+    lines += [LEGEND, ""] if legend else []
     for env_id, rows in group_by_env(results).items():
         cols = columns_for(rows)
         tier = next((r.get("tier") for r in rows if r.get("tier")), None)
