@@ -191,3 +191,21 @@ def test_two_level_bootstrap_carries_run_to_run_variation():
     ref = [{"task_id": t, "cost": 10.0} for t in range(20)]
     g = summarize(recs, per_seed=[{}, {}], reference=ref)["gap_to_s_S_pct"]
     assert g["mean"] == pytest.approx(50.0) and g["ci95"] == pytest.approx([0.0, 100.0])
+
+
+def test_default_protocol_size_and_hash():
+    from dataclasses import replace
+
+    from shopsim.leaderboard.protocols import PROTOCOL_SIZE, load_protocol
+
+    p = load_protocol("shopsim/Replenishment-v0")
+    whole = load_protocol("shopsim/Replenishment-v0", sized=False)
+    size = PROTOCOL_SIZE["shopsim/Replenishment-v0"]
+    assert len(p.task_ids) == size["tasks"] and p.tries == size["tries"] and p.seeds == size["seeds"]
+    assert p.task_ids == whole.task_ids[:size["tasks"]]  # the first tasks of the split
+    assert p.episodes_per_seed * len(p.seeds) * 40 < whole.episodes_per_seed * len(whole.seeds)
+    # the hash names the episodes: equal for equal protocols, different when tasks, tries or env options differ
+    assert p.hash == load_protocol("shopsim/Replenishment-v0").hash and len(p.hash) == 16
+    assert len({p.hash, whole.hash, p.limited(tries=2).hash, replace(p, env_kwargs={"n_skus": 3}).hash}) == 4
+    shop = load_protocol("shopsim/Shopping-v0")
+    assert shop.tries == 4 and len(shop.task_ids) == 100  # 25 tasks x 4 tries = 100 episodes per family
