@@ -125,11 +125,14 @@ def to_markdown(items: list[dict], meta: dict) -> str:
              "| env | claim | verdict | row per seed (mean, sd) | reference per seed (mean, sd) | relative |",
              "|---|---|---|---|---|---:|"]
 
+    def num(x: float) -> str:
+        return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
     def cell(v):
         if not v:
             return "—"
-        sd = "—" if v.get("sd") is None else f"{v['sd']:.4g}"
-        return f"{', '.join(f'{x:.4g}' for x in v['per_seed'])} ({v['mean']:.4g}, sd {sd})"
+        sd = "—" if v.get("sd") is None else num(v["sd"])
+        return f"{', '.join(num(x) for x in v['per_seed'])} ({num(v['mean'])}, sd {sd})"
 
     for c in items:
         rel = f"{c['relative_pct']:+.1f}%" if "relative_pct" in c else "—"
