@@ -146,8 +146,11 @@ def _per_run_cell(r: dict, metric: str | None) -> str:
     m = (r.get("metrics") or {}).get(metric or "") or {}
     if m.get("seeds_over") != "train_seeds" or not m.get("per_seed"):
         return "—"
-    vals = ", ".join(f"{v:.4g}" for v in m["per_seed"])
-    return f"{vals} (sd {m['std']:.3g})" if m.get("std") is not None else vals
+    def num(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+    vals = ", ".join(num(v) for v in m["per_seed"])
+    return f"{vals} (sd {num(m['std'])})" if m.get("std") is not None else vals
 
 
 def to_markdown(results: list[dict], title: str | None = "shopsim leaderboard", legend: bool = True) -> str:
