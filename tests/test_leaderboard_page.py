@@ -135,7 +135,7 @@ def test_slugs_are_safe_fragments_and_demo_rows_say_so():
 
     demo = {"env_id": INV, "kind": "trained", "demo": True, "budget": {"mode": "quick", "iterations": 6}}
     std = {**demo, "demo": False, "budget": {"mode": "standard", "iterations": 300}}
-    assert submit_command([demo, std]) == "shopsim bench --budget standard --envs Replenishment-v0 --algo " \
+    assert submit_command([demo, std]) == "shopsim bench --tier standard --envs Replenishment-v0 --algo " \
                                           "mypkg.module:MyAlgo"  # the standard rows' tier, not the demo's
     assert submit_command([demo]).startswith("shopsim bench --quick ")
 
@@ -159,7 +159,7 @@ def test_every_env_and_shown_metric_has_a_paragraph_with_its_direction(tmp_path)
     page = html.unescape(to_html(board_results(tmp_path)))
     assert "<dt>gap_to_s_S_pct</dt><dd>cost relative to the (s, S) policy" in page
     assert ("<dt>success/<family></dt><dd>success rate on the tasks of one family (find_and_buy, clarify_and_buy, "
-            "bundle, after_sales). Higher is better.</dd>") in page
+            "bundle, after_sales, personalized_buy). Higher is better.</dd>") in page
     assert "<dt>pass^k (k = 1, 2, 3, 4)</dt><dd>probability that all k tries of a task succeed" in page
     assert ENV_TEXT[RET] in page
 
@@ -174,12 +174,12 @@ def test_provenance_and_commands_to_reproduce_or_submit(tmp_path):
     assert reproduce_command(s_s) == ("shopsim eval --env shopsim/Replenishment-v0 --agent s_S --split test "
                                       "--tasks 16 --tries 4 --seeds 0 1 2 --out results/s_S.json")
     hpo = next(x for x in results if x["entry"] == "hpo")
-    assert reproduce_command(hpo) == "shopsim bench --budget standard --envs Replenishment-v0"
+    assert reproduce_command(hpo) == "shopsim bench --tier standard --envs Replenishment-v0"
     mine = next(x for x in results if x["entry"] == "mine")
     assert reproduce_command(mine) == "shopsim bench --quick --envs Replenishment-v0 --algo mypkg.algo:Mine"
     assert reproduce_command({**hpo, "command": ["shopsim", "bench", "--tier", "standard"]}) == \
         "shopsim bench --tier standard"  # a command recorded in the results file wins
-    assert "shopsim bench --budget standard --envs TwoStageRetrieval-v0 --algo mypkg.module:MyAlgo" in page
+    assert "shopsim bench --tier standard --envs TwoStageRetrieval-v0 --algo mypkg.module:MyAlgo" in page
 
 
 def test_a_note_says_what_differs_between_protocols(tmp_path):

@@ -153,7 +153,7 @@ def _mode(r: dict) -> str | None:
 
 
 def _bench_flag(tier: str) -> str:
-    return {"quick": "--quick", "full": "--full"}.get(tier, f"--budget {tier}")
+    return {"quick": "--quick", "full": "--full"}.get(tier, f"--tier {tier}")
 
 
 def reproduce_command(r: dict) -> str:

@@ -58,14 +58,17 @@ def _env_order(env_id: str) -> tuple[int, str]:
 
 
 def _protocol_key(r: dict) -> str:
+    if r.get("protocol_hash"):
+        return r["protocol_hash"]
     return json.dumps([r["split"], r.get("task_ids"), r["seeds"], r.get("tries")], sort_keys=True, default=str)
 
 
 def group_by_env(results: list[dict]) -> dict[str, list[dict]]:
     """One table per env id (in registry order), each sorted best first on the env's first table column.
 
-    Only entries evaluated on the same episodes (split, task ids, eval seeds, tries) share a table: if an env has
-    results from several protocols, each gets its own table, keyed ``"<env id> [protocol i]"``.
+    Only entries evaluated on the same episodes (the same ``protocol_hash``; for older files the same split, task
+    ids, eval seeds and tries) share a table: if an env has results from several protocols, each gets its own
+    table, keyed ``"<env id> [protocol i]"``, and is never ranked with the others.
     """
     envs: dict[str, dict[str, list[dict]]] = {}
     for r in results:
@@ -81,12 +84,18 @@ def group_by_env(results: list[dict]) -> dict[str, list[dict]]:
 
 
 def fmt_metric(m: dict | None, digits: int = 3) -> str:
+    """``mean ± h`` for a (near-)symmetric 95% interval, ``mean [lo, hi]`` for a skewed one (a Wilson interval
+    near 0 or 1, a bootstrap interval of a skewed metric), so that the text never implies values outside it."""
     if not m:
         return "—"
     text = f"{m['mean']:.{digits}f}"
     if m.get("ci95"):
         lo, hi = m["ci95"]
-        text += f" ± {(hi - lo) / 2:.{digits}f}"
+        half = (hi - lo) / 2
+        if abs((hi - m["mean"]) - (m["mean"] - lo)) <= 0.2 * half:
+            text += f" ± {half:.{digits}f}"
+        else:
+            text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
     return text
 
 
@@ -122,19 +131,52 @@ def _protocol_line(rows: list[dict]) -> str:
             f"seeds {','.join(map(str, r['seeds']))}")
 
 
-def to_markdown(results: list[dict]) -> str:
-    lines = ["# shopsim leaderboard", "",
-             ("Values are means over eval seeds ± the half-width of the 95% t-interval (for trained entries with "
-              "several training runs, 'xN runs', over the training runs); pass^k is the τ-bench estimator (all k "
-              "tries of a task succeed). Lower is better for cost, gap and turns."), ""]
+LEGEND = ("Values are means over the protocol's episodes with their 95% interval: `± h` when it is symmetric, "
+          "`[lo, hi]` when not. Rates (success) use the Wilson interval; other metrics a seeded bootstrap over "
+          "tasks; entries trained with several seeds ('xN runs') a bootstrap over training runs and tasks. The "
+          "'per run' column lists the first metric per training seed and their sample std (ddof = 1). pass^k is "
+          "the τ-bench estimator (all k tries of a task succeed). Lower is better for cost, gap and turns. Rows "
+          "share a table only when measured on the same episodes (protocol hash).")
+
+
+def _per_run_cell(r: dict, metric: str | None) -> str:
+    m = (r.get("metrics") or {}).get(metric or "") or {}
+    if m.get("seeds_over") != "train_seeds" or not m.get("per_seed"):
+        return "—"
+    def num(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+    vals = ", ".join(num(v) for v in m["per_seed"])
+    return f"{vals} (sd {num(m['std'])})" if m.get("std") is not None else vals
+
+
+def to_markdown(results: list[dict], title: str | None = "shopsim leaderboard", legend: bool = True) -> str:
+    lines = [f"# {title}", ""] if title else []
+    lines += [LEGEND, ""] if legend else []
     for env_id, rows in group_by_env(results).items():
         cols = columns_for(rows)
-        lines += [f"## {env_id}", "", _protocol_line(rows), ""]
-        head = list(META_COLUMNS[:2]) + cols + list(META_COLUMNS[2:])
+        tier = next((r.get("tier") for r in rows if r.get("tier")), None)
+        lines += [f"## {env_id}", "", _protocol_line(rows) + (f"; tier `{tier}`" if tier else "")
+                  + f"; protocol `{rows[0].get('protocol_hash') or '—'}`", ""]
+        runs = any(r.get("ci_over") == "train_seeds" for r in rows)
+        head = ["rank"] + list(META_COLUMNS[:2]) + cols + (["per run"] if runs else []) + list(META_COLUMNS[2:])
         lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "|".join("---" if c in META_COLUMNS else "---:" for c in head) + "|")
+        lines.append("|" + "|".join("---" if c in META_COLUMNS or c == "per run" else "---:" for c in head) + "|")
+        rank = 0
         for r in rows:
-            cells = [_meta_cell(r, c) if c in META_COLUMNS else fmt_metric(r["metrics"].get(c)) for c in head]
+            rank += r["status"] == "ok"
+            cells = []
+            for c in head:
+                if c == "rank":
+                    cells.append(str(rank) if r["status"] == "ok" else "—")
+                elif c == "per run":
+                    cells.append(_per_run_cell(r, cols[0] if cols else None))
+                elif c == "entry":
+                    cells.append(r["entry"] + (" (demo)" if r.get("demo") else ""))
+                elif c in META_COLUMNS:
+                    cells.append(_meta_cell(r, c))
+                else:
+                    cells.append(fmt_metric(r["metrics"].get(c)))
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
