@@ -110,8 +110,9 @@ STANDARD_TRAIN_SEEDS = 3
 #: mode (tier) -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
 BUDGETS: dict[str, dict[str, Budget]] = {
     "standard": {
-        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 20, "mpo": 20}, overrides=_SHOP_STD, needs_init=True,
-                                      user_iterations=20, train_seeds=STANDARD_TRAIN_SEEDS),
+        # 10 iterations x 32 rollouts per LM run: 6 runs and their evaluations take about an hour on 2 cores
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 10, "mpo": 10}, overrides=_SHOP_STD, needs_init=True,
+                                      user_iterations=10, train_seeds=STANDARD_TRAIN_SEEDS),
         "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 100, "reinforce": 100, "grpo": 100},
                                           overrides={a: _REC_STD for a in ("prorl", "reinforce", "grpo")},
                                           user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
