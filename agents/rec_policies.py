@@ -122,13 +122,25 @@ class GreedyRecExpert(ScriptedAgent):
         self.scorer = PathScorer(self.world)
         self.n_candidates, self.stop_ioi, self.action_mode = n_candidates, stop_ioi, action_mode
 
-    def act_one(self, slot, observation, info):
+    def act(self, observations, infos, slots) -> list[Decision]:
+        """One `greedy_step` call for every slot that is still choosing (the simulator's forward passes batched
+        over users instead of one per slot)."""
         n = self.world.n_items
-        seq = [int(i) for i in observation["history"] if i < n]
-        if observation["length"] >= L_MAX:
-            return self._eos()
-        pick = int(greedy_step(self.world, self.scorer, [seq], np.array([observation["target"]]),
-                               n_candidates=self.n_candidates, stop_ioi=self.stop_ioi)[0])
+        picks: list[int] = [-1] * len(observations)
+        live = [k for k, o in enumerate(observations) if o["length"] < L_MAX]
+        if live:
+            seqs = [[int(i) for i in observations[k]["history"] if i < n] for k in live]
+            targets = np.array([observations[k]["target"] for k in live])
+            chosen = greedy_step(self.world, self.scorer, seqs, targets, n_candidates=self.n_candidates,
+                                 stop_ioi=self.stop_ioi)
+            for k, pick in zip(live, chosen, strict=True):
+                picks[k] = int(pick)
+        return [Decision(self._item_action(p)) for p in picks]
+
+    def act_one(self, slot, observation, info):
+        return self.act([observation], [info], [slot])[0].action
+
+    def _item_action(self, pick: int):
         if pick < 0:
             return self._eos()
         return pick if self.action_mode == "item" else self.world.sids.codes[pick].copy()

@@ -309,6 +309,25 @@ def test_expert_and_random_agents_run_and_expert_wins():
         assert env.action_space.contains(np.asarray(a, dtype=np.int64))
 
 
+def test_expert_acting_for_many_slots_at_once_picks_what_it_picks_for_each_alone():
+    from agents import make
+    from shopsim.rollout import collect
+
+    agent = make("expert", ENV_ID, **SMALL)
+    tasks = load_split()["dev"][:16]
+    trajs = collect(ENV_ID, agent, tasks=tasks, seeds=list(range(16)), split="dev", num_envs=8, progress=False,
+                    env_kwargs=SMALL)
+    env = ProactiveRecEnv(**SMALL)
+    for traj, task, seed in zip(trajs, tasks, range(16), strict=True):
+        obs, info = env.reset(seed=seed, options={"task_id": task})
+        for turn in traj.turns:  # the same episode with the agent acting for this one slot only
+            alone = agent.act([obs], [info], [0])[0].action
+            assert np.array_equal(np.asarray(alone), np.asarray(turn.action))
+            obs, _, terminated, truncated, info = env.step(alone)
+        assert terminated or truncated
+    assert max(len(t.turns) for t in trajs) > 2  # paths of several items: the batch held slots at other steps
+
+
 @pytest.mark.parametrize("valid_only,no_repeat", [(False, False), (True, False), (False, True), (True, True)])
 def test_policy_agent_per_step_matches_batched_decoding(valid_only, no_repeat):
 
