@@ -132,8 +132,10 @@ BUDGETS: dict[str, dict[str, Budget]] = {
     "quick": {
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 2}, overrides=_SHOP_TINY, needs_init=True, demo=True,
                                       user_iterations=3),
+        # the standard tier's decoding (real, unseen items): unconstrained, a 10-iteration demo stops early and
+        # looks worse than random
         "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 10}, tasks=64, demo=True,
-                                          overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
+                                          overrides={"prorl": {**_REC_SMALL, "valid_only": True, "no_repeat": True}}),
         "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 50}, tasks=1000, demo=True,
                                                overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
         "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 10}, tasks=64, demo=True,
