@@ -48,8 +48,8 @@ def episode_seed(agent_seed: int, index: int) -> int:
     """The seed of episode `index`'s own sampling stream (`agents.base.Agent.seed_episode`) in a collect whose agent
     seed is `agent_seed`: a function of the pair only, so the episode samples the same whichever process, worker or
     batch runs it. SeedSequence mixes the two, so nearby seeds and indices give unrelated streams."""
-    return int(np.random.SeedSequence([int(agent_seed) & 0xFFFFFFFFFFFFFFFF, int(index)]).generate_state(1, np.uint64)[0]
-               >> 1)
+    entropy = [int(agent_seed) & 0xFFFFFFFFFFFFFFFF, int(index)]  # SeedSequence takes non-negative ints only
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)  # fits manual_seed's int64
 
 
 def plan_episodes(*, episodes: int | None = None, tasks: Sequence | None = None, seeds: Sequence[int] | None = None,
