@@ -3,7 +3,8 @@
 An agent acts on a *batch* of observations, one per env slot. The rollout runner calls
 
 1. ``agent.reset(num_slots, seed)`` once before a batch of episodes,
-2. ``agent.begin_episode(slot, observation, info)`` when the episode in `slot` starts,
+2. ``agent.seed_episode(slot, seed)`` then ``agent.begin_episode(slot, observation, info)`` when the episode in
+   `slot` starts (`seed` is the episode's own sampling seed, `shopsim.rollout.episode_seed`),
 3. ``agent.act(observations, infos, slots) -> list[Decision]`` for the slots that are still running,
 4. ``agent.observe(slot, reward, terminated, truncated, info)`` after each step (optional bookkeeping).
 
@@ -56,6 +57,12 @@ class Agent:
     def reset(self, num_slots: int, seed: int | None = None) -> None:
         self.num_slots = num_slots
         self.rng = np.random.default_rng(seed)
+
+    def seed_episode(self, slot: int, seed: int) -> None:  # noqa: B027
+        """Called before `begin_episode` with the seed of that episode's own sampling stream, derived from the agent
+        seed and the episode's index in the plan. An agent that draws each episode's samples from a stream seeded
+        here gives the same samples whichever episodes share its batch (the LM agent); the default keeps the one
+        stream of `reset`."""
 
     def begin_episode(self, slot: int, observation: Any, info: dict) -> None:  # noqa: B027
         """Called when the episode in `slot` starts (after the env reset)."""

@@ -188,7 +188,7 @@ class ARC(GRPO):
     def collect_batch(self, env_id: str, agent, iteration: int, rng: np.random.Generator,
                       env_kwargs: dict | None = None, env_fns=None, progress: bool = False):
         """n rollouts per (task, strategy) for `tasks_per_iter` tasks, all with the task's reset seed."""
-        from shopsim.rollout import collect
+        collect = self.rollout_collect()
 
         c = self.config
         tasks = self.train_tasks(env_id, rng, c.tasks_per_iter)

@@ -281,7 +281,7 @@ class BASIS(LMAlgorithm):
 
     def before_training(self, env_id: str, agent, rng: np.random.Generator, out_dir: Path) -> dict:
         """Build (or reuse) the offline table: N_ref rollouts of the start policy per pool task."""
-        from shopsim.rollout import collect
+        collect = self.rollout_collect()
 
         c = self.config
         seed = self.run.seed if hasattr(self, "run") else 0
@@ -316,7 +316,7 @@ class BASIS(LMAlgorithm):
     def collect_batch(self, env_id: str, agent, iteration: int, rng: np.random.Generator,
                       env_kwargs: dict | None = None, env_fns=None, progress: bool = False):
         """`tasks_per_iter` pool tasks (without replacement while the pool allows), `group_size` rollouts each."""
-        from shopsim.rollout import collect
+        collect = self.rollout_collect()
 
         c = self.config
         pool = self.table["pool"]

@@ -275,8 +275,10 @@ class PrefixGuidedAgent:
         stop = set(s.fmt.stop_ids)
         limit = s.sampling.max_new_tokens
         s.model.eval()
+        # each episode's own stream when the runner seeded one (`LMAgent.seed_episode`), else the student's
+        gens = [s.episode_generators.get(x, s.generator) for x in slots] if s.episode_generators else None
         t_out = sample(self.teacher, prompts, stop_ids=s.fmt.stop_ids, pad_id=s.policy.pad_id, config=s.sampling,
-                       generator=s.generator)
+                       generator=gens or s.generator)
         prefixes = [list(ids[: math.ceil(self.share * len(ids))]) for ids in t_out.ids]
         # the student completes the turns whose prefix has not ended it
         need = [i for i, p in enumerate(prefixes) if len(p) < limit and not (p and p[-1] in stop)]
@@ -285,7 +287,7 @@ class PrefixGuidedAgent:
             room = limit - min(len(prefixes[i]) for i in need)
             out = sample(s.model, [prompts[i] + prefixes[i] for i in need], stop_ids=s.fmt.stop_ids,
                          pad_id=s.policy.pad_id, config=replace(s.sampling, max_new_tokens=room),
-                         generator=s.generator, cache=s.kv_cache,
+                         generator=[gens[i] for i in need] if gens else s.generator, cache=s.kv_cache,
                          keys=[slots[i] for i in need] if s.kv_cache is not None else None)
             for j, i in enumerate(need):
                 cut = limit - len(prefixes[i])

@@ -20,11 +20,19 @@ agent object is pickled once per call into Ray's object store). Without a pool, 
 after the other. The driver only ever holds one shard's bookkeeping, never the trajectories of the whole run, so its
 memory does not grow with the number of episodes.
 
+Trainers (`RayPool.collect` with ``broadcast_weights=True``, the LM trainers' ``rollout_workers``): the agent is
+shipped to the object store once, and each call puts only its model's ``state_dict()`` (once, whatever the number
+of workers); each worker loads it into its own copy of the agent before running its range.
+
 Determinism: every episode is reset with its planned seed, so envs give the same episodes whichever worker runs
-them. The agent of a shard starting at episode ``i`` is seeded with ``agent_seed + i`` (``agent_seed + 0`` is
-what a single-process `collect` uses), so a stochastic agent's samples depend on the shard size but not on the
-number of workers; an agent whose actions depend only on its episode (the scripted experts, (s, S)) gives exactly
-the rows of a single-process run. With ``SOURCE_DATE_EPOCH`` set the files are byte-identical from run to run.
+them. The agent of a shard starting at episode ``i`` is reset with ``agent_seed + i`` (``agent_seed + 0`` is what
+a single-process `collect` uses), so an agent with one sampling stream gives samples that depend on the shard size
+but not on the number of workers. Every episode's own stream (`shopsim.rollout.episode_seed`) is seeded from the
+run's ``agent_seed`` and its index in the whole plan, so an agent that samples from per-episode streams (the LM
+agent) gives the tokens of a single-process run whatever the shards and workers (log-probs equal up to float
+rounding of differently batched forwards); an agent whose actions depend only on its episode (the scripted
+experts, (s, S)) gives exactly the rows of a single-process run. With ``SOURCE_DATE_EPOCH`` set the files are
+byte-identical from run to run.
 """
 
 from __future__ import annotations
@@ -94,7 +102,9 @@ def _run_range(env_id: str, agent, specs, collect_kwargs: dict, agent_seed: int,
     """Run one range of planned episodes; write them to `out` (a shard) and return its record, or return them."""
     from shopsim.rollout import collect
 
-    kwargs = {**collect_kwargs, "agent_seed": agent_seed + specs[0].index, "specs": specs, "progress": False}
+    # the range's agent reset seed moves with its start; per-episode streams keep the whole run's seed
+    kwargs = {**collect_kwargs, "agent_seed": agent_seed + specs[0].index, "stream_seed": agent_seed, "specs": specs,
+              "progress": False}
     if out is None:
         return collect(env_id, agent, **kwargs)
     from shopsim.datasets import DatasetWriter
@@ -118,24 +128,44 @@ class ShardWorker:
             pass
         self._agent_key = None
         self._agent = None
+        self._weights_key = None
 
     def pid(self) -> int:
         return os.getpid()
 
     def run(self, agent_key: str, agent_box: list, env_id: str, specs, collect_kwargs: dict, agent_seed: int,
-            out: str | None = None, metadata: dict | None = None):
+            out: str | None = None, metadata: dict | None = None, weights: tuple[str, list] | None = None,
+            with_stats: bool = False):
+        """Run one range. `weights` = (key, [ref to a state dict]): load it into the agent's model first (once per
+        key). `with_stats`: return ``(result, stats)`` with what the run added to the agent's numeric ``stats``."""
+        import ray
+
         if agent_key != self._agent_key:  # a new agent (or new weights): deserialise it once per call of the driver
-            import ray
+            self._agent, self._agent_key, self._weights_key = ray.get(agent_box[0]), agent_key, None
+        if weights is not None and weights[0] != self._weights_key:
+            self._agent.model.load_state_dict(ray.get(weights[1][0]))
+            self._weights_key = weights[0]
+        before = _numeric_stats(self._agent)
+        result = _run_range(env_id, self._agent, specs, collect_kwargs, agent_seed, out, metadata)
+        if not with_stats:
+            return result
+        after = _numeric_stats(self._agent)
+        return result, {k: v - before.get(k, 0) for k, v in after.items()}
 
-            self._agent, self._agent_key = ray.get(agent_box[0]), agent_key
-        return _run_range(env_id, self._agent, specs, collect_kwargs, agent_seed, out, metadata)
+
+def _numeric_stats(agent) -> dict[str, float]:
+    """The agent's numeric counters (the LM agent's ``stats``: turns, encoded tokens, timings)."""
+    stats = getattr(agent, "stats", None)
+    if not isinstance(stats, dict):
+        return {}
+    return {k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def _import_ray():
+def _import_ray(option: str = "--workers / --ray-address"):
     try:
         import ray
     except ImportError:
-        raise ConfigError("--workers / --ray-address need Ray: pip install 'shopsim[ray]'") from None
+        raise ConfigError(f"{option} need(s) Ray: pip install 'shopsim[ray]'") from None
     return ray
 
 
@@ -145,12 +175,14 @@ class RayPool:
     ``address=None, workers=N`` starts a local Ray instance with N CPUs unless this process already joined one
     (then it is reused, e.g. a test's cluster); ``address="auto"`` or ``"HOST:6379"`` joins a cluster started with
     ``ray start --head`` (then ``workers`` defaults to the cluster's CPU count). Use as a context manager; `close`
-    ends the actors (not the cluster)."""
+    ends the actors (not the cluster). `option` names the setting in error messages (``--workers`` on the command
+    line, ``rollout_workers`` in a trainer's config)."""
 
-    def __init__(self, workers: int | None = None, address: str | None = None, *, torch_threads: int = 1) -> None:
-        ray = _import_ray()
+    def __init__(self, workers: int | None = None, address: str | None = None, *, torch_threads: int = 1,
+                 option: str = "--workers") -> None:
+        ray = _import_ray("--workers / --ray-address" if option == "--workers" else option)
         if workers is not None and workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {workers}")
+            raise ConfigError(f"{option} must be at least 1, got {workers}")
         if workers is None and address is None:
             raise ConfigError("give --workers N (a local Ray cluster) or --ray-address ADDR (an existing one)")
         if not ray.is_initialized():
@@ -162,13 +194,14 @@ class RayPool:
         if workers is None:
             workers = max(1, cpus)
         elif workers > cpus:  # an actor that cannot get its CPU would wait for one forever
-            raise ConfigError(f"--workers {workers} needs {workers} CPUs (one per worker) but the Ray cluster has "
-                              f"{cpus}; lower --workers or add nodes (docs/scale.md)")
+            raise ConfigError(f"{option} {workers} needs {workers} CPUs (one per worker) but the Ray cluster has "
+                              f"{cpus}; lower {option} or add nodes (docs/scale.md)")
         self.ray = ray
         self.workers = workers
         remote = ray.remote(num_cpus=1, max_restarts=0)(ShardWorker)
         self.actors = [remote.remote(torch_threads) for _ in range(workers)]
         self._calls = 0
+        self._shipped: tuple | None = None  # (agent, key, box) of the agent whose weights `collect` broadcasts
 
     def __enter__(self) -> RayPool:
         return self
@@ -180,12 +213,23 @@ class RayPool:
         for actor in self.actors:
             self.ray.kill(actor)
         self.actors = []
+        self._shipped = None
 
     def put_agent(self, agent) -> tuple[str, list]:
         """The agent in the object store, boxed in a list so Ray passes the reference (not the value) to the actors,
         with a key that changes on every call (a trainer's agent has new weights each iteration)."""
         self._calls += 1
         return f"{id(self)}-{self._calls}", [self.ray.put(agent)]
+
+    def put_weights(self, agent) -> tuple[tuple[str, list], str, list]:
+        """Trainer path: ``(weights, key, box)``. The agent object goes to the object store on the first call (and
+        again for another agent object); every call puts its model's current ``state_dict()`` once, for all
+        workers, under a new key (`ShardWorker.run` loads it into its copy)."""
+        if self._shipped is None or self._shipped[0] is not agent:
+            self._shipped = (agent, *self.put_agent(agent))
+        self._calls += 1
+        state = {k: v.detach().cpu() for k, v in agent.model.state_dict().items()}
+        return (f"{id(self)}-w{self._calls}", [self.ray.put(state)]), self._shipped[1], self._shipped[2]
 
     def map(self, jobs: Sequence[tuple], on_done: Callable[[int, Any], None] | None = None) -> list:
         """Run ``ShardWorker.run(*job)`` for every job, one at a time per actor, and return the results in job order.
@@ -223,9 +267,15 @@ class RayPool:
     def collect(self, env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[int] | None = None,
                 tasks: Sequence | None = None, split: str | None = "train", group_size: int = 1, seed: int = 0,
                 reset_options: dict | Callable | None = None, agent_seed: int | None = None,
-                progress: bool = False, writer=None, **collect_kwargs) -> list:
+                progress: bool = False, writer=None, broadcast_weights: bool = False,
+                agent_stats: dict | None = None, **collect_kwargs) -> list:
         """`shopsim.rollout.collect` over the pool: the episodes split into one contiguous range per worker (whole
-        groups), results in episode order (written to `writer` if given)."""
+        groups), results in episode order (written to `writer` if given).
+
+        `broadcast_weights` (trainers, whose agent changes only in its weights): ship the agent once and its model's
+        state dict on each call (`put_weights`), instead of the whole agent on each call. `agent_stats` (a dict,
+        e.g. the driver's ``agent.stats``): add to it what the workers' runs added to their agents' numeric stats,
+        so counters read as after an in-process collect."""
         from shopsim.rollout import plan_episodes
 
         specs = plan_episodes(episodes=episodes, tasks=tasks, seeds=seeds, seed=seed, group_size=group_size,
@@ -233,11 +283,22 @@ class RayPool:
         n_groups = specs[-1].group_id + 1
         per = -(-n_groups // self.workers)
         ranges = [(g0 * group_size, min((g0 + per) * group_size, len(specs))) for g0 in range(0, n_groups, per)]
-        key, box = self.put_agent(agent)
+        weights = None
+        if broadcast_weights:
+            weights, key, box = self.put_weights(agent)
+        else:
+            key, box = self.put_agent(agent)
         kwargs = {"split": split, "group_size": group_size, "seed": seed, **collect_kwargs}
         base = seed if agent_seed is None else agent_seed
-        jobs = [(key, box, env_id, specs[a:b], kwargs, base) for a, b in ranges]
-        trajs = [t for chunk in self.map(jobs) for t in chunk]
+        with_stats = agent_stats is not None
+        jobs = [(key, box, env_id, specs[a:b], kwargs, base, None, None, weights, with_stats) for a, b in ranges]
+        results = self.map(jobs)
+        if with_stats:
+            for _, delta in results:
+                for k, v in delta.items():
+                    agent_stats[k] = agent_stats.get(k, 0) + v
+            results = [chunk for chunk, _ in results]
+        trajs = [t for chunk in results for t in chunk]
         if writer is not None:
             writer.write_all(trajs)
         return trajs

@@ -44,6 +44,14 @@ class EpisodeSpec:
     options: dict
 
 
+def episode_seed(agent_seed: int, index: int) -> int:
+    """The seed of episode `index`'s own sampling stream (`agents.base.Agent.seed_episode`) in a collect whose agent
+    seed is `agent_seed`: a function of the pair only, so the episode samples the same whichever process, worker or
+    batch runs it. SeedSequence mixes the two, so nearby seeds and indices give unrelated streams."""
+    entropy = [int(agent_seed) & 0xFFFFFFFFFFFFFFFF, int(index)]  # SeedSequence takes non-negative ints only
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)  # fits manual_seed's int64
+
+
 def plan_episodes(*, episodes: int | None = None, tasks: Sequence | None = None, seeds: Sequence[int] | None = None,
                   seed: int = 0, group_size: int = 1, split: str | None = "train",
                   reset_options: dict | Callable[[int, int], dict] | None = None) -> list[EpisodeSpec]:
@@ -187,13 +195,16 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
             reset_options: dict | Callable[[int, int], dict] | None = None, writer=None, progress: bool = True,
             vector: str | None = None, env_fns: Iterable[Callable[[], Any]] | None = None,
             max_steps: int = 10_000, drop_info_keys: Sequence[str] = DEFAULT_DROP_INFO,
-            agent_seed: int | None = None, specs: Sequence[EpisodeSpec] | None = None) -> list[Trajectory]:
+            agent_seed: int | None = None, specs: Sequence[EpisodeSpec] | None = None,
+            stream_seed: int | None = None) -> list[Trajectory]:
     """Run `agent` for the planned episodes and return their trajectories in episode order.
 
     `env_fns` (callables making an env) replaces `env_id`'s `gymnasium.make` when given (e.g. wrapped envs).
-    `agent_seed` seeds the agent's sampling (default: `seed`). `specs` runs these episodes of a `plan_episodes`
-    plan instead of planning (a slice of a larger plan: `shopsim.distributed` runs one shard of episodes this way;
-    the trajectories keep the plan's episode indices as `traj_id` and its group ids).
+    `agent_seed` seeds the agent's sampling (default: `seed`): `agent.reset(num_slots, agent_seed)`, and each
+    episode's own stream, ``agent.seed_episode(slot, episode_seed(stream_seed, index))`` with `stream_seed`
+    defaulting to the agent seed. `specs` runs these episodes of a `plan_episodes` plan instead of planning (a
+    slice of a larger plan: `shopsim.distributed` runs one shard of episodes this way, with the whole plan's
+    `stream_seed`; the trajectories keep the plan's episode indices as `traj_id` and its group ids).
     """
     from shopsim.envs import check_env_id, is_pettingzoo
 
@@ -217,7 +228,10 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     fns = fns[:n_slots]
     pool = _InProcessPool(fns) if vector is None else _VectorPool(fns, vector)
     agent_name = getattr(agent, "name", type(agent).__name__)
-    agent.reset(n_slots, seed if agent_seed is None else agent_seed)
+    agent_seed = seed if agent_seed is None else agent_seed
+    stream_seed = agent_seed if stream_seed is None else stream_seed
+    agent.reset(n_slots, agent_seed)
+    seed_episode = getattr(agent, "seed_episode", None)  # duck-typed agents without the Agent base may lack it
     drop = set(drop_info_keys)
 
     bar = None
@@ -241,6 +255,8 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
                           traj_id=spec.index, agent=agent_name,
                           meta={k: info[k] for k in ("family",) if k in info})
         active[slot] = {"spec": spec, "traj": traj, "obs": obs, "info": info, "steps": 0}
+        if seed_episode is not None:
+            seed_episode(slot, episode_seed(stream_seed, spec.index))
         agent.begin_episode(slot, obs, info)
 
     def emit_ready() -> None:

@@ -149,6 +149,8 @@ class LMAgent(Agent):
         self.contexts: dict[int, EpisodeContext] = {}
         self.pending: dict[int, list[int]] = {}
         self.generator = torch.Generator(device="cpu").manual_seed(0)
+        #: each episode's own sampling stream (`seed_episode`); a slot without one samples from `generator`
+        self.episode_generators: dict[int, torch.Generator] = {}
         self.stats = {"generate_s": 0.0, "act_s": 0.0, "new_tokens": 0}
 
     @staticmethod
@@ -175,9 +177,16 @@ class LMAgent(Agent):
     def reset(self, num_slots: int, seed: int | None = None) -> None:
         super().reset(num_slots, seed)
         self.generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else int(seed))
+        self.episode_generators = {}
         self.contexts, self.pending = {}, {}
         if self.kv_cache is not None:
             self.kv_cache.clear()
+
+    def seed_episode(self, slot: int, seed: int) -> None:
+        """The episode starting in `slot` samples from its own generator seeded with `seed`: its tokens then depend
+        on its seed and the model only, not on which episodes share the decoding batch (so a collect split over
+        workers samples what one process samples)."""
+        self.episode_generators[slot] = torch.Generator(device="cpu").manual_seed(int(seed))
 
     def begin_episode(self, slot: int, observation: Any, info: dict) -> None:
         ctx = EpisodeContext(self.fmt, **self._ctx_kw)
@@ -201,8 +210,11 @@ class LMAgent(Agent):
             prompts.append(ctx.prompt())
         t0 = time.perf_counter()
         self.model.eval()
+        # per-episode streams when the runner seeded them (`seed_episode`), else the agent's one stream
+        gens = self.episode_generators
+        generator = [gens.get(s, self.generator) for s in slots] if gens else self.generator
         out = sample(self.model, prompts, stop_ids=self.fmt.stop_ids, pad_id=self.policy.pad_id,
-                     config=self.sampling, generator=self.generator, cache=self.kv_cache,
+                     config=self.sampling, generator=generator, cache=self.kv_cache,
                      keys=list(slots) if self.kv_cache is not None else None)
         self.stats["generate_s"] += time.perf_counter() - t0
         self.stats["new_tokens"] += out.new_tokens
@@ -229,6 +241,7 @@ class LMAgent(Agent):
         if terminated or truncated:
             self.contexts.pop(slot, None)
             self.pending.pop(slot, None)
+            self.episode_generators.pop(slot, None)
             if self.kv_cache is not None:
                 self.kv_cache.drop(slot)
 

@@ -20,6 +20,7 @@ real prompt tokens (``"mean"``) and at the last prompt token (``"last"``, the st
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -103,11 +104,26 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+Generators = torch.Generator | Sequence[torch.Generator] | None
+"""One generator for the whole batch, or one per row (each row's draws then come from its own stream only)."""
+
+
+def uniforms(n: int, generator: Generators, *, device=None, dtype=torch.float32) -> torch.Tensor:
+    """`n` uniforms in [0, 1) as an [n, 1] tensor: from one generator, or the i-th from the i-th of a sequence of
+    generators (a row's draw then does not depend on which other rows share the batch)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(n, 1, generator=generator, device=device, dtype=dtype)
+    if len(generator) != n:
+        raise ConfigError(f"{len(generator)} generators for {n} rows; give one per row")
+    return torch.cat([torch.rand(1, 1, generator=g, dtype=dtype) for g in generator]).to(device)
+
+
+def categorical(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     """One draw per row of `probs` [B, V] by inverting the cumulative distribution: one uniform per row, a cumsum
-    and a binary search (`torch.multinomial` draws the same distribution, `SamplingConfig.multinomial`)."""
+    and a binary search (`torch.multinomial` draws the same distribution, `SamplingConfig.multinomial`).
+    `generator`: one for the batch, or one per row (`uniforms`)."""
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    u = uniforms(probs.shape[0], generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     # a draw past the last nonzero mass (float rounding at the top) takes the last token with mass
     last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.uint8).argmax(-1)
@@ -241,7 +257,7 @@ def _stack_past(model, reused: list[int], kvs: list, width: int, capacity: int):
 
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: SamplingConfig,
-           generator: torch.Generator | None = None, cache: PrefixCache | None = None,
+           generator: Generators = None, cache: PrefixCache | None = None,
            keys: list | None = None) -> SampleOutput:
     """Sample one continuation per prompt with the KV cache (see module docstring for what is recorded).
 
@@ -250,11 +266,18 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
     sequence in the cache. A row leaves the batch as soon as it has produced a stop token (finished rows cost no
     further decoding steps). Rows are sampled in the same order with the same generator either way, so a seed
     gives the same ids with and without the prefix cache (up to float rounding, below 1e-5 in the log-probs).
+
+    `generator` is one generator for the batch (a row's draws then depend on the rows sampled with it) or one per
+    prompt: each row then draws one uniform per generated token from its own generator only, so its tokens do not
+    depend on which other prompts share the batch (the LM agent's per-episode streams).
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt needs at least one token")
     if cache is not None and (keys is None or len(keys) != len(prompts)):
         raise ConfigError("sample(cache=...) needs one key per prompt")
+    per_row = generator is not None and not isinstance(generator, torch.Generator)
+    if per_row and len(generator) != len(prompts):
+        raise ConfigError(f"sample got {len(generator)} generators for {len(prompts)} prompts; give one per prompt")
     import inspect
 
     device = next(model.parameters()).device
@@ -308,6 +331,7 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
     last_pos = pos[:, -1]
     alive = list(range(batch))  # original row of each batch position
     done: set[int] = set()  # with keep_finished: batch positions that have stopped but stay in the batch
+    spare = torch.Generator().manual_seed(0) if per_row and config.keep_finished else None
     gen_ids: list[list[int]] = [[] for _ in range(batch)]
     gen_lp: list[list[float]] = [[] for _ in range(batch)]
     t = config.logprob_temperature
@@ -336,8 +360,16 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
             tok = logits.argmax(-1)
         else:
             probs = _top_p_filter(logits / t, config.top_p).softmax(-1)
-            tok = (torch.multinomial(probs, 1, generator=generator).squeeze(-1) if config.multinomial
-                   else categorical(probs, generator))
+            # the rows still in the batch; a finished row kept in it (keep_finished) draws from a throw-away
+            # stream so that its own stream does not advance
+            gen = ([spare if b in done else generator[i] for b, i in enumerate(alive)] if per_row else generator)
+            if not config.multinomial:
+                tok = categorical(probs, gen)
+            elif per_row:
+                tok = torch.cat([torch.multinomial(probs[b: b + 1], 1, generator=g) for b, g in enumerate(gen)])
+                tok = tok.squeeze(-1)
+            else:
+                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         tok_lp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         steps += 1
         tok_l, lp_l = tok.tolist(), tok_lp.tolist()

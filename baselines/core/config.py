@@ -108,6 +108,12 @@ class LMConfig:
     """Restrict training/eval tasks to these task families (empty: all)."""
     num_envs: int = bounded(8, min=1)
     """Env copies stepped together during rollouts and evaluation."""
+    rollout_workers: int = bounded(0, min=0)
+    """Ray workers that run each iteration's training rollouts (docs/scale.md, "Training rollouts on Ray"): the
+    learner stays in this process and broadcasts the policy weights to the workers once per iteration; 0: roll out
+    in this process. A seeded run gives the same rollouts (and curve) either way: each episode samples from its own
+    stream. Needs the ``ray`` extra; a local Ray instance with this many CPUs is started unless this process has
+    already joined one."""
     env_kwargs: dict = field(default_factory=dict)
     """Keyword options for the env constructor (e.g. {"max_turns": 20}) for training and evaluation."""
     agent_kwargs: dict = field(default_factory=dict)
@@ -139,6 +145,12 @@ class LMConfig:
         if isinstance(self.task_families, str):  # "a,b" from a command line or a JSON config
             self.task_families = tuple(f for f in self.task_families.split(",") if f)
         validate(self)
+        if self.rollout_workers > 0:
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ConfigError(f"rollout_workers={self.rollout_workers} needs Ray: pip install 'shopsim[ray]', "
+                                  "or set rollout_workers=0 to roll out in this process")
         bad = [x for x in str(self.eval_split).split(",") if x not in ("train", "dev", "test")]
         if bad:
             raise ConfigError(f"eval_split: expected dev, test or train, comma-separated, got {self.eval_split!r}")

@@ -170,6 +170,9 @@ class LoopAlgorithm(Algorithm):
     def start_fresh(self, run: Run) -> None:  # noqa: B027 - optional hook
         """Work done once at the start of a new run, never on resume."""
 
+    def teardown_run(self) -> None:  # noqa: B027 - optional hook
+        """Release what `setup_run` (or the iterations) started, e.g. rollout workers; runs however `train` ends."""
+
     def iteration(self, it: int) -> dict:
         """Train iteration `it` (0-based) and return its metrics row."""
         raise NotImplementedError
@@ -264,6 +267,13 @@ class LoopAlgorithm(Algorithm):
         self.run = Run(env_id=env_id, iterations=iterations, seed=seed, out_dir=out,
                        init=None if init is None else Path(init), options=dict(options))
         self.setup_run(self.run)
+        try:
+            return self._train_loop(env_id, iterations, init, out, state_path, identity, state, progress)
+        finally:
+            self.teardown_run()
+
+    def _train_loop(self, env_id, iterations, init, out, state_path, identity, state, progress) -> TrainResult:
+        """`train` after `setup_run`: start or resume, then the iterations."""
         if state is None:
             start, history, done = 0, [], False
             # resume=False over an old run: its state must not be resumed if this run dies before its first save

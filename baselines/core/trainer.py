@@ -438,11 +438,38 @@ class LMAlgorithm(LoopAlgorithm):
 
         return sample_tasks(env_id, "train", rng, n, families=self.config.task_families)
 
+    def rollout_collect(self):
+        """The collect function of training rollouts: `shopsim.rollout.collect` in this process, or with
+        `rollout_workers` > 0 the same call on Ray workers (`shopsim.distributed.RayPool.collect`; the pool starts
+        on first use and ends with the run). Each call broadcasts the policy's current weights (one ``ray.put`` of
+        the state dict); the workers' agent counters are added to the driver agent's ``stats``."""
+        c = self.config
+        if not c.rollout_workers:
+            from shopsim.rollout import collect
+
+            return collect
+        if self._pool is None:
+            from shopsim.distributed import RayPool
+
+            self._pool = RayPool(workers=c.rollout_workers, option="rollout_workers")
+        pool = self._pool
+
+        def collect(env_id, agent, **kwargs):
+            stats = getattr(agent, "stats", None)
+            return pool.collect(env_id, agent, broadcast_weights=True,
+                                agent_stats=stats if isinstance(stats, dict) else None, **kwargs)
+
+        return collect
+
+    def teardown_run(self) -> None:
+        if getattr(self, "_pool", None) is not None:
+            self._pool.close()
+            self._pool = None
+
     def collect_batch(self, env_id: str, agent, iteration: int, rng: np.random.Generator,
                       env_kwargs: dict | None = None, env_fns=None, progress: bool = False):
         """G rollouts for each of `tasks_per_iter` tasks; returns (trajectories, metrics)."""
-        from shopsim.rollout import collect
-
+        collect = self.rollout_collect()
         c = self.config
         tasks = self.train_tasks(env_id, rng, c.tasks_per_iter)
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=c.tasks_per_iter)]
@@ -569,6 +596,7 @@ class LMAlgorithm(LoopAlgorithm):
         self._env_kwargs, self._env_fns = env_kwargs, run.options.get("env_fns")
         # reseeded from (seed, iteration) before every update, so it carries no state across a resume
         self._update_gen = torch.Generator().manual_seed(run.seed)
+        self._pool = None  # the Ray workers of `rollout_workers`, started by the first rollout
 
     def start_fresh(self, run: Run) -> None:
         pre = self.before_training(run.env_id, self.agent, self.rng, run.out_dir)
