@@ -13,7 +13,8 @@ and the sample standard deviation (ddof = 1). Differences are reported relative 
 * HPO below Gaussian PPO in cost (HPO card), and the gap growing with the number of SKUs N;
 * CA-PG and TOP1 above V-PG (CA-PG card, claimed at K = 20);
 * ProRL above its SFT start on IoI, with useful path lengths and no collapse (ProRL card): the start is the
-  learning curve's first point (in-training evaluation on dev users), the end the leaderboard's test value.
+  learning curve's first point (in-training evaluation on dev users), the end the leaderboard's test value;
+* the Shopping LM trainers above their start, the shipped SFT checkpoint (``lm-sft``) on the same protocol.
 
 ``--quick`` is accepted for ``python -m benchmarks --repro`` and changes nothing (the script only reads files).
 Writes the Markdown table (``--md``) and the JSON (``--json``) with the command, commit and wall time.
@@ -68,12 +69,12 @@ def claims(rows: dict[str, dict[str, dict]]) -> list[dict]:
                 continue
             metric = FAMILY_METRICS[rec["family"]][0]
             lower = metric in LOWER_IS_BETTER
-            rel = 100 * (rec["metrics"][metric]["mean"] - rand["metrics"][metric]["mean"]) / abs(
-                rand["metrics"][metric]["mean"])
+            base = rand["metrics"][metric]["mean"]
+            rel = 100 * (rec["metrics"][metric]["mean"] - base) / abs(base) if base else None  # random at 0
             out.append({"env": env, "claim": f"{name} beats random on {metric}",
                         "verdict": "shown" if _better(rec, rand, metric, lower) else "not shown",
                         "values": _seeds(rec, metric), "reference": _seeds(rand, metric),
-                        "relative_pct": round(rel, 1)})
+                        "relative_pct": None if rel is None else round(rel, 1)})
     inv = rows.get("Replenishment-v0", {})
     if "hpo" in inv and "ppo" in inv:
         n = inv["hpo"]["config"].get("env_kwargs", {}).get("n_skus", 5)
@@ -112,6 +113,18 @@ def claims(rows: dict[str, dict[str, dict]]) -> list[dict]:
         out.append({"env": "ProactiveRec-v0", "claim": "prorl keeps useful path lengths (test, >= 2 items per path "
                     "on every seed)", "verdict": "shown" if min(length["per_seed"]) >= 2 else "not shown",
                     "values": length})
+    shop = rows.get("Shopping-v0", {})
+    start = shop.get("lm-sft")  # the shipped SFT checkpoint every Shopping LM trainer starts from
+    for name, rec in sorted(shop.items()):
+        if rec["kind"] != "trained" or start is None:
+            continue
+        vals, ref = _seeds(rec, "success_rate"), _seeds(start, "success_rate")
+        every = min(vals["per_seed"]) > ref["mean"]
+        verdict = "shown" if _better(rec, start, "success_rate", False) else "not shown"
+        out.append({"env": "Shopping-v0", "claim": f"{name} above its start (lm-sft) on success_rate",
+                    "verdict": verdict, "note": f"every seed above the start: {'yes' if every else 'no'}",
+                    "values": vals, "reference": ref,
+                    "relative_pct": round(100 * (vals["mean"] / ref["mean"] - 1), 1) if ref["mean"] else None})
     return out
 
 
@@ -135,7 +148,7 @@ def to_markdown(items: list[dict], meta: dict) -> str:
         return f"{', '.join(num(x) for x in v['per_seed'])} ({num(v['mean'])}, sd {sd})"
 
     for c in items:
-        rel = f"{c['relative_pct']:+.1f}%" if "relative_pct" in c else "—"
+        rel = f"{c['relative_pct']:+.1f}%" if c.get("relative_pct") is not None else "—"
         verdict = c["verdict"] + (f": {c['note']}" if c.get("note") else "")
         lines.append(f"| {c['env']} | {c['claim']} | {verdict} | {cell(c.get('values'))} | "
                      f"{cell(c.get('reference'))} | {rel} |")
