@@ -119,3 +119,24 @@ def test_card_claims_are_read_from_results_with_sample_std():
     assert hpo_ppo["verdict"] == "not shown" and hpo_ppo["values"]["sd"] == 10.0  # sample std of 100, 110, 120
     assert hpo_ppo["relative_pct"] == -15.4  # 110 / 130 - 1
     assert got["the HPO-PPO gap grows with N"]["verdict"] == "not measured"
+
+
+def test_shopping_trainers_are_compared_with_their_sft_start_and_random_at_zero_has_no_ratio():
+    from benchmarks.repro_standard import claims
+
+    def row(entry, kind, per_seed, ci):
+        return {"entry": entry, "kind": kind, "family": "shopping", "config": {},
+                "metrics": {"success_rate": {"mean": sum(per_seed) / len(per_seed), "per_seed": per_seed,
+                                             "ci95": ci}}}
+
+    shop = {"random": row("random", "reference", [0.0], [0.0, 0.01]),
+            "lm-sft": row("lm-sft", "checkpoint", [0.10], [0.08, 0.13]),
+            "grpo": row("grpo", "trained", [0.12, 0.13, 0.11], [0.10, 0.15]),
+            "mpo": row("mpo", "trained", [0.20, 0.21, 0.22], [0.17, 0.25])}
+    got = {c["claim"]: c for c in claims({"Shopping-v0": shop})}
+    assert got["grpo beats random on success_rate"]["verdict"] == "shown"
+    assert got["grpo beats random on success_rate"]["relative_pct"] is None  # no percentage of 0
+    grpo = got["grpo above its start (lm-sft) on success_rate"]
+    assert grpo["verdict"] == "not shown" and grpo["note"] == "every seed above the start: yes"  # 0.10..0.15 overlaps
+    mpo = got["mpo above its start (lm-sft) on success_rate"]
+    assert mpo["verdict"] == "shown" and mpo["relative_pct"] == 110.0
