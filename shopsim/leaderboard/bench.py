@@ -83,6 +83,8 @@ class Budget:
 
 _SHOP_REFS = ("expert", "random")
 _INV_REFS = ("s_S", "base_stock", "random")
+#: MultiWarehouse-v0's references: (s, S) per warehouse (the gap's reference) and random
+_MW_REFS = ("s_S", "random")
 # Smaller batches/evaluations than the papers' defaults so that the quick run fits in ~10 min on 2 cores; they are
 # recorded in every results file's config (and so in its config hash).
 _REC_SMALL = {"sft_steps": 50, "eval_tasks": 8, "group_size": 8, "prompts_per_iter": 4}
@@ -111,6 +113,8 @@ _REC_STD = {"sft_steps": 100, "eval_tasks": 32, "group_size": 8, "prompts_per_it
             "valid_only": True, "no_repeat": True}
 _RET_STD = {"eval_contexts": 1000, "eval_every": 25}
 _INV_STD = {"batch_scenarios": 32, "eval_scenarios": 0}
+_MW_STD = {"hpo": {"batch_scenarios": 16, "eval_scenarios": 0, "hidden": (128, 128)},
+           "ppo": {"batch_scenarios": 16, "eval_scenarios": 0}}
 _SHOP_STD = {"grpo": {**_SHOP_SMALL, "group_size": 4, "tasks_per_iter": 8},
              "mpo": {**_SHOP_SMALL, "group_size": 1, "tasks_per_iter": 32}}
 STANDARD_TRAIN_SEEDS = 3
@@ -138,6 +142,10 @@ BUDGETS: dict[str, dict[str, Budget]] = {
                                                     overrides={"hpo": {**_INV_STD, "hidden": (128, 128)},
                                                                "ppo": _INV_STD},
                                                     user_iterations=30, train_seeds=STANDARD_TRAIN_SEEDS),
+        # MultiWarehouse-v0 (3 warehouses, evaluated on the PettingZoo parallel env): 20 iterations of 16 scenarios
+        # x 3 warehouses, a small budget (an HPO iteration took ~6 s on the shared 2-core machine)
+        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, {"hpo": 20, "ppo": 20}, overrides=_MW_STD, user_iterations=20,
+                                            train_seeds=STANDARD_TRAIN_SEEDS),
         "*": Budget(user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
     },
     # The main job (make run): the shipped standard rows are re-checked live (reference agents and the shipped
@@ -155,6 +163,8 @@ BUDGETS: dict[str, dict[str, Budget]] = {
         # the seasonal scenario: references and the shipped checkpoints only (the demo training is the default
         # scenario's)
         "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, tasks=64, user_iterations=6),
+        # MultiWarehouse-v0: references and the shipped checkpoints live (a demo training would cost > 20 s)
+        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, tasks=32, user_iterations=3),
         "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
     },
     "tiny": {  # CI smoke run: every entry type once, seconds not minutes
@@ -166,6 +176,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
                                                overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
         "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 1}, tasks=2, seeds=2, tries=4, user_iterations=1,
                                            overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"]),
+        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, {"hpo": 1}, tasks=2, user_iterations=1, overrides=_MW_STD),
         "*": Budget(tasks=2, seeds=2, tries=4, user_iterations=1),
     },
     "full": {
