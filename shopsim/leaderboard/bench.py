@@ -1,7 +1,9 @@
 """The benchmark: train baselines briefly, evaluate them and the reference agents, render the leaderboard.
 
 `run_bench(mode="quick")` is the project's main job (``shopsim bench --quick``, ``make run``). For every env that
-has an evaluation split (`shopsim.leaderboard.protocols.protocol_envs`), in registry order:
+has an evaluation split (`shopsim.leaderboard.protocols.protocol_envs`; PettingZoo envs too, evaluated on their
+parallel env) and every scenario of it (``<env id>:<scenario>``, `shopsim.leaderboard.protocols.SCENARIOS`: its
+own protocol, table and results folder), in registry order:
 
 1. evaluate the reference agents (scripted expert, random; (s, S) and base-stock for replenishment; the shipped SFT
    LM checkpoint for shopping when ``data/lm/`` has one);
@@ -164,7 +166,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
         # scenario's)
         "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, tasks=64, user_iterations=6),
         # MultiWarehouse-v0: references and the shipped checkpoints live (a demo training would cost > 20 s)
-        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, tasks=32, user_iterations=3),
+        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, tasks=16, user_iterations=3),
         "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
     },
     "tiny": {  # CI smoke run: every entry type once, seconds not minutes
