@@ -164,7 +164,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
                                            overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"], user_iterations=6),
         # the seasonal scenario: references and the shipped checkpoints only (the demo training is the default
         # scenario's)
-        "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, tasks=64, user_iterations=6),
+        "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, tasks=32, user_iterations=6),
         # MultiWarehouse-v0: references and the shipped checkpoints live (a demo training would cost > 20 s)
         "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, tasks=16, user_iterations=3),
         "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
