@@ -137,11 +137,72 @@ def test_several_training_seeds_give_intervals_over_training_runs(toy_world, tmp
                for s in (10, 11, 12))
 
 
-def test_bench_is_deterministic_and_rejects_pettingzoo_envs(toy_world, tmp_path):
+def test_bench_is_deterministic(toy_world, tmp_path):
     table = {"quick": {TOY_ID: Budget(algos={"toyalgo": 2}, tasks=2, seeds=2, tries=4)}}
     runs = [run_bench("quick", tmp_path / f"b{i}", envs=[TOY_ID], table=table, progress=False, log=lambda m: None,
                       plots=False) for i in range(2)]
     assert [r["metrics"] for r in runs[0].results] == [r["metrics"] for r in runs[1].results]
     assert [r["config_hash"] for r in runs[0].results] == [r["config_hash"] for r in runs[1].results]
-    with pytest.raises(Exception, match="PettingZoo envs are not on the leaderboard"):
-        run_bench("quick", tmp_path / "pz", envs=["MultiWarehouse-v0"], progress=False)
+
+
+def test_pettingzoo_section_equals_a_hand_loop_over_the_parallel_env(tmp_path, monkeypatch):
+    """MultiWarehouse-v0's section: (s, S) per warehouse through the bench (a 2-warehouse scenario) costs exactly
+    what a hand loop over parallel_env's reset/step costs, per warehouse and in total."""
+    import numpy as np
+
+    from agents.inventory_policies import SSPolicyAgent
+    from shopsim.envs.multi_warehouse import parallel_env
+    from shopsim.leaderboard import protocols
+    from shopsim.leaderboard.protocols import load_protocol
+
+    kw = {"n_warehouses": 2, "horizon": 30, "warmup": 5}
+    monkeypatch.setitem(protocols.SCENARIOS, "shopsim/MultiWarehouse-v0", {"two": kw})
+    key = "shopsim/MultiWarehouse-v0:two"
+    table = {"quick": {key: Budget(references=("s_S", "random"), tasks=3)}}
+    outcome = run_bench("quick", tmp_path / "mw", envs=["MultiWarehouse-v0:two"], table=table, progress=False,
+                        log=lambda m: None, plots=False)
+    rows = {r["entry"]: r for r in outcome.results}
+    assert set(rows) == {"s_S", "random"} and all(r["status"] == "ok" for r in rows.values())
+    s_s = rows["s_S"]
+    assert s_s["scenario"] == "two" and s_s["env_kwargs"] == kw
+    assert (tmp_path / "mw" / "results" / "MultiWarehouse-v0_two" / "s_S.json").is_file()
+
+    protocol = load_protocol(key).limited(tasks=3)
+    assert s_s["protocol_hash"] == protocol.hash != load_protocol("shopsim/MultiWarehouse-v0").limited(tasks=3).hash
+    per_wh, totals = [], []
+    for i, task in enumerate(protocol.task_ids):
+        env, agent = parallel_env(**kw), SSPolicyAgent("shopsim/MultiWarehouse-v0")
+        obs, infos = env.reset(seed=protocol.episode_seed(protocol.seeds[0], i, 0),
+                               options={"split": "test", "task_id": task})
+        names = list(env.possible_agents)
+        acc = np.zeros(len(names))
+        for t in range(kw["horizon"]):
+            acts = {a: agent.act_one(w, obs[a], infos[a]) for w, a in enumerate(names)}
+            obs, _, _, _, infos = env.step(acts)
+            if t >= kw["warmup"]:
+                acc += [infos[a]["cost"] for a in names]
+        per_wh.append(acc)
+        totals.append(acc.sum())
+    m = s_s["metrics"]
+    assert m["cost"]["mean"] == pytest.approx(np.mean(totals), rel=1e-9)
+    for w in range(2):
+        assert m[f"cost/warehouse_{w}"]["mean"] == pytest.approx(np.mean([c[w] for c in per_wh]), rel=1e-9)
+    assert m["gap_to_s_S_pct"]["mean"] == 0.0 and 0 < m["fill_rate"]["mean"] <= 1
+    assert rows["random"]["metrics"]["gap_to_s_S_pct"]["mean"] > 0  # measured against (s, S) on the same episodes
+    assert "cost/warehouse_1" in outcome.markdown and "## shopsim/MultiWarehouse-v0:two" in outcome.markdown
+
+
+def test_scenario_keys_give_their_own_protocol_and_table():
+    from shopsim.errors import ConfigError
+    from shopsim.leaderboard.protocols import SCENARIOS, load_protocol, scenario_keys
+
+    base, seasonal = load_protocol("shopsim/Replenishment-v0"), load_protocol("shopsim/Replenishment-v0:seasonal")
+    assert seasonal.env_kwargs == SCENARIOS["shopsim/Replenishment-v0"]["seasonal"]
+    assert seasonal.task_ids == base.task_ids and seasonal.hash != base.hash and base.env_kwargs == {}
+    assert seasonal.key == "shopsim/Replenishment-v0:seasonal" and base.key == "shopsim/Replenishment-v0"
+    assert scenario_keys(["shopsim/Replenishment-v0"]) == ["shopsim/Replenishment-v0",
+                                                           "shopsim/Replenishment-v0:seasonal"]
+    with pytest.raises(ConfigError, match="no leaderboard scenario 'winter'"):
+        load_protocol("shopsim/Replenishment-v0:winter")
+    trained = [e for e in plan("standard", ["shopsim/Replenishment-v0:seasonal"], []) if e.kind == "trained"]
+    assert {e.name for e in trained} == {"hpo", "ppo"} and all(e.scenario == "seasonal" for e in trained)

@@ -86,6 +86,7 @@ def test_your_algorithm_is_ranked_among_the_shipped_rows(toy_world, tmp_path):
 def test_every_shipped_result_validates_and_names_a_command_that_exists():
     from shopsim.cli import build_parser
     from shopsim.envs import all_env_ids
+    from shopsim.leaderboard.protocols import load_protocol, record_key
 
     results = shipped_results(REPO_DATA)
     assert results
@@ -95,7 +96,9 @@ def test_every_shipped_result_validates_and_names_a_command_that_exists():
         argv = shlex.split(rec["command"])
         assert argv[0] == "shopsim"
         args = parser.parse_args(argv[1:])  # raises SystemExit on an unknown command or option
-        assert args.budget == "standard" and f"shopsim/{args.envs[0]}" == rec["env_id"] in all_env_ids()
+        # the command names the row's leaderboard key (env id, or env id:scenario), whose protocol it was scored on
+        assert args.budget == "standard" and f"shopsim/{args.envs[0]}" == record_key(rec)
+        assert rec["env_id"] in all_env_ids() and load_protocol(record_key(rec)).hash == rec["protocol_hash"]
         if rec["kind"] == "trained":
             assert len(rec["train_seeds"]) >= 3 and rec["curve"]["metric"] and len(rec["curve"]["per_seed"]) >= 3
     size = sum(p.stat().st_size for p in REPO_DATA.rglob("*") if p.is_file())
@@ -140,3 +143,22 @@ def test_shopping_trainers_are_compared_with_their_sft_start_and_random_at_zero_
     assert grpo["verdict"] == "not shown" and grpo["note"] == "every seed above the start: yes"  # 0.10..0.15 overlaps
     mpo = got["mpo above its start (lm-sft) on success_rate"]
     assert mpo["verdict"] == "shown" and mpo["relative_pct"] == 110.0
+def test_seasonal_claim_reads_the_paired_gap_to_s_S():
+    from benchmarks.repro_standard import claims
+
+    def row(entry, kind, cost, gap=None):
+        metrics = {"cost": {"mean": cost[0], "per_seed": cost, "ci95": [cost[0] - 1, cost[0] + 1]}}
+        if gap is not None:
+            metrics["gap_to_s_S_pct"] = {"mean": gap[0], "ci95": gap[1]}
+        return {"entry": entry, "kind": kind, "family": "inventory", "config": {}, "metrics": metrics}
+
+    def verdict(gap):
+        rows = {"Replenishment-v0:seasonal": {"s_S": row("s_S", "reference", [100.0]),
+                                              "hpo": row("hpo", "trained", [90.0, 95.0, 85.0], gap)}}
+        got = [c for c in claims(rows) if c["claim"].startswith("HPO below (s, S)")]
+        assert len(got) == 1 and got[0]["env"] == "Replenishment-v0:seasonal"
+        return got[0]
+
+    shown = verdict((-10.0, [-14.0, -6.0]))
+    assert shown["verdict"] == "shown" and shown["relative_pct"] == -10.0 and shown["values"]["sd"] == 5.0
+    assert verdict((-3.0, [-7.0, 1.0]))["verdict"] == "not shown"  # the paired interval reaches 0

@@ -276,3 +276,23 @@ def test_render_all_page_works_in_chromium_with_linkable_tabs_and_fits_1400px(tm
         assert client <= 1400 and scroll <= client, (tab, scroll, client)
     dom = dump_dom(written["html"], fragment="no-such-tab")
     assert re.findall(r'<section class="env" id="([^"]+)"(?! [^>]*hidden)[^>]*>', dom) == ["Shopping-v0"]
+
+
+def test_shipped_scenario_and_multi_agent_tabs_work_in_chromium_and_fit_1400px(tmp_path):
+    """The shipped standard tier's seasonal-scenario and MultiWarehouse-v0 tabs (the widest tables: per-warehouse
+    cost columns and per-run values) open by their links and fit a 1,400 px window."""
+    from shopsim.leaderboard.bench import shipped_results
+
+    written = render_all(shipped_results(), tmp_path / "board", plots=False)
+    page = written["html"].read_text()
+    tabs = re.findall(r'<a href="#([^"]+)" data-tab=', page)
+    assert {"Replenishment-v0", "Replenishment-v0_seasonal", "MultiWarehouse-v0"} <= set(tabs)
+    for tab in ("Replenishment-v0_seasonal", "MultiWarehouse-v0"):
+        dom = dump_dom(written["html"], fragment=tab, width=1400)
+        assert 'data-ready="1"' in dom and "data-js-error" not in dom
+        shown = re.findall(r'<section class="env" id="([^"]+)"(?! [^>]*hidden)[^>]*>', dom)
+        assert shown == [tab], shown
+        scroll = int(re.search(r'data-scroll-width="(\d+)"', dom).group(1))
+        client = int(re.search(r'data-client-width="(\d+)"', dom).group(1))
+        assert client <= 1400 and scroll <= client, (tab, scroll, client)
+    assert "cost/warehouse_2" in page and "seasonal scenario" in page

@@ -83,3 +83,28 @@ def test_entries_from_different_protocols_get_separate_tables(tmp_path):
     assert [r["entry"] for r in groups["shopsim/Replenishment-v0 [protocol 1]"]] == ["hpo", "s_S"]
     assert [r["entry"] for r in groups["shopsim/Replenishment-v0 [protocol 2]"]] == ["ppo"]
     assert "2 tasks × 1 tries per eval seed, seeds 7" in to_markdown(results)
+
+
+def test_scenario_rows_get_their_own_table_and_per_agent_costs_their_columns(tmp_path):
+    from shopsim.leaderboard.page import to_html
+
+    results = sample_results(tmp_path)
+    seasonal = Protocol(env_id="shopsim/Replenishment-v0", family="inventory", task_ids=(5,), seeds=(0, 1, 2),
+                        tries=4, env_kwargs={"seasonality": 0.7}, scenario="seasonal")
+    multi = Protocol(env_id="shopsim/MultiWarehouse-v0", family="inventory", task_ids=(9,), seeds=(0,), tries=1)
+    per_wh = {f"cost/warehouse_{w}": _m(10.0 + w) for w in (10, 2, 0, 1)}
+    results += [make_results(protocol=seasonal, entry="hpo", kind="trained", metrics={"cost": _m(50.0)}),
+                make_results(protocol=seasonal, entry="s_S", kind="reference", metrics={"cost": _m(70.0)}),
+                make_results(protocol=multi, entry="s_S", kind="reference", metrics={"cost": _m(33.0), **per_wh})]
+    groups = group_by_env(results)
+    # the seasonal rows are not ranked with the default scenario's (same task ids and seeds, other env options)
+    assert list(groups)[-3:] == ["shopsim/Replenishment-v0", "shopsim/Replenishment-v0:seasonal",
+                                 "shopsim/MultiWarehouse-v0"]
+    assert [r["entry"] for r in groups["shopsim/Replenishment-v0:seasonal"]] == ["hpo", "s_S"]
+    assert [r["entry"] for r in groups["shopsim/Replenishment-v0"]] == ["hpo", "s_S"]
+    md = to_markdown(results)
+    head = next(line for line in md.split("## shopsim/MultiWarehouse-v0")[1].splitlines() if line.startswith("| rank"))
+    assert "| cost | cost/warehouse_0 | cost/warehouse_1 | cost/warehouse_2 | cost/warehouse_10 |" in head
+    page = to_html(results)
+    assert 'id="Replenishment-v0_seasonal"' in page and "seasonal scenario" in page
+    assert 'id="MultiWarehouse-v0"' in page and "the cost of warehouse_0 alone" in page

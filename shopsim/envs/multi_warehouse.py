@@ -18,7 +18,10 @@ is piecewise smooth, so HPO's pathwise gradient crosses agents through it (`allo
 Rewards: each agent gets minus its own period cost; with `team_reward=True` every agent gets minus the mean cost
 over warehouses. Actions outside the space raise `InvalidActionError` (the Replenishment-v0 rule); a missing
 agent's action also raises. All agents terminate together after `horizon` periods (never truncated). The final
-infos hold `episode_metrics` per warehouse (its reported cost) plus `team_cost`.
+infos hold `episode_metrics` per warehouse (its reported cost, fill rate and order rate) plus `team_cost` (the sum
+over warehouses) and `team_fill_rate` (over all warehouses' demand). Each reset info names the warehouse's
+scenario (`scenario`: its task id for `make_scenario` and the config), so that a reference policy can tune itself
+on it exactly as on Replenishment-v0.
 
 Version History: v0 initial version.
 """
@@ -144,9 +147,15 @@ class MultiWarehouseEnv(ParallelEnv):
         self._fill = np.ones(cfg.n_skus)
         self._t = 0
         self._acc = np.zeros(self.n_warehouses)
+        self._demand_sum = np.zeros(self.n_warehouses)
+        self._short_sum = np.zeros(self.n_warehouses)
+        self._orders = np.zeros(self.n_warehouses)
         self.agents = list(self.possible_agents)
         obs = {a: self._obs(w) for w, a in enumerate(self.agents)}
-        infos = {a: {"task_id": self.task_id, "split": split, "warehouse": w} for w, a in enumerate(self.agents)}
+        ids = scenario_ids(self.task_id, self.n_warehouses)
+        infos = {a: {"task_id": self.task_id, "split": split, "warehouse": w,
+                     "scenario": {"task_id": ids[w], "config": cfg.to_dict()}}
+                 for w, a in enumerate(self.agents)}
         return obs, infos
 
     def _obs(self, w: int) -> dict:
@@ -174,12 +183,18 @@ class MultiWarehouseEnv(ParallelEnv):
         shipped, fill = allocate(order, quantity, self.capacity)
         self._fill = fill
         sc = self.scenario
+        avail = self._on_hand + self._pipeline[..., 0]  # what can serve this period's demand
         out = step_numpy(self._on_hand, self._pipeline, order, shipped, self._demand[t], sc.holding, sc.backlog,
                          sc.fixed, lost_sales=cfg.lost_sales, capacity=cfg.capacity, overflow_cost=cfg.overflow_cost)
         self._on_hand, self._pipeline = out.on_hand, out.pipeline
         costs = out.total  # (W,)
         if t >= cfg.warmup:
             self._acc += costs
+            d = self._demand[t]
+            self._demand_sum += d.sum(-1)
+            # demand not served from stock (as Replenishment-v0 counts it): min(d, (d - available)^+)
+            self._short_sum += np.minimum(np.maximum(d - avail, 0.0), d).sum(-1)
+            self._orders += (order * (shipped > 0)).sum(-1)
         self._t = t + 1
         done = self._t >= cfg.horizon
         team = float(costs.mean())
@@ -192,9 +207,13 @@ class MultiWarehouseEnv(ParallelEnv):
                         "supply_fill_min": float(fill.min())}
             if done:
                 n_rep = cfg.horizon - cfg.warmup
-                infos[a]["episode_metrics"] = {"cost": float(self._acc[w]),
-                                               "cost_per_period": float(self._acc[w]) / n_rep,
-                                               "team_cost": float(self._acc.sum())}
+                dem = self._demand_sum
+                infos[a]["episode_metrics"] = {
+                    "cost": float(self._acc[w]), "cost_per_period": float(self._acc[w]) / n_rep,
+                    "fill_rate": float(1.0 - self._short_sum[w] / dem[w]) if dem[w] > 0 else 1.0,
+                    "order_rate": float(self._orders[w]) / (n_rep * cfg.n_skus),
+                    "team_cost": float(self._acc.sum()),
+                    "team_fill_rate": float(1.0 - self._short_sum.sum() / dem.sum()) if dem.sum() > 0 else 1.0}
                 infos[a]["score"] = -float(self._acc[w])
         obs = {a: self._obs(w) for w, a in enumerate(self.agents)}
         terms = {a: bool(done) for a in self.agents}

@@ -1,7 +1,9 @@
 """The benchmark: train baselines briefly, evaluate them and the reference agents, render the leaderboard.
 
 `run_bench(mode="quick")` is the project's main job (``shopsim bench --quick``, ``make run``). For every env that
-has an evaluation split (`shopsim.leaderboard.protocols.protocol_envs`), in registry order:
+has an evaluation split (`shopsim.leaderboard.protocols.protocol_envs`; PettingZoo envs too, evaluated on their
+parallel env) and every scenario of it (``<env id>:<scenario>``, `shopsim.leaderboard.protocols.SCENARIOS`: its
+own protocol, table and results folder), in registry order:
 
 1. evaluate the reference agents (scripted expert, random; (s, S) and base-stock for replenishment; the shipped SFT
    LM checkpoint for shopping when ``data/lm/`` has one);
@@ -41,7 +43,15 @@ from typing import Any
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
 from shopsim.leaderboard.metrics import summarize
-from shopsim.leaderboard.protocols import Protocol, load_protocol, protocol_envs
+from shopsim.leaderboard.protocols import (
+    Protocol,
+    key_slug,
+    load_protocol,
+    protocol_envs,
+    record_key,
+    scenario_keys,
+    split_key,
+)
 from shopsim.leaderboard.results import find_results, make_results, write_results
 
 
@@ -75,6 +85,8 @@ class Budget:
 
 _SHOP_REFS = ("expert", "random")
 _INV_REFS = ("s_S", "base_stock", "random")
+#: MultiWarehouse-v0's references: (s, S) per warehouse (the gap's reference) and random
+_MW_REFS = ("s_S", "random")
 # Smaller batches/evaluations than the papers' defaults so that the quick run fits in ~10 min on 2 cores; they are
 # recorded in every results file's config (and so in its config hash).
 _REC_SMALL = {"sft_steps": 50, "eval_tasks": 8, "group_size": 8, "prompts_per_iter": 4}
@@ -103,6 +115,8 @@ _REC_STD = {"sft_steps": 100, "eval_tasks": 32, "group_size": 8, "prompts_per_it
             "valid_only": True, "no_repeat": True}
 _RET_STD = {"eval_contexts": 1000, "eval_every": 25}
 _INV_STD = {"batch_scenarios": 32, "eval_scenarios": 0}
+_MW_STD = {"hpo": {"batch_scenarios": 16, "eval_scenarios": 0, "hidden": (128, 128)},
+           "ppo": {"batch_scenarios": 16, "eval_scenarios": 0}}
 _SHOP_STD = {"grpo": {**_SHOP_SMALL, "group_size": 4, "tasks_per_iter": 8},
              "mpo": {**_SHOP_SMALL, "group_size": 1, "tasks_per_iter": 32}}
 STANDARD_TRAIN_SEEDS = 3
@@ -124,6 +138,16 @@ BUDGETS: dict[str, dict[str, Budget]] = {
         "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 60, "ppo": 60},
                                            overrides={"hpo": {**_INV_STD, "hidden": (128, 128)}, "ppo": _INV_STD},
                                            user_iterations=60, train_seeds=STANDARD_TRAIN_SEEDS),
+        # the seasonal scenario (protocols.SCENARIOS): 30 iterations, half the default scenario's, because an HPO
+        # iteration took ~10 s on the shared 2-core machine and the 6 runs had to fit in about 25 minutes
+        "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, {"hpo": 30, "ppo": 30},
+                                                    overrides={"hpo": {**_INV_STD, "hidden": (128, 128)},
+                                                               "ppo": _INV_STD},
+                                                    user_iterations=30, train_seeds=STANDARD_TRAIN_SEEDS),
+        # MultiWarehouse-v0 (3 warehouses, evaluated on the PettingZoo parallel env): 20 iterations of 16 scenarios
+        # x 3 warehouses, a small budget (an HPO iteration took ~6 s on the shared 2-core machine)
+        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, {"hpo": 20, "ppo": 20}, overrides=_MW_STD, user_iterations=20,
+                                            train_seeds=STANDARD_TRAIN_SEEDS),
         "*": Budget(user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
     },
     # The main job (make run): the shipped standard rows are re-checked live (reference agents and the shipped
@@ -140,6 +164,11 @@ BUDGETS: dict[str, dict[str, Budget]] = {
                                                overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
         "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 10}, tasks=64, demo=True,
                                            overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"], user_iterations=6),
+        # the seasonal scenario: references and the shipped checkpoints only (the demo training is the default
+        # scenario's)
+        "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, tasks=32, user_iterations=6),
+        # MultiWarehouse-v0: references and the shipped checkpoints live (a demo training would cost > 20 s)
+        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, tasks=16, user_iterations=3),
         "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
     },
     "tiny": {  # CI smoke run: every entry type once, seconds not minutes
@@ -151,6 +180,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
                                                overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
         "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 1}, tasks=2, seeds=2, tries=4, user_iterations=1,
                                            overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"]),
+        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, {"hpo": 1}, tasks=2, user_iterations=1, overrides=_MW_STD),
         "*": Budget(tasks=2, seeds=2, tries=4, user_iterations=1),
     },
     "full": {
@@ -174,11 +204,14 @@ MODES = tuple(BUDGETS)
 
 
 def budget_for(mode: str, env_id: str, family: str, table: dict | None = None) -> Budget:
+    """The budget of a leaderboard key (an env id, or ``<env id>:<scenario>``, which falls back to its env's row)
+    in `mode`, else of its family, else ``"*"``."""
     table = (table or BUDGETS)
     if mode not in table:
         raise ConfigError(f"unknown benchmark mode {mode!r}; choose one of {', '.join(table)}")
     rows = table[mode]
-    return rows.get(env_id) or rows.get(family) or rows.get("*") or Budget()
+    return (rows.get(env_id) or rows.get(split_key(env_id)[0]) or rows.get(family) or rows.get("*")
+            or Budget())
 
 
 def sft_checkpoint(root: str | Path | None = None) -> Path | None:
@@ -228,11 +261,21 @@ class Entry:
     skip_reason: str | None = None
     shipped_entry: str | None = None
     """For a shipped checkpoint evaluated live: the shipped entry it must reproduce."""
+    scenario: str | None = None
+    """The env's leaderboard scenario (`shopsim.leaderboard.protocols.SCENARIOS`), None for its default protocol."""
+
+    @property
+    def key(self) -> str:
+        """The leaderboard key: the env id, with ``:<scenario>`` for a scenario's entry."""
+        from shopsim.leaderboard.protocols import board_key
+
+        return board_key(self.env_id, self.scenario)
 
 
 def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | None = None,
          sft: Path | None = None, shipped: list[dict] = ()) -> list[Entry]:
-    """Every entry of the run, in order (references first per env, so their failure shows early)."""
+    """Every entry of the run, in order (references first per env, so their failure shows early). `env_ids` are
+    leaderboard keys: env ids, or ``<env id>:<scenario>`` for a scenario of `protocols.SCENARIOS`."""
     import agents
     import baselines
     from baselines.registry import load_target
@@ -247,14 +290,15 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
             raise ConfigError(f"--algo {spec}: set `families = (...)` on the class to say which envs it trains")
         user_classes.append((spec, cls))
     entries: list[Entry] = []
-    for env_id in env_ids:
+    for key in env_ids:
+        env_id, scenario = split_key(key)
         family = family_of(env_id)
-        b = budget_for(mode, env_id, family, table)
+        b = budget_for(mode, key, family, table)
         known = set(agents.available(env_id))
         for ref in b.references:
             if ref in known:
-                entries.append(Entry(env_id, ref, "reference"))
-        if family == "shopping" and sft is not None and "lm" in known:
+                entries.append(Entry(env_id, ref, "reference", scenario=scenario))
+        if family == "shopping" and sft is not None and "lm" in known and not scenario:
             entries.append(Entry(env_id, "lm-sft", "checkpoint", checkpoint=sft))
         registered = set(baselines.available(env_id=env_id))
         note = None
@@ -262,16 +306,16 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
             note = "no SFT checkpoint in data/lm/ (see `shopsim sft`)"
         for rec in shipped:  # the main job re-evaluates every shipped checkpoint of this env live
             ckpt = shipped_checkpoint(rec)
-            if rec["env_id"] == env_id and ckpt is not None:
+            if record_key(rec) == key and ckpt is not None:
                 entries.append(Entry(env_id, f"{rec['entry']}-{ckpt.name}", "checkpoint", checkpoint=ckpt,
-                                     shipped_entry=rec["entry"]))
+                                     shipped_entry=rec["entry"], scenario=scenario))
         for algo, iters in b.algos.items():
             if algo not in registered:
                 continue
             name = f"demo-{algo}" if b.demo else algo
             entries.append(Entry(env_id, name, "trained", algorithm=algo, iterations=iters,
-                                 overrides=dict(b.overrides.get(algo, {})), skip_reason=note))
-        used = {e.name for e in entries if e.env_id == env_id}
+                                 overrides=dict(b.overrides.get(algo, {})), skip_reason=note, scenario=scenario))
+        used = {e.name for e in entries if e.key == key}
         for spec, cls in user_classes:
             if family in cls.families:
                 name = getattr(cls, "name", "algorithm")
@@ -279,7 +323,7 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
                 name = spec.replace(":", ".") if name in used else name  # never overwrite another row's file
                 used.add(name)
                 entries.append(Entry(env_id, name, "trained", algorithm=spec, iterations=b.user_iterations,
-                                     skip_reason=note))
+                                     skip_reason=note, scenario=scenario))
     return entries
 
 
@@ -288,8 +332,9 @@ def _protocol(env_id: str, b: Budget, split: str) -> Protocol:
 
 
 def results_path(results_dir: Path, env_id: str, entry: str) -> Path:
-    """Where an entry's results file lives: ``<results_dir>/<Env-vN>/<entry>.json``."""
-    return Path(results_dir) / env_id.split("/")[-1] / f"{entry}.json"
+    """Where an entry's results file lives: ``<results_dir>/<Env-vN>/<entry>.json`` (``<Env-vN>_<scenario>/`` for
+    a scenario key ``<env id>:<scenario>``)."""
+    return Path(results_dir) / key_slug(env_id) / f"{entry}.json"
 
 
 def existing_result(path: Path, protocol: Protocol) -> dict | None:
@@ -318,8 +363,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
     import agents
     import baselines
 
-    slug = entry.env_id.split("/")[-1]
-    res_path = results_path(results_dir or out / "results", entry.env_id, entry.name)
+    slug = key_slug(entry.key)
+    res_path = results_path(results_dir or out / "results", entry.key, entry.name)
     run_dir = out / "runs" / slug / entry.name
     info: dict[str, Any] = {"protocol": protocol, "entry": entry.name, "kind": entry.kind,
                             "algorithm": entry.algorithm}
@@ -330,7 +375,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
         if n_train > 1:
             info["budget"]["train_seeds"] = train_seeds
     if command is None:  # the command that reproduces this file (into runs/<tier>/)
-        command = f"shopsim bench --tier {mode} --envs {slug}"
+        command = f"shopsim bench --tier {mode} --envs {entry.key.split('/')[-1]}"
         if entry.kind == "trained" and entry.algorithm and ":" in entry.algorithm:
             command += f" --algo {entry.algorithm}"
     meta: dict[str, Any] = {"command": command, "tier": mode}
@@ -359,7 +404,10 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             if entry.shipped_entry:
                 meta["shipped_entry"] = entry.shipped_entry
         else:
-            algo = baselines.make(entry.algorithm, env_id=entry.env_id, **entry.overrides)
+            overrides = dict(entry.overrides)
+            if protocol.env_kwargs:  # a scenario: train on the env options it is evaluated with
+                overrides["env_kwargs"] = {**overrides.get("env_kwargs", {}), **protocol.env_kwargs}
+            algo = baselines.make(entry.algorithm, env_id=entry.env_id, **overrides)
             info["config"] = dataclasses.asdict(algo.config) if dataclasses.is_dataclass(algo.config) else {}
             init = sft_checkpoint() if budget.needs_init else None
             runs = []  # (per-eval-seed summaries, notes) per training seed
@@ -382,7 +430,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                               num_envs=budget.num_envs)
                 runs.append(ev)
                 if n_train > 1:  # a fresh algorithm object per run: no state carried between seeds
-                    algo = baselines.make(entry.algorithm, env_id=entry.env_id, **entry.overrides)
+                    algo = baselines.make(entry.algorithm, env_id=entry.env_id, **overrides)
             if n_train == 1:
                 metrics, notes = runs[0].metrics, runs[0].notes
             else:
@@ -513,58 +561,58 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
     Results files go to `results_dir` (default ``out/results``). With `resume`, an entry whose results file already
     exists there (valid, ``ok``, on the same protocol) is not trained or evaluated again. `command` is recorded in
     every results file (the command line that reproduces it)."""
-    from shopsim.envs import check_env_id, family_of, is_pettingzoo
+    from shopsim.envs import check_env_id, family_of
     from shopsim.leaderboard.render import render_all, to_markdown
 
     t_start = time.perf_counter()
     out = Path(out)
     log = log or _console_log()
-    if envs:
-        env_ids = [check_env_id(e if "/" in e else f"shopsim/{e}") for e in envs]
-        pz = [e for e in env_ids if is_pettingzoo(e)]
-        if pz:
-            raise ShopsimError(f"{', '.join(pz)}: PettingZoo envs are not on the leaderboard yet (the rollout "
-                               "runner collects Gymnasium envs only); leave them out of --envs")
-    else:
-        env_ids = [e for e in protocol_envs() if not is_pettingzoo(e)]
+    if envs:  # env ids or names, optionally with a scenario (Replenishment-v0:seasonal)
+        env_ids = []
+        for e in envs:
+            key = e if "/" in e else f"shopsim/{e}"
+            check_env_id(split_key(key)[0])
+            env_ids.append(key)
+    else:  # every env with a split (PettingZoo ones too: `evaluate` runs their parallel envs), and its scenarios
+        env_ids = scenario_keys(protocol_envs())
         if not env_ids:
             raise ShopsimError("no env has an evaluation split under data/splits/; nothing to benchmark")
-    shipped = [r for r in shipped_results() if r["env_id"] in env_ids]
+    shipped = [r for r in shipped_results() if record_key(r) in env_ids]
     live_check = mode == "quick"  # the main job re-evaluates the shipped checkpoints
     entries = plan(mode, env_ids, list(user_algos), table=table, sft=sft_checkpoint(),
                    shipped=shipped if live_check else ())
     if mode == "standard" and user_algos and shipped:
         # your algorithm among the shipped rows: train only it (the baselines' and references' rows ship)
-        shipped_envs = {r["env_id"] for r in shipped}
-        entries = [e for e in entries if e.algorithm in user_algos or e.env_id not in shipped_envs]
+        shipped_envs = {record_key(r) for r in shipped}
+        entries = [e for e in entries if e.algorithm in user_algos or e.key not in shipped_envs]
     resume = resume and mode in RESUMABLE
     protocols: dict[str, Protocol] = {}
     results: list[dict] = []
     res_dir = Path(results_dir) if results_dir is not None else out / "results"
     bar = _progress(len(entries), progress)
     for i, entry in enumerate(entries, 1):
-        b = budget_for(mode, entry.env_id, family_of(entry.env_id), table)
+        b = budget_for(mode, entry.key, family_of(entry.env_id), table)
         if train_seeds is not None:
             b = dataclasses.replace(b, train_seeds=train_seeds)
-        label = f"[{i}/{len(entries)}] {entry.env_id} · {entry.kind} {entry.name}"
+        label = f"[{i}/{len(entries)}] {entry.key} · {entry.kind} {entry.name}"
         if entry.kind == "trained" and not entry.skip_reason:
             label += f" ({entry.iterations} it)"
         bar.describe(label)
         t0 = time.perf_counter()
         try:
-            if entry.env_id not in protocols:
-                protocols[entry.env_id] = _protocol(entry.env_id, b, split)
+            if entry.key not in protocols:
+                protocols[entry.key] = _protocol(entry.key, b, split)
         except ShopsimError as exc:
             log(f"{label}: no protocol: {exc}")
             bar.advance()
             continue
-        done = existing_result(results_path(res_dir, entry.env_id, entry.name), protocols[entry.env_id])
+        done = existing_result(results_path(res_dir, entry.key, entry.name), protocols[entry.key])
         if resume and done is not None:
             results.append(done)
             log(f"{label}: done before ({done['_path']}), skipped")
             bar.advance()
             continue
-        rec = run_entry(entry, protocols[entry.env_id], out, budget=b, mode=mode, train_seed=train_seed,
+        rec = run_entry(entry, protocols[entry.key], out, budget=b, mode=mode, train_seed=train_seed,
                         progress=progress, log=log, results_dir=res_dir, command=command,
                         keep_checkpoints=mode == "standard")
         results.append(rec)
@@ -575,14 +623,14 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
         bar.advance()
     bar.close()
     all_results = find_results(res_dir) if res_dir.is_dir() else []
-    current = {(r["env_id"], r["entry"]) for r in results}
-    shown = [r for r in all_results if (r["env_id"], r["entry"]) in current]
+    current = {(record_key(r), r["entry"]) for r in results}
+    shown = [r for r in all_results if (record_key(r), r["entry"]) in current]
     same_dir = res_dir.resolve() == shipped_dir().resolve()
     repro = reproduction(shown, shipped) if shipped and not same_dir else []
     if mode == "standard" and not same_dir:
         # your rows among the shipped ones: the shipped rows this run did not produce again
-        mine = {(r["env_id"], r["entry"]) for r in shown}
-        board = shown + [r for r in shipped if (r["env_id"], r["entry"]) not in mine]
+        mine = {(record_key(r), r["entry"]) for r in shown}
+        board = shown + [r for r in shipped if (record_key(r), r["entry"]) not in mine]
         md = to_markdown(board) + reproduction_markdown(repro)
     elif live_check:
         board = shipped + shown
@@ -646,10 +694,10 @@ def reproduction(live: list[dict], shipped: list[dict]) -> list[dict]:
     checkpoint evaluated live (``shipped_entry``) with that row's value for the checkpoint's training seed, with
     the shipped interval's margins around it. It reproduces when the two 95% intervals overlap (live and shipped
     may use different task subsets of the split: the main job evaluates fewer tasks)."""
-    by = {(r["env_id"], r["entry"]): r for r in shipped if r["status"] == "ok"}
+    by = {(record_key(r), r["entry"]): r for r in shipped if r["status"] == "ok"}
     rows = []
     for r in live:
-        s = by.get((r["env_id"], r.get("shipped_entry") or r["entry"]))
+        s = by.get((record_key(r), r.get("shipped_entry") or r["entry"]))
         if s is None or r["status"] != "ok" or r.get("demo"):
             continue
         metric = _primary(s)
@@ -662,7 +710,7 @@ def reproduction(live: list[dict], shipped: list[dict]) -> list[dict]:
         lo, hi = sm.get("ci95") or [sm["mean"], sm["mean"]]
         s_lo, s_hi = centre - (sm["mean"] - lo), centre + (hi - sm["mean"])
         l_lo, l_hi = lm.get("ci95") or [lm["mean"], lm["mean"]]
-        rows.append({"env_id": r["env_id"], "entry": r["entry"], "metric": metric, "shipped": centre,
+        rows.append({"env_id": record_key(r), "entry": r["entry"], "metric": metric, "shipped": centre,
                      "shipped_ci95": [s_lo, s_hi], "live": lm["mean"], "live_ci95": [l_lo, l_hi],
                      "reproduces": bool(l_lo <= s_hi and s_lo <= l_hi)})
     return rows

@@ -10,6 +10,10 @@ with a reference policy (``protocol.reference``; replenishment: the (s, S) polic
 per process and protocol (`reference_run`), and every entry gets ``gap_to_s_S_pct`` (a paired bootstrap). When the
 agent being evaluated *is* the reference (same name and env), its own run is reused instead of running it twice.
 
+PettingZoo envs (MultiWarehouse-v0) run through `parallel_records`: the env's parallel API, every agent of every
+episode one slot of the evaluated agent (which acts for each warehouse on that warehouse's own observation), one
+record per episode with the total (team) cost, each agent's cost (``cost/<agent>``) and the pooled fill rate.
+
 The evaluator takes its agents as arguments and never builds one: it sits below `agents` in the layers
 (``[tool.importlinter]`` in pyproject.toml); the CLI and the benchmark runner build them (`agents.make`).
 """
@@ -20,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from shopsim.leaderboard.metrics import add_gap, episode_record, seed_summary, summarize
 from shopsim.leaderboard.protocols import Protocol
@@ -73,6 +79,8 @@ def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: in
         from shopsim.distributed import active_collect
 
         collect = active_collect()
+    from shopsim.envs import is_pettingzoo
+
     env_kwargs = agent_env_kwargs(agent, protocol)
     tasks, seeds, bounds = [], [], [0]
     for seed in protocol.seeds:
@@ -80,10 +88,16 @@ def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: in
         tasks += t
         seeds += s
         bounds.append(len(tasks))
-    trajs = collect(protocol.env_id, agent, tasks=tasks, seeds=seeds, split=protocol.split, group_size=1,
-                    num_envs=num_envs, env_kwargs=env_kwargs, progress=progress,
-                    agent_seed=int(protocol.seeds[0]))
-    records = [episode_record(t) for t in trajs]
+    if is_pettingzoo(protocol.env_id):
+        trajs = []
+        records = parallel_records(agent, protocol.env_id, tasks=tasks, seeds=seeds, split=protocol.split,
+                                   env_kwargs=env_kwargs, num_envs=num_envs, progress=progress,
+                                   agent_seed=int(protocol.seeds[0]))
+    else:
+        trajs = collect(protocol.env_id, agent, tasks=tasks, seeds=seeds, split=protocol.split, group_size=1,
+                        num_envs=num_envs, env_kwargs=env_kwargs, progress=progress,
+                        agent_seed=int(protocol.seeds[0]))
+        records = [episode_record(t) for t in trajs]
     for rec, task in zip(records, tasks, strict=False):
         rec["task_id"] = task  # group tries by the protocol's task id whatever the env echoes back
     summaries = []
@@ -95,6 +109,97 @@ def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: in
         _apply_aliases(rec)
     kept = trajs if keep else []
     return (summaries, kept, records) if with_records else (summaries, kept)
+
+
+#: episodes a `parallel_records` batch steps together (the agent acts for all their agents in one call)
+PARALLEL_BATCH = 64
+
+
+def parallel_records(agent, env_id: str, *, tasks: list, seeds: list[int], split: str = "test",
+                     env_kwargs: dict | None = None, num_envs: int = 8, progress: bool = False,
+                     agent_seed: int | None = None) -> list[dict]:
+    """One record per episode of a PettingZoo parallel env (`shopsim.envs.make`): episode i is reset with
+    ``seed=seeds[i]`` and ``options={"split": split, "task_id": tasks[i]}``; `agent` acts for every agent of every
+    episode, each (episode, agent) pair one slot (``begin_episode`` on its reset observation and info, ``act`` on
+    its own observation), in lockstep batches of `PARALLEL_BATCH` episodes (`num_envs` is unused: the envs are
+    stepped in this process).
+
+    A record holds the `episode_record` fields (no success; ``return`` is the sum of every agent's rewards,
+    ``score`` minus the total cost), ``cost`` (the total over agents of their ``episode_metrics["cost"]``),
+    ``cost/<agent>`` per agent, ``fill_rate`` (the env's ``team_fill_rate`` when it reports one, else the mean over
+    agents), ``order_rate`` (the mean over agents) and the agents' mean of any other numeric episode metric."""
+    from tqdm.auto import tqdm
+
+    from shopsim.envs import make
+
+    del num_envs
+    env_kwargs = dict(env_kwargs or {})
+    records: list[dict] = []
+    bar = tqdm(total=len(tasks), desc=f"eval {getattr(agent, 'name', type(agent).__name__)} on {env_id}",
+               unit="ep", leave=False, disable=not progress)
+    first = True
+    for lo in range(0, len(tasks), PARALLEL_BATCH):
+        envs = [make(env_id, **env_kwargs) for _ in range(min(PARALLEL_BATCH, len(tasks) - lo))]
+        names = list(envs[0].possible_agents)
+        A = len(names)
+        if first:  # one reset per evaluation (the agent's sampling stream runs on across batches)
+            agent.reset(len(envs) * A, seed=agent_seed)
+            first = False
+        obs, infos = [], []
+        for j, env in enumerate(envs):
+            o, inf = env.reset(seed=int(seeds[lo + j]), options={"split": split, "task_id": tasks[lo + j]})
+            obs.append(o), infos.append(inf)
+            for k, a in enumerate(names):
+                agent.begin_episode(j * A + k, o[a], inf[a])
+        ret = [0.0] * len(envs)
+        turns = [0] * len(envs)
+        final: list[dict | None] = [None] * len(envs)
+        live = list(range(len(envs)))
+        while live:
+            slots = [j * A + k for j in live for k in range(A)]
+            decisions = agent.act([obs[j][a] for j in live for a in names],
+                                  [infos[j][a] for j in live for a in names], slots)
+            still = []
+            for n, j in enumerate(live):
+                acts = {a: decisions[n * A + k].action for k, a in enumerate(names)}
+                o, r, term, trunc, inf = envs[j].step(acts)
+                ret[j] += float(sum(r.values()))
+                turns[j] += 1
+                done = all(term.get(a, False) or trunc.get(a, False) for a in names)
+                for k, a in enumerate(names):
+                    agent.observe(j * A + k, float(r.get(a, 0.0)), bool(term.get(a, False)),
+                                  bool(trunc.get(a, False)), inf.get(a, {}))
+                obs[j], infos[j] = o, inf
+                if done:
+                    final[j] = inf
+                else:
+                    still.append(j)
+            live = still
+        for j, env in enumerate(envs):
+            records.append(_parallel_record(tasks[lo + j], names, final[j] or {}, ret[j], turns[j]))
+            env.close()
+        bar.update(len(envs))
+    bar.close()
+    return records
+
+
+def _parallel_record(task_id, names: list[str], info: dict, ret: float, turns: int) -> dict:
+    per = {a: (info.get(a) or {}).get("episode_metrics") or {} for a in names}
+    costs = {a: float(per[a].get("cost", float("nan"))) for a in names}
+    total = float(sum(costs.values()))
+    rec: dict = {"task_id": task_id, "success": None, "score": -total, "return": ret, "turns": float(turns),
+                 "tokens": 0.0, "invalid_rate": 0.0, "cost": total}
+    rec.update({f"cost/{a}": c for a, c in costs.items()})
+    shared = set.intersection(*(set(m) for m in per.values())) if per else set()
+    for key in sorted(shared - {"cost", "team_cost", "team_fill_rate"}):
+        try:
+            rec[key] = float(np.mean([float(per[a][key]) for a in names]))
+        except (TypeError, ValueError):
+            continue  # non-numeric extras are not leaderboard metrics
+    team_fill = next((m["team_fill_rate"] for m in per.values() if "team_fill_rate" in m), None)
+    if team_fill is not None:
+        rec["fill_rate"] = float(team_fill)
+    return rec
 
 
 #: (id(reference agent), episodes) -> (the agent, its per-seed summaries, its records); the agent is kept so its id

@@ -28,7 +28,7 @@ import shlex
 from pathlib import Path
 
 from shopsim.leaderboard.charts import slug
-from shopsim.leaderboard.protocols import LOWER_IS_BETTER
+from shopsim.leaderboard.protocols import LOWER_IS_BETTER, record_key
 from shopsim.leaderboard.render import columns_for, group_by_env
 
 #: env id -> what the env is and what its leaderboard measures
@@ -50,9 +50,18 @@ ENV_TEXT: dict[str, str] = {
         "Periodic-review inventory control of several SKUs with lead times, stochastic demand, holding, backlog and "
         "fixed ordering costs. Rows are ranked by cost (lower is better); the reference is the (s, S) policy, and "
         "each row's gap to it is measured on the same demand paths."),
+    "shopsim/Replenishment-v0:seasonal": (
+        "Replenishment-v0's seasonal scenario: the same SKUs with seasonal demand (mean × (1 + 0.7·sin(2πt/20 + "
+        "phase)), five seasons per episode) and a shared capacity of 100 on-hand units, above which every unit "
+        "costs 5 per period. A stationary (s, S) rule is not optimal here: the reference is the same (s, S) rule as "
+        "on the default scenario (one pair of levels per SKU for the whole episode, tuned per SKU without the "
+        "shared capacity), and a learned policy can follow the season and keep the stock under the capacity."),
     "shopsim/MultiWarehouse-v0": (
         "Several warehouses (PettingZoo agents) replenish from one supplier of limited capacity that allocates "
-        "proportionally. Rows are ranked by total cost; (s, S) per warehouse is the reference."),
+        "proportionally; the evaluation runs the PettingZoo parallel env, one agent action per warehouse and "
+        "period. Rows are ranked by total (team) cost, the sum of every warehouse's cost, with each warehouse's "
+        "own cost beside it; the reference is (s, S) per warehouse (each warehouse tunes and runs its own (s, S) "
+        "on its own observation, ignoring the shared supplier)."),
 }
 #: family -> fallback paragraph for envs without their own entry in `ENV_TEXT`
 FAMILY_TEXT: dict[str, str] = {
@@ -87,6 +96,8 @@ def metric_text(metric: str) -> str:
     """What `metric` measures and which direction is better."""
     if metric in METRIC_TEXT:
         text = METRIC_TEXT[metric]
+    elif metric.startswith("cost/"):
+        text = f"the cost of {metric.split('/', 1)[1]} alone (the total cost is the sum over agents)."
     elif metric.startswith("success/"):
         text = f"success rate on the tasks of the {metric.split('/', 1)[1]} family."
     elif metric.startswith("pass^"):
@@ -95,7 +106,7 @@ def metric_text(metric: str) -> str:
                 f"C(c, {k}) / C(n, {k})); it falls with k unless the agent is consistent.")
     else:
         text = "a metric the env reports at the end of an episode."
-    better = "lower" if metric in LOWER_IS_BETTER else "higher"
+    better = "lower" if metric in LOWER_IS_BETTER or metric.startswith("cost/") else "higher"
     return f"{text} {better.capitalize()} is better."
 
 
@@ -164,10 +175,10 @@ def reproduce_command(r: dict) -> str:
     if isinstance(cmd, str) and cmd:
         return cmd
     env_id = r["env_id"]
-    if r["kind"] == "trained":
+    if r["kind"] == "trained" or r.get("scenario"):  # a scenario's rows: the bench knows its env options
         algo = r.get("algorithm") or ""
         user = f" --algo {algo}" if ":" in algo else ""
-        return f"shopsim bench {_bench_flag(_mode(r) or 'quick')} --envs {env_id.split('/')[-1]}{user}"
+        return f"shopsim bench {_bench_flag(_mode(r) or 'quick')} --envs {record_key(r).split('/')[-1]}{user}"
     ckpt = (r.get("config") or {}).get("checkpoint") if r["kind"] == "checkpoint" else None
     who = f"--checkpoint {shlex.quote(str(ckpt))}" if ckpt else f"--agent {r['entry']}"
     parts = [f"shopsim eval --env {env_id} {who} --split {r['split']}"]
@@ -183,7 +194,8 @@ def submit_command(rows: list[dict]) -> str:
     """The command that trains your own algorithm at the table's tier and places it in this table."""
     tiers = [m for r in rows if r["kind"] == "trained" and not r.get("demo") and (m := _mode(r))]
     tier = max(set(tiers), key=tiers.count) if tiers else "quick"
-    return f"shopsim bench {_bench_flag(tier)} --envs {rows[0]['env_id'].split('/')[-1]} --algo mypkg.module:MyAlgo"
+    return (f"shopsim bench {_bench_flag(tier)} --envs {record_key(rows[0]).split('/')[-1]} "
+            "--algo mypkg.module:MyAlgo")
 
 
 def ranks(rows: list[dict], metric: str | None) -> list[str]:
@@ -374,7 +386,8 @@ def to_html(results: list[dict], plots: dict[str, list[Path]] | None = None, tit
         nav.append(f'<a href="#{esc(tab)}" data-tab="{esc(tab)}">{esc(tab)}</a>')
         cols = columns_for(rows)
         env_id = rows[0]["env_id"]
-        about = ENV_TEXT.get(env_id) or FAMILY_TEXT.get(rows[0].get("family") or "", "")
+        about = (ENV_TEXT.get(record_key(rows[0])) or ENV_TEXT.get(env_id)
+                 or FAMILY_TEXT.get(rows[0].get("family") or "", ""))
         desc = _protocol_desc(rows)
         proto = (f"Protocol: split {desc['split']}, {desc['tasks']} tasks × {desc['tries']} tries per eval seed, "
                  f"eval seeds {desc['eval seeds']}" + (f", env options {desc['env options']}"

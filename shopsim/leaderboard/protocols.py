@@ -59,6 +59,57 @@ PROTOCOL_SIZE: dict[str, dict] = {
     "shopsim/MultiWarehouse-v0": {"tasks": 128, "tries": 1, "seeds": (0,)},
 }
 
+#: env id -> scenario name -> env options: further leaderboard sections of an env, each evaluated (and its baselines
+#: trained) with these options. A scenario's protocol carries them in `Protocol.env_kwargs`, so its protocol hash
+#: differs from the env's default one and its rows get their own table; its leaderboard key is ``<env id>:<name>``
+#: (``shopsim bench --envs Replenishment-v0:seasonal``) and its results live in ``<Env-vN>_<name>/``.
+#:
+#: ``seasonal``: demand with a seasonal factor 1 + 0.7·sin(2πt/20 + phase_i) (a season of 20 periods, 5 per
+#: 100-period episode) and a shared warehouse capacity of 100 on-hand units (about two periods of total mean demand)
+#: above which every unit costs 5 per period. A stationary (s, S) rule is not optimal here: its levels cannot follow
+#: the season, and its per-SKU tuning ignores the shared capacity (its batches overflow at the peaks).
+SCENARIOS: dict[str, dict[str, dict]] = {
+    "shopsim/Replenishment-v0": {
+        "seasonal": {"seasonality": 0.7, "season_period": 20, "capacity": 100.0, "overflow_cost": 5.0},
+    },
+}
+SCENARIO_SEP = ":"
+
+
+def split_key(key: str) -> tuple[str, str | None]:
+    """(env id, scenario name or None) of a leaderboard key ``<env id>`` or ``<env id>:<scenario>``; raises
+    `ConfigError` for a scenario the env does not have."""
+    env_id, sep, scenario = key.partition(SCENARIO_SEP)
+    if not sep:
+        return key, None
+    known = SCENARIOS.get(env_id, {})
+    if scenario not in known:
+        raise ConfigError(f"{env_id} has no leaderboard scenario {scenario!r}; choose one of "
+                          f"{', '.join(known) or '(none)'} (shopsim.leaderboard.protocols.SCENARIOS)")
+    return env_id, scenario
+
+
+def board_key(env_id: str, scenario: str | None = None) -> str:
+    """The leaderboard key of an env (and scenario): ``<env id>`` or ``<env id>:<scenario>``."""
+    return f"{env_id}{SCENARIO_SEP}{scenario}" if scenario else env_id
+
+
+def key_slug(key: str) -> str:
+    """The folder name of a leaderboard key's results: ``Replenishment-v0`` or ``Replenishment-v0_seasonal``."""
+    env_id, scenario = split_key(key)
+    name = env_id.split("/")[-1]
+    return f"{name}_{scenario}" if scenario else name
+
+
+def record_key(rec: dict) -> str:
+    """The leaderboard key of a results record (its env id and, for a scenario's rows, the scenario)."""
+    return board_key(rec["env_id"], rec.get("scenario"))
+
+
+def scenario_keys(env_ids: list[str]) -> list[str]:
+    """`env_ids` with every scenario key of each env right after it."""
+    return [k for e in env_ids for k in (e, *(board_key(e, s) for s in SCENARIOS.get(e, {})))]
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -73,6 +124,8 @@ class Protocol:
     metrics: tuple[str, ...] = DEFAULT_METRICS
     reference: str | None = None
     env_kwargs: dict = field(default_factory=dict, compare=False, hash=False)
+    scenario: str | None = field(default=None, compare=False, hash=False)
+    """The `SCENARIOS` name whose options `env_kwargs` holds (None: the env's defaults)."""
 
     def __post_init__(self) -> None:
         if not self.task_ids:
@@ -121,10 +174,18 @@ class Protocol:
             kw["tries"] = int(tries)
         return replace(self, **kw)
 
+    @property
+    def key(self) -> str:
+        """The leaderboard key (`board_key`): the env id, with ``:<scenario>`` for a scenario's protocol."""
+        return board_key(self.env_id, self.scenario)
+
     def to_dict(self) -> dict:
-        return {"env_id": self.env_id, "family": self.family, "split": self.split, "task_ids": list(self.task_ids),
-                "seeds": list(self.seeds), "tries": self.tries, "metrics": list(self.metrics),
-                "reference": self.reference}
+        out = {"env_id": self.env_id, "family": self.family, "split": self.split, "task_ids": list(self.task_ids),
+               "seeds": list(self.seeds), "tries": self.tries, "metrics": list(self.metrics),
+               "reference": self.reference}
+        if self.scenario:
+            out.update(scenario=self.scenario, env_kwargs=dict(self.env_kwargs))
+        return out
 
     @property
     def hash(self) -> str:
@@ -140,7 +201,9 @@ class Protocol:
 def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None = None,
                   family: str | None = None, sized: bool = True) -> Protocol:
     """The evaluation protocol of `env_id` on `split` ("test" or "dev"), read from its splits file, limited to the
-    env's `PROTOCOL_SIZE` unless `sized` is False."""
+    env's `PROTOCOL_SIZE` unless `sized` is False. `env_id` may be a scenario key (``<env id>:<scenario>``,
+    `SCENARIOS`): the protocol then runs the same tasks with the scenario's env options."""
+    env_id, scenario = split_key(env_id)
     if family is None:
         from shopsim.envs import family_of
 
@@ -165,7 +228,8 @@ def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None =
         raise DatasetError(f"{path}: 'tries' must be a positive integer, got {tries!r}")
     protocol = Protocol(env_id=env_id, family=family, split=split, task_ids=tuple(ids), seeds=tuple(seeds),
                         tries=tries, metrics=FAMILY_METRICS.get(family, DEFAULT_METRICS),
-                        reference=FAMILY_REFERENCE.get(family))
+                        reference=FAMILY_REFERENCE.get(family),
+                        env_kwargs=dict(SCENARIOS[env_id][scenario]) if scenario else {}, scenario=scenario)
     size = PROTOCOL_SIZE.get(env_id) if sized else None
     return protocol.limited(**size) if size else protocol
 

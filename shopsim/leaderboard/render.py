@@ -19,7 +19,13 @@ import json
 import math
 from pathlib import Path
 
-from shopsim.leaderboard.protocols import DEFAULT_METRICS, FAMILY_METRICS, LOWER_IS_BETTER
+from shopsim.leaderboard.protocols import (
+    DEFAULT_METRICS,
+    FAMILY_METRICS,
+    LOWER_IS_BETTER,
+    SCENARIOS,
+    record_key,
+)
 
 META_COLUMNS = ("entry", "kind", "seeds", "budget", "config", "status")
 #: learning-curve columns, in order of preference (the first one a run's metrics.csv has is plotted)
@@ -37,6 +43,10 @@ def columns_for(results: list[dict]) -> list[str]:
     wanted = FAMILY_METRICS.get(_family(results), DEFAULT_METRICS)
     present = {m for r in results for m in r.get("metrics", {})}
     cols = [m for m in wanted if m in present]
+    if "cost" in cols:  # multi-agent envs: each agent's cost (cost/warehouse_0, ...) right after the total
+        per_agent = sorted((m for m in present if m.startswith("cost/")), key=_natural)
+        at = cols.index("cost") + 1
+        cols[at:at] = per_agent
     return cols or sorted(m for m in present if m != "episodes")[:8]
 
 
@@ -49,12 +59,22 @@ def _sort_key(row: dict, primary: str | None):
     return (0 if ok else 2, 0, signed, row.get("entry", ""))
 
 
-def _env_order(env_id: str) -> tuple[int, str]:
-    """Registry order (Shopping, ProactiveRec, TwoStageRetrieval, Replenishment, ...), unknown ids last."""
+def _natural(name: str) -> tuple:
+    """Sort key that puts warehouse_2 before warehouse_10."""
+    head, _, tail = name.rpartition("_")
+    return (head, int(tail)) if tail.isdigit() else (name, -1)
+
+
+def _env_order(key: str) -> tuple[int, int, str]:
+    """Registry order (Shopping, ProactiveRec, TwoStageRetrieval, Replenishment, ...), each env's scenarios right
+    after it (`protocols.SCENARIOS` order), unknown ids last."""
     from shopsim.envs import all_env_ids
 
+    env_id, _, scenario = key.partition(":")
     ids = all_env_ids()
-    return (ids.index(env_id) if env_id in ids else len(ids), env_id)
+    names = list(SCENARIOS.get(env_id, {}))
+    sub = names.index(scenario) + 1 if scenario in names else (0 if not scenario else len(names) + 1)
+    return (ids.index(env_id) if env_id in ids else len(ids), sub, key)
 
 
 def _protocol_key(r: dict) -> str:
@@ -64,7 +84,9 @@ def _protocol_key(r: dict) -> str:
 
 
 def group_by_env(results: list[dict]) -> dict[str, list[dict]]:
-    """One table per env id (in registry order), each sorted best first on the env's first table column.
+    """One table per env id (in registry order), each sorted best first on the env's first table column. A
+    scenario's rows (``scenario`` in the record, `protocols.SCENARIOS`) get their own table keyed
+    ``<env id>:<scenario>``.
 
     Only entries evaluated on the same episodes (the same ``protocol_hash``; for older files the same split, task
     ids, eval seeds and tries) share a table: if an env has results from several protocols, each gets its own
@@ -72,7 +94,7 @@ def group_by_env(results: list[dict]) -> dict[str, list[dict]]:
     """
     envs: dict[str, dict[str, list[dict]]] = {}
     for r in results:
-        envs.setdefault(r["env_id"], {}).setdefault(_protocol_key(r), []).append(r)
+        envs.setdefault(record_key(r), {}).setdefault(_protocol_key(r), []).append(r)
     out = {}
     for env_id in sorted(envs, key=_env_order):
         protocols = sorted(envs[env_id].values(), key=lambda rows: -len(rows))  # the most used protocol first

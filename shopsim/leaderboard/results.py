@@ -18,6 +18,7 @@ Schema (``schema_version`` = `SCHEMA_VERSION`)::
      "status": "ok" | "error" | "skipped", "error": null | "message",
      "curve": {"metric": "cost", "x": [iterations...], "per_seed": [[values...], ...]} | null,
      "command": "shopsim bench --tier standard --envs Replenishment-v0" | null,
+     "scenario": "seasonal", "env_kwargs": {...}  (only on a scenario's rows, `protocols.SCENARIOS`),
      "train_seeds": [0, 1, 2] | null,
      "package_version": "0.1.0", "git_commit": "abc123..." | "unknown", "created": "2026-...Z", "wall_s": 12.3}
 
@@ -103,6 +104,8 @@ def make_results(*, protocol, entry: str, kind: str, metrics: dict, agent: str |
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_s": None if wall_s is None else round(float(wall_s), 3),
     }
+    if getattr(protocol, "scenario", None):  # a scenario's rows: its name and env options (its own table)
+        data.update(scenario=protocol.scenario, env_kwargs=dict(protocol.env_kwargs))
     if extra:
         data.update(extra)
     return to_jsonable(data)
@@ -132,6 +135,9 @@ def validate_results(data: Any, source: str = "results") -> dict:
         if not isinstance(data[key], types) or isinstance(data[key], bool):
             raise DatasetError(f"{source}: field {key!r} must be {' or '.join(t.__name__ for t in types)}, "
                                f"got {type(data[key]).__name__}")
+    if data.get("scenario") is not None and not isinstance(data["scenario"], str):
+        raise DatasetError(f"{source}: 'scenario' must be a string (a name in shopsim.leaderboard.protocols."
+                           f"SCENARIOS) or absent, got {type(data['scenario']).__name__}")
     if data["kind"] not in KINDS:
         raise DatasetError(f"{source}: kind {data['kind']!r} is not one of {', '.join(KINDS)}")
     if data["status"] not in STATUSES:
