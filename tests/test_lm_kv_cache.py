@@ -75,6 +75,24 @@ def test_same_seed_same_trajectories_with_and_without_cache(tok, arch, mode):
                                        atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("mode", ["concat", "window"])
+def test_prompts_encoded_row_by_row_sample_what_one_padded_batch_samples(tok, arch, mode):
+    runs = []
+    for prefill in ("rows", "batch"):
+        agent = _agent(tok, arch, mode, kv_cache=True, pin_first_turn=True, record_hidden=True)
+        agent.sampling.prefill = prefill
+        runs.append(_run(agent, episodes=6))
+    assert sum(t.num_turns for t in runs[0]) > 12
+    for a, b in zip(*runs, strict=True):
+        assert [t.action_ids for t in a.turns] == [t.action_ids for t in b.turns]
+        for ta, tb in zip(a.turns, b.turns, strict=True):
+            torch.testing.assert_close(torch.tensor(ta.action_logprobs), torch.tensor(tb.action_logprobs),
+                                       atol=1e-5, rtol=0)
+            torch.testing.assert_close(torch.tensor(ta.hidden["mean"]), torch.tensor(tb.hidden["mean"]),
+                                       atol=1e-5, rtol=0)
+
+
 def test_concat_turn_encodes_only_what_the_env_added(tok):
     agent = _agent(tok, "llama", "concat", kv_cache=True)
     trajs = _run(agent, episodes=2)
@@ -98,7 +116,8 @@ def test_hidden_summary_is_the_same_with_the_cache(tok):
                                            atol=1e-4, rtol=0)
 
 
-def test_finished_rows_leave_the_batch(tok):
+@pytest.mark.parametrize("prefill", ["batch", "rows"])
+def test_finished_rows_leave_the_batch(tok, prefill):
     """A row that stops early costs no further decoding steps, and its records are what it would get alone."""
     model = build_model(tok, size="tiny", seed=1).eval()
     stop = tok.eos_token_id
@@ -115,12 +134,15 @@ def test_finished_rows_leave_the_batch(tok):
     handle = model.register_forward_hook(stop_row0, with_kwargs=True)
     try:
         out = sample(model, prompts, stop_ids={stop}, pad_id=tok.pad_token_id,
-                     config=SamplingConfig(greedy=True, max_new_tokens=5), cache=PrefixCache(), keys=[0, 1])
+                     config=SamplingConfig(greedy=True, max_new_tokens=5, prefill=prefill), cache=PrefixCache(),
+                     keys=[0, 1])
     finally:
         handle.remove()
     assert out.ids[0] == [stop]
     assert len(out.ids[1]) == 5
-    assert calls[0] == 2 and all(b == 1 for b in calls[1:])  # decoding ran on the one live row only
+    # the prompts: one forward over both rows ("batch") or one per row ("rows"); then 4 decoding steps on the one
+    # live row only
+    assert calls == ([2] if prefill == "batch" else [1, 1]) + [1] * 4
     alone = sample(model, prompts[1:], stop_ids={stop}, pad_id=tok.pad_token_id,
                    config=SamplingConfig(greedy=True, max_new_tokens=5))
     assert alone.ids[0] == out.ids[1]

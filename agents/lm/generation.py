@@ -50,8 +50,16 @@ class SamplingConfig:
     stopped (the behaviour before finished rows left the batch; benchmarks use it as their baseline)."""
     multinomial: bool = False
     """Draw with `torch.multinomial` (the previous sampler; benchmarks' baseline) instead of `categorical`."""
+    prefill: str = "rows"
+    """How the prompts' new tokens are encoded before decoding. ``"rows"``: one forward per prompt over its own new
+    tokens and cached prefix, then the rows' caches are stacked for batched decoding; attention costs
+    Σ new_i × context_i. ``"batch"``: one padded forward over every row, which costs rows × the longest new part ×
+    the longest context (in concat mode one long episode in the batch makes every row pay for its context).
+    The two give the same tokens and log-probs up to float rounding (tested)."""
 
     def __post_init__(self) -> None:
+        if self.prefill not in ("rows", "batch"):
+            raise ConfigError(f"prefill must be 'rows' or 'batch', got {self.prefill!r}")
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}; use greedy=True for arg-max")
         if not 0 < self.top_p <= 1:
@@ -255,6 +263,64 @@ def _stack_past(model, reused: list[int], kvs: list, width: int, capacity: int):
     return cache
 
 
+def _prefill_batch(model, new, reused, kvs, config, keep, cache_kw, pad_id, device, reserve):
+    """One padded forward over every row's new tokens: the cached prefixes right-aligned to the longest, the new
+    tokens left-padded. Returns (cache, attention mask, last positions, last logits, new tokens' states or None)."""
+    batch = len(new)
+    ids, new_mask = left_pad(new, pad_id, device)
+    width = max(reused)
+    past = None
+    capacity = width + ids.shape[1] + config.max_new_tokens
+    if width > 0:
+        past = _stack_past(model, reused, kvs, width, capacity)
+    elif reserve:
+        past = _reserved_cache(model, capacity)
+    if width > 0:
+        old_mask = torch.zeros((batch, width), dtype=torch.long, device=device)
+        for i, n in enumerate(reused):
+            if n:
+                old_mask[i, width - n:] = 1
+        mask = torch.cat([old_mask, new_mask], dim=1)
+    else:
+        mask = new_mask
+    pos = (positions(new_mask) + torch.tensor(reused, device=device)[:, None]) * new_mask
+    kw = {cache_kw: past} if past is not None else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                output_hidden_states=config.record_hidden, **keep, **kw)
+    states = None
+    if config.record_hidden:
+        h = out.hidden_states[config.hidden_layer].float()
+        states = [h[i, h.shape[1] - len(new[i]):] for i in range(batch)]
+    return _cache_of(out), mask, pos[:, -1], out.logits[:, -1, :].float(), states
+
+
+def _prefill_rows(model, new, reused, kvs, config, keep, cache_kw, device):
+    """One forward per row over its own new tokens and cached prefix (no padding), then the rows' keys/values
+    stacked right-aligned into one reserved cache for batched decoding. Same returns as `_prefill_batch`."""
+    logits, row_kv, states = [], [], []
+    for i, toks in enumerate(new):
+        n = reused[i]
+        past = _stack_past(model, [n], [kvs[i]], n, n + len(toks)) if n else None
+        ids = torch.tensor([toks], dtype=torch.long, device=device)
+        pos = torch.arange(n, n + len(toks), device=device)[None]
+        mask = torch.ones((1, n + len(toks)), dtype=torch.long, device=device)
+        kw = {cache_kw: past} if past is not None else {}
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                    output_hidden_states=config.record_hidden, **keep, **kw)
+        row_kv.append([(k[0], v[0]) for k, v in _layer_kv(_cache_of(out))])
+        logits.append(out.logits[:, -1, :].float())
+        if config.record_hidden:
+            states.append(out.hidden_states[config.hidden_layer][0].float())
+    total = [n + len(t) for n, t in zip(reused, new, strict=True)]
+    width = max(total)
+    past = _stack_past(model, total, row_kv, width, width + config.max_new_tokens)
+    mask = torch.zeros((len(new), width), dtype=torch.long, device=device)
+    for i, n in enumerate(total):
+        mask[i, width - n:] = 1
+    last_pos = torch.tensor(total, device=device) - 1
+    return past, mask, last_pos, torch.cat(logits), (states if config.record_hidden else None)
+
+
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: SamplingConfig,
            generator: Generators = None, cache: PrefixCache | None = None,
@@ -291,44 +357,27 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
     if config.record_hidden:  # the prompt mean needs every prompt token's state: reuse only what has them
         reused = [n if h is not None and len(h) >= n else 0 for n, h in zip(reused, hid_cached, strict=False)]
     new = [p[n:] for p, n in zip(prompts, reused, strict=False)]
-    ids, new_mask = left_pad(new, pad_id, device)
-    width = max(reused)
-    past, cache_kw = None, _cache_kw(model)
-    capacity = width + ids.shape[1] + config.max_new_tokens
-    if width > 0:
-        past = _stack_past(model, reused, kvs, width, capacity)
-    elif cache is not None:
-        past = _reserved_cache(model, capacity)
-    if width > 0:
-        old_mask = torch.zeros((batch, width), dtype=torch.long, device=device)
-        for i, n in enumerate(reused):
-            if n:
-                old_mask[i, width - n:] = 1
-        mask = torch.cat([old_mask, new_mask], dim=1)
-    else:
-        mask = new_mask
-    pos = (positions(new_mask) + torch.tensor(reused, device=device)[:, None]) * new_mask
+    cache_kw = _cache_kw(model)
     # the prompt's output layer is only needed at its last position
     keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    kw = {cache_kw: past} if past is not None else {}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                output_hidden_states=config.record_hidden, **keep, **kw)
+    if config.prefill == "rows" and batch > 1:
+        past, mask, last_pos, logits, new_states = _prefill_rows(model, new, reused, kvs, config, keep, cache_kw,
+                                                                device)
+    else:
+        past, mask, last_pos, logits, new_states = _prefill_batch(model, new, reused, kvs, config, keep, cache_kw,
+                                                                  pad_id, device, cache is not None)
     if cache is not None:
         cache.reused_tokens += sum(reused)
         cache.encoded_tokens += sum(len(x) for x in new)
     hidden, prompt_hidden = None, [None] * batch
     if config.record_hidden:
-        h = out.hidden_states[config.hidden_layer].float()
         hidden = []
         for i in range(batch):
-            rows = h[i, h.shape[1] - len(new[i]):]
+            rows = new_states[i]
             if reused[i] and hid_cached[i] is not None:
                 rows = torch.cat([hid_cached[i][: reused[i]], rows])
             prompt_hidden[i] = rows
             hidden.append({"mean": rows.mean(0).tolist(), "last": rows[-1].tolist()})
-    past = _cache_of(out)
-    logits = out.logits[:, -1, :].float()
-    last_pos = pos[:, -1]
     alive = list(range(batch))  # original row of each batch position
     done: set[int] = set()  # with keep_finished: batch positions that have stopped but stay in the batch
     spare = torch.Generator().manual_seed(0) if per_row and config.keep_finished else None
