@@ -9,18 +9,22 @@ both paths) followed by GRPO's update on them. The two paths:
   its compact rendering, every turn re-encoding its whole prompt (``kv_cache=False``), rows that have finished
   their action decoding pad tokens until every row has (``keep_finished``), drawn with ``torch.multinomial``
   (``multinomial``), the KV cache a plain ``DynamicCache``, π_old recomputed by a second forward
-  pass, every update row padded to the batch's longest (``micro_batch_tokens=0``) and every row in the update
-  (``skip_zero_advantage_rows=False``);
+  pass, every update row padded to the batch's longest (``micro_batch_tokens=0``) under an explicit padding mask
+  (``padding_mask=True``) and every row in the update (``skip_zero_advantage_rows=False``);
 * **current** (the defaults): the shipped checkpoint ``data/lm/sft`` (concat mode, ``obs_mode="terse"``), each
   episode's keys/values kept across turns (a turn encodes only what the env added), one row per episode,
-  length-bucketed micro-batches, the recorded log-probs used as π_old, rows whose advantage is zero everywhere left
-  out of the forward/backward passes (GRPO groups whose rollouts all got the same reward; the update is the same).
+  length-bucketed micro-batches that keep rows of very different lengths apart (``micro_batch_padding``) and run
+  without a padding mask on the causal attention kernel, the recorded log-probs used as π_old, rows whose advantage
+  is zero everywhere left out of the forward/backward passes (GRPO groups whose rollouts all got the same reward;
+  the update is the same).
 
 Printed per path, and written as JSON (current path at the top level, baseline under ``"baseline"``):
 
 * ``rollout_s``, ``update_s``: wall time of the 16 rollouts and of the update (π_old/advantages/optimizer step);
 * ``tokens_encoded_per_turn``: tokens the model ran over per agent turn while acting (uncached prompt tokens plus
   one decoding step per generated token but the last);
+* ``update_tokens_processed`` / ``update_tokens_processed_padded``: the real tokens the update's forward/backward
+  passes ran over, and the same with the padding of their micro-batches;
 * ``update_efficiency``: the update's tokens/s (the real tokens its forward/backward passes ran over) divided by
   the tokens/s of a plain forward+backward of the same model over one packed batch (the same tokens in rows of
   equal length, no padding, the output layer on the same share of positions), measured in the same run;
@@ -36,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import time
 from pathlib import Path
 
@@ -46,11 +49,9 @@ RESULTS = ROOT / "docs" / "results" / "bench_lm_rl.md"
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    from shopsim.leaderboard.results import git_commit
+
+    return git_commit(ROOT)
 
 
 def _grpo(fast: bool, seed: int):
@@ -58,8 +59,8 @@ def _grpo(fast: bool, seed: int):
 
     kw = dict(group_size=8, tasks_per_iter=2, num_envs=16, lr=1e-4, temperature=0.7, eval_episodes=0,
               task_families=("find_and_buy",))
-    if not fast:  # the previous path: padded full-batch updates, π_old recomputed, every row in the update
-        kw.update(micro_batch_tokens=0, recompute_old_logp=True, skip_zero_advantage_rows=False)
+    if not fast:  # the previous path: padded, masked full-batch updates, π_old recomputed, every row in the update
+        kw.update(micro_batch_tokens=0, padding_mask=True, recompute_old_logp=True, skip_zero_advantage_rows=False)
     return baselines.make("grpo", env_id=ENV_ID, **kw)
 
 
@@ -110,6 +111,7 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
                  "context_mode": agent.options["context_mode"], "env_kwargs": env_kwargs or {},
                  "kv_cache": agent.kv_cache is not None,
                  "micro_batch_tokens": algo.config.micro_batch_tokens,
+                 "padding_mask": algo.config.padding_mask,
                  "recompute_old_logp": algo.config.recomputes_old_logp}
     per_it = []
     for it in range(iterations):
@@ -130,7 +132,9 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         t3 = time.perf_counter()
         tokens = float(batch.attention_mask.sum())
         # tokens the update's forward/backward passes ran over (rows with zero advantage everywhere are left out)
-        processed = um.get("tokens_processed", tokens) * algo.config.minibatches * algo.config.update_epochs
+        steps = algo.config.minibatches * algo.config.update_epochs
+        processed = um.get("tokens_processed", tokens) * steps
+        processed_padded = um.get("tokens_processed_padded", float(batch.input_ids.numel())) * steps
         ref_tps = packed_reference(agent.model, batch, algo.temperature)
         # the benchmark measures one iteration from the same start each time
         agent.model.load_state_dict(state)
@@ -146,7 +150,7 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
             "update_tokens_per_s": tokens / (t3 - t2), "reference_tokens_per_s": ref_tps,
             # an update that skipped every row ran no passes: no efficiency to measure
             "update_efficiency": processed / (t3 - t2) / ref_tps if processed else None,
-            "update_tokens_processed": processed,
+            "update_tokens_processed": processed, "update_tokens_processed_padded": processed_padded,
             "logprob_max_abs_diff": diff,
             "train_success": float(np.mean([t.success for t in trajs])),
         })
@@ -177,10 +181,10 @@ def write_table(res: dict, path: Path, command: str) -> None:
             ("update (s)", "update_s", "{:.1f}"), ("iteration (s)", "iteration_s", "{:.1f}"),
             ("prompt tokens per turn", "prompt_tokens_per_turn", "{:.0f}"),
             ("tokens encoded per turn", "tokens_encoded_per_turn", "{:.0f}"),
-            ("update rows / real tokens / padded tokens", "update_shape", "{}"),
+            ("update rows / real tokens / padded batch", "update_shape", "{}"),
             ("rows skipped (zero advantage), mean per step", "update_rows_skipped", "{:.1f}"),
             ("update tokens/s (all tokens of the batch)", "update_tokens_per_s", "{:.0f}"),
-            ("tokens through the update's passes", "update_tokens_processed", "{:.0f}"),
+            ("tokens through the update's passes: real / with padding", "update_passes", "{}"),
             ("packed fwd+bwd tokens/s (reference)", "reference_tokens_per_s", "{:.0f}"),
             ("update efficiency", "update_efficiency", "{:.2f}"),
             ("max abs log-prob difference", "logprob_max_abs_diff", "{:.1e}"),
@@ -188,6 +192,7 @@ def write_table(res: dict, path: Path, command: str) -> None:
     for d in (res, b):
         d["iteration_s"] = d["rollout_s"] + d["update_s"]
         d["update_shape"] = f"{d['update_rows']:.0f} / {d['update_tokens']:.0f} / {d['update_padded_tokens']:.0f}"
+        d["update_passes"] = f"{d['update_tokens_processed']:.0f} / {d['update_tokens_processed_padded']:.0f}"
     lines = ["# One GRPO iteration of the Shopping LM agent: previous path vs current default", "",
              "Generated by `benchmarks/bench_lm_rl.py`; do not edit by hand.", "",
              f"- command: `{command}`", f"- commit: `{res['commit']}`",
