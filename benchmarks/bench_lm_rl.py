@@ -30,7 +30,10 @@ Printed per path, and written as JSON (current path at the top level, baseline u
   equal length, no padding, the output layer on the same share of positions), measured in the same run;
 * ``logprob_max_abs_diff``: largest |recorded − recomputed| log-prob of a generated token, recomputing the batch
   with the trainer's forward pass;
-* ``iteration_speedup`` (top level): baseline (rollout + update) / current (rollout + update).
+* ``iteration_speedup`` (top level): baseline (rollout + update) / current (rollout + update);
+* ``update_s[<option>]`` (current path): the same update on the same batch and weights with one of its defaults
+  turned off (``ABLATIONS``: the padding mask back on, no padding limit in the length bucketing), so each default
+  is shown to pay for itself in the same run.
 
 The table goes to ``docs/results/bench_lm_rl.md`` (generated; the command, commit and wall time are in it).
 """
@@ -62,6 +65,11 @@ def _grpo(fast: bool, seed: int):
     if not fast:  # the previous path: padded, masked full-batch updates, π_old recomputed, every row in the update
         kw.update(micro_batch_tokens=0, padding_mask=True, recompute_old_logp=True, skip_zero_advantage_rows=False)
     return baselines.make("grpo", env_id=ENV_ID, **kw)
+
+
+#: the current path's update run again with one of its defaults turned off, on the same batch and weights
+ABLATIONS = {"padding_mask=True": {"padding_mask": True},
+             "micro_batch_padding=1e9": {"micro_batch_padding": 1e9}}
 
 
 def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tokens: int = 16384) -> float:
@@ -139,6 +147,18 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         # the benchmark measures one iteration from the same start each time
         agent.model.load_state_dict(state)
         algo.optimizer.load_state_dict(opt_state)
+        ablation = {}
+        for name, options in (ABLATIONS if fast else {}).items():  # the same update with one default turned off
+            saved = {k: getattr(algo.config, k) for k in options}
+            for k, v in options.items():
+                setattr(algo.config, k, v)
+            t4 = time.perf_counter()
+            algo.update(batch, it, generator=torch.Generator().manual_seed(seed))
+            ablation[name] = time.perf_counter() - t4
+            for k, v in saved.items():
+                setattr(algo.config, k, v)
+            agent.model.load_state_dict(state)
+            algo.optimizer.load_state_dict(opt_state)
         st = agent.stats
         per_it.append({
             "rollout_s": t1 - t0, "update_s": t3 - t2, "turns": st["turns"],
@@ -153,9 +173,10 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
             "update_tokens_processed": processed, "update_tokens_processed_padded": processed_padded,
             "logprob_max_abs_diff": diff,
             "train_success": float(np.mean([t.success for t in trajs])),
+            **{f"update_s[{k}]": v for k, v in ablation.items()},
         })
     for k in per_it[0]:
-        vals = [p[k] for p in per_it if p[k] is not None]
+        vals = [p[k] for p in per_it if p.get(k) is not None]
         out[k] = (max(vals) if k == "logprob_max_abs_diff" else float(np.median(vals))) if vals else None
     out["iterations"] = iterations
     out["per_iteration"] = per_it
@@ -189,6 +210,7 @@ def write_table(res: dict, path: Path, command: str) -> None:
             ("update efficiency", "update_efficiency", "{:.2f}"),
             ("max abs log-prob difference", "logprob_max_abs_diff", "{:.1e}"),
             ("rollout success (T = 0.7)", "train_success", "{:.2f}")]
+    rows += [(f"update (s) with `{k}` (same batch and weights)", f"update_s[{k}]", "{:.2f}") for k in ABLATIONS]
     for d in (res, b):
         d["iteration_s"] = d["rollout_s"] + d["update_s"]
         d["update_shape"] = f"{d['update_rows']:.0f} / {d['update_tokens']:.0f} / {d['update_padded_tokens']:.0f}"
@@ -203,7 +225,7 @@ def write_table(res: dict, path: Path, command: str) -> None:
              f"- wall time of the benchmark: {res['wall_s']:.0f} s", "",
              "| | baseline (previous path) | current default |", "|---|---|---|"]
     for name, key, fmt in rows:
-        cells = ["—" if d[key] is None else fmt.format(d[key]) for d in (b, res)]
+        cells = ["—" if d.get(key) is None else fmt.format(d[key]) for d in (b, res)]
         lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
     lines += ["", f"**Iteration speedup: {res['iteration_speedup']:.1f}x** "
               f"(rollout {b['rollout_s'] / res['rollout_s']:.1f}x, update {b['update_s'] / res['update_s']:.1f}x).",
