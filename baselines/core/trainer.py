@@ -282,7 +282,7 @@ class LMAlgorithm(LoopAlgorithm):
             n = int(lengths[j])
             full = c.micro_batch_rows and len(cur) >= c.micro_batch_rows
             padded = max(width, n) * (len(cur) + 1)
-            too_padded = padded - real - n > c.micro_batch_padding * (real + n)
+            too_padded = c.micro_batch_padding is not None and padded - real - n > c.micro_batch_padding * (real + n)
             if cur and (full or padded > c.micro_batch_tokens or too_padded):
                 out.append(torch.tensor(cur, device=rows.device))
                 cur, width, real = [], 0, 0
