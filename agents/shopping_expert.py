@@ -12,6 +12,8 @@ Typical actions per task family:
   find_and_buy
 * bundle: per item: ``search`` -> ``click[<sku>]`` -> options -> ``click[add to cart]``; then ``view_cart`` ->
   ``answer[<summary>]`` -> ``click[checkout]``
+* personalized_buy: ``get_profile`` -> as find_and_buy, searching ``<brand> <attributes> <option values> <type>``
+  and opening only results of the profile's brand
 * after_sales: ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write
   (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it ->
   ``answer[<what was done / why not>]`` -> ``finish``
@@ -55,7 +57,7 @@ def _bundle_items(instruction: str) -> list[str]:
 
 def _goal(d: dict) -> Goal:
     return Goal(d["product_type"], tuple(d["attributes"]), tuple(d["options"].items()), d["price_ceiling"],
-                d["target_id"])
+                d["target_id"], brand=d.get("brand"))
 
 
 def _question(slot: list[str]) -> str:
@@ -94,7 +96,12 @@ class ShoppingExpert(ScriptedAgent):
         from shopsim.catalog import load_catalog
 
         cat = info["oracle"].get("catalog", {})
-        return load_catalog(self.catalog_size or cat.get("size", 10_000), self.catalog_seed or cat.get("seed", 0))
+        size, seed = self.catalog_size or cat.get("size", 10_000), self.catalog_seed or cat.get("seed", 0)
+        if cat.get("near_duplicates"):
+            from shopsim.catalog.near_duplicates import load_near_duplicates
+
+            return load_near_duplicates(size, seed, cat["near_duplicates"])
+        return load_catalog(size, seed)
 
     def act_one(self, slot, observation, info):
         action = self._act(slot, observation, info)
@@ -123,6 +130,10 @@ class ShoppingExpert(ScriptedAgent):
         if st["asked"] < len(hidden):
             st["asked"] += 1
             return f"ask[{_question(hidden[st['asked'] - 1])}]"
+        if oracle["family"] == "personalized_buy" and not st.get("profiled"):
+            # read the profile as an assistant would (the oracle already holds it; the SFT data shows the call)
+            st["profiled"] = True
+            return "get_profile"
         if info.get("strategy") == "ask_first" and st["asked"] == 0:
             st["asked"] = 1
             return "ask[Is there anything else I should know before I search?]"
@@ -153,8 +164,8 @@ class ShoppingExpert(ScriptedAgent):
             return "click[< prev]"
         if page == "item" and st["phase"] == "searched":
             prod = s["product"]
-            if satisfies(goal, _P(prod), with_price=not bundle) and self._affordable(cat, goals, gi, s, prod):
-                want = best_options(goal, _P(prod))
+            if satisfies(goal, _P(prod, cat), with_price=not bundle) and self._affordable(cat, goals, gi, s, prod):
+                want = best_options(goal, _P(prod, cat))
                 for name, value in want.items():
                     if s["selected"].get(name) != value:
                         return f"click[{self._label(prod, name, value)}]"
@@ -198,9 +209,11 @@ class ShoppingExpert(ScriptedAgent):
             query = items[gi] if gi < len(items) else st["instruction"]
             # a must-have feature the customer named when asked (clarify_and_buy) goes into the query too
             told = [a for a in goal.attributes if a not in query]
+            if goal.brand:  # personalized_buy: the profile's brand and options are not in the task line
+                told = [goal.brand, *told, *(v for _, v in goal.options)]
             return f"search[{' '.join([query, *told])}]"
         opts = [v for _, v in goal.options] if self.query == "full" else []
-        words = [*goal.attributes, *opts, goal.product_type]
+        words = [*([goal.brand] if goal.brand else []), *goal.attributes, *opts, goal.product_type]
         return f"search[{' '.join(words)}]"
 
     def _candidate(self, goal: Goal, s: dict, st: dict, cat, goals, gi, bundle, skip: int = 0) -> str | None:
@@ -211,6 +224,8 @@ class ShoppingExpert(ScriptedAgent):
         for pos, r in enumerate(s["results"]):
             title = r["title"].lower()
             if r["product_id"] in st["visited"] or goal.product_type not in title:
+                continue
+            if goal.brand and not title.startswith(goal.brand.lower() + " "):  # titles start with the brand
                 continue
             if not bundle and r["price"] > goal.price_ceiling + 1e-9:
                 continue
@@ -283,9 +298,11 @@ class ShoppingExpert(ScriptedAgent):
 
 
 class _P:
-    """Adapter: a structured product dict that quacks like `shopsim.catalog.Product` for grading."""
+    """Adapter: a structured product dict that quacks like `shopsim.catalog.Product` for grading (the brand, which
+    the structured view leaves out, is read from the catalog)."""
 
-    def __init__(self, d: dict):
+    def __init__(self, d: dict, cat=None):
         self.product_type, self.attributes, self.price = d["product_type"], d["attributes"], d["price"]
         self.options = d["options"]
         self.product_id = d["product_id"]
+        self.brand = cat.product(d["product_id"]).brand if cat is not None else None

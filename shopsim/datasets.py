@@ -9,6 +9,10 @@ strategy, agent, return, success...), so the file is a flat table that `pandas.r
 * **Atomic**: the writer writes to a hidden temporary sibling (``.NAME.tmp-PID``) and renames it over the final
   name only in `close()`. An interrupted run leaves no file under the final name, and the reader refuses any file
   without the `shopsim` completion record in its footer.
+* **Sharded**: a folder of ``part-00000.parquet``, ``part-00001.parquet``... with a ``manifest.json`` (written by
+  `shopsim.distributed.rollout_to_shards`, e.g. ``shopsim rollout --workers N``) is read as one dataset by every
+  reader here, its shards in episode order; an unfinished folder (``"complete": false``) is refused with a message
+  saying to rerun its command. Hugging Face ``datasets.load_dataset(FOLDER)`` reads the parts as one split.
 * **Metadata**: a JSON record in the Parquet footer (key ``shopsim``): schema version, env config, catalog seed and
   size, agent, package versions and creation time. The creation time is taken from ``SOURCE_DATE_EPOCH`` when set
   (the reproducible-builds convention), so the same seed gives byte-identical files; otherwise it is the wall clock
@@ -36,6 +40,8 @@ from shopsim.paths import atomic_path
 from shopsim.trajectory import SCHEMA_VERSION, Trajectory, Turn, to_jsonable
 
 METADATA_KEY = b"shopsim"
+#: the index of a sharded dataset folder
+MANIFEST = "manifest.json"
 
 _EPISODE_FIELDS = [
     ("env_id", pa.string()), ("task_id", pa.string()), ("split", pa.string()), ("seed", pa.int64()),
@@ -228,6 +234,26 @@ def write_dataset(path: str | os.PathLike, trajectories, metadata: dict | None =
 
 
 # ---------------------------------------------------------------------- reading
+def dataset_files(path: str | os.PathLike) -> list[Path]:
+    """The Parquet files of the dataset at `path`: the file itself, or a sharded folder's shards in episode order."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path]
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise DatasetError(f"{path} is a folder without {MANIFEST}; give a dataset file, or a folder written by "
+                           f"`shopsim rollout --workers N --out {path}`")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        shards, total = manifest["shards"], manifest["num_shards"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"{manifest_path} is not a shopsim shard manifest ({exc}); regenerate the dataset") from None
+    if not manifest.get("complete") or len(shards) != total:
+        raise DatasetError(f"{path} is unfinished ({len(shards)} of {total} shards); rerun the command that wrote "
+                           f"it to finish only the missing shards")
+    return [path / s["file"] for s in sorted(shards, key=lambda s: s["start"])]
+
+
 def _open(path: str | os.PathLike) -> pq.ParquetFile:
     path = Path(path)
     if not path.is_file():
@@ -243,7 +269,13 @@ def _open(path: str | os.PathLike) -> pq.ParquetFile:
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
-    """The dataset's metadata record (env config, agent, versions, creation time...)."""
+    """The dataset's metadata record (env config, agent, versions, creation time...); for a sharded folder, its
+    first shard's record without the shard's own range, plus ``num_shards``."""
+    files = dataset_files(path)
+    if Path(path).is_dir():
+        meta = read_metadata(files[0])
+        meta.pop("shard", None)
+        return {**meta, "num_shards": len(files)}
     meta = json.loads(_open(path).schema_arrow.metadata[METADATA_KEY])
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
@@ -283,7 +315,13 @@ def _new_traj(row: dict) -> Trajectory:
 
 
 def iter_trajectories(path: str | os.PathLike, batch_rows: int = 8192) -> Iterator[Trajectory]:
-    """Stream trajectories back in file order, reading `batch_rows` turns at a time."""
+    """Stream trajectories back in file order (shard by shard for a sharded folder), reading `batch_rows` turns at a
+    time."""
+    files = dataset_files(path)
+    if len(files) > 1 or Path(path).is_dir():
+        for file in files:
+            yield from iter_trajectories(file, batch_rows)
+        return
     pf = _open(path)
     read_metadata(path)
     current: Trajectory | None = None
@@ -306,16 +344,83 @@ def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
 
 def read_turns(path: str | os.PathLike):
     """All rows as a pandas DataFrame (one row per turn)."""
-    _open(path)
-    return pq.read_table(path).to_pandas()
+    return _read_table(path).to_pandas()
+
+
+def _read_table(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
+    """The rows of a dataset file or sharded folder (shards concatenated in episode order)."""
+    tables = []
+    for file in dataset_files(path):
+        _open(file)
+        tables.append(pq.read_table(file, columns=columns).replace_schema_metadata(None))
+    return pa.concat_tables(tables)
 
 
 def read_episodes(path: str | os.PathLike):
     """One row per episode (the episode columns of each episode's first turn)."""
-    _open(path)
-    table = pq.read_table(path, columns=[n for n, _ in _EPISODE_FIELDS] + ["turn"])
+    table = _read_table(path, columns=[n for n, _ in _EPISODE_FIELDS] + ["turn"])
     df = table.to_pandas()
     return df[df["turn"] == 0].drop(columns=["turn"]).reset_index(drop=True)
+
+
+MESSAGE_FORMS = ("text", "tool_calls")
+
+
+def _content(value: Any) -> str:
+    return value if isinstance(value, str) else _dumps(value)
+
+
+def to_messages(source, *, form: str = "text", system: str | None = None, only_success: bool = False,
+                tools: dict | None = None) -> list[dict]:
+    """Episodes as chat rows for TRL's ``SFTTrainer`` (conversational format): ``[{"messages": [...]}, ...]``.
+
+    `source` is a dataset path (read with `iter_trajectories`) or an iterable of `Trajectory`. One row per episode
+    (with `only_success`, successful episodes only), starting with a ``system`` message if `system` is given.
+
+    * ``form="text"``: each turn is a ``user`` message (the observation; non-text observations as JSON) followed by
+      an ``assistant`` message (the action as sent, text or JSON).
+    * ``form="tool_calls"`` (Shopping-v0, the form `shopsim.integrations.trl` trains in): the first observation is
+      the ``user`` message; each action that parses against the tool table `tools` (default
+      `shopsim.envs.shopping.tools.TOOLS`) is an ``assistant`` message with one OpenAI-style ``tool_calls`` entry
+      (arguments by name), answered by a ``tool`` message holding the next observation; an action that does not
+      parse stays an assistant text message, answered by a user message. The last action closes the row.
+
+    ``datasets.Dataset.from_list(rows)`` makes the training set; `Dataset.from_list` keeps the nested messages.
+    """
+    if form not in MESSAGE_FORMS:
+        raise DatasetError(f"form={form!r}; choose one of {', '.join(MESSAGE_FORMS)}")
+    if isinstance(source, (str, os.PathLike)):
+        source = iter_trajectories(source)
+    if form == "tool_calls":
+        from shopsim.envs.shopping.actions import ActionError, parse
+        from shopsim.envs.shopping.tools import TOOLS
+
+        tools = TOOLS if tools is None else tools
+    rows = []
+    for traj in source:
+        if only_success and not traj.success:
+            continue
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        call = None  # the previous action's tool call: its answer is a tool message
+        for turn in traj.turns:
+            observation = _content(turn.observation)
+            messages.append({"role": "user", "content": observation} if call is None else
+                            {"role": "tool", "name": call["function"]["name"], "content": observation})
+            call = None
+            if form == "tool_calls" and isinstance(turn.action, str):
+                try:
+                    act = parse(turn.action, max_chars=1 << 30, tools=tools)
+                except ActionError:
+                    pass
+                else:
+                    names = tools[act.name].arg_names
+                    call = {"type": "function", "function": {
+                        "name": act.name, "arguments": dict(zip(names, act.args, strict=True))}}
+            messages.append({"role": "assistant", "content": _content(turn.action)} if call is None else
+                            {"role": "assistant", "content": "", "tool_calls": [call]})
+        if traj.turns:
+            rows.append({"messages": messages})
+    return rows
 
 
 def write_metrics_csv(path: str | Path, history: list[dict]) -> Path:

@@ -187,11 +187,13 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
             reset_options: dict | Callable[[int, int], dict] | None = None, writer=None, progress: bool = True,
             vector: str | None = None, env_fns: Iterable[Callable[[], Any]] | None = None,
             max_steps: int = 10_000, drop_info_keys: Sequence[str] = DEFAULT_DROP_INFO,
-            agent_seed: int | None = None) -> list[Trajectory]:
+            agent_seed: int | None = None, specs: Sequence[EpisodeSpec] | None = None) -> list[Trajectory]:
     """Run `agent` for the planned episodes and return their trajectories in episode order.
 
     `env_fns` (callables making an env) replaces `env_id`'s `gymnasium.make` when given (e.g. wrapped envs).
-    `agent_seed` seeds the agent's sampling (default: `seed`).
+    `agent_seed` seeds the agent's sampling (default: `seed`). `specs` runs these episodes of a `plan_episodes`
+    plan instead of planning (a slice of a larger plan: `shopsim.distributed` runs one shard of episodes this way;
+    the trajectories keep the plan's episode indices as `traj_id` and its group ids).
     """
     from shopsim.envs import check_env_id, is_pettingzoo
 
@@ -201,8 +203,13 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
         raise ConfigError(f"{env_id} is a PettingZoo env; use its own training loop (shopsim train), not collect")
     if vector not in (None, "sync", "async"):
         raise ConfigError(f"vector={vector!r}; choose None (in-process), 'sync' or 'async'")
-    specs = plan_episodes(episodes=episodes, tasks=tasks, seeds=seeds, seed=seed, group_size=group_size,
-                          split=split, reset_options=reset_options)
+    if specs is None:
+        specs = plan_episodes(episodes=episodes, tasks=tasks, seeds=seeds, seed=seed, group_size=group_size,
+                              split=split, reset_options=reset_options)
+    elif not specs:
+        raise ConfigError("specs is empty; give at least one episode")
+    specs = list(specs)
+    position = {spec.index: k for k, spec in enumerate(specs)}  # episode index -> place in the output order
     n_slots = max(1, min(int(num_envs), len(specs)))
     fns = list(env_fns) if env_fns is not None else [_env_factory(env_id, dict(env_kwargs or {}))] * n_slots
     if len(fns) < n_slots:
@@ -223,6 +230,7 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     next_to_emit = 0
     queue = list(reversed(specs))
     active: dict[int, dict] = {}  # slot -> {"spec", "traj", "obs", "info", "steps"}
+    # `results` and `next_to_emit` count places in `specs` (episode indices when the whole plan runs)
 
     def start(slot: int) -> None:
         spec = queue.pop()
@@ -268,7 +276,7 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
                 state["traj"].append(turn)
                 agent.observe(s, float(rew), bool(term), bool(trunc), info)
                 if term or trunc:
-                    results[state["spec"].index] = state["traj"]
+                    results[position[state["spec"].index]] = state["traj"]
                     del active[s]
                     if bar is not None:
                         bar.update(1)

@@ -115,3 +115,97 @@ def test_gap_and_aggregate():
     assert agg["cost"]["per_seed"] == [110.0, 90.0]
     with pytest.raises(ConfigError, match="same eval seeds"):
         add_gap(entry, ref[:1])
+
+
+def test_wilson_interval_by_hand_and_within_unit_interval():
+    from shopsim.leaderboard.metrics import Z_975, wilson_interval
+
+    # 0 of 10: [0, (z²/n) / (1 + z²/n)]; 5 of 10: the textbook [0.2366, 0.7634]
+    z2n = Z_975**2 / 10
+    assert wilson_interval(0, 10) == pytest.approx([0.0, z2n / (1 + z2n)])
+    assert wilson_interval(5, 10) == pytest.approx([0.2366, 0.7634], abs=1e-4)
+    lo, hi = wilson_interval(10, 10)
+    assert hi == 1.0 and lo == pytest.approx(1 - z2n / (1 + z2n))
+    for c in range(0, 5):  # never outside [0, 1], unlike mean ± t·sd
+        lo, hi = wilson_interval(c, 4)
+        assert 0.0 <= lo <= c / 4 <= hi <= 1.0
+    with pytest.raises(ConfigError, match="successes"):
+        wilson_interval(5, 4)
+
+
+def test_bootstrap_interval_by_hand_and_deterministic():
+    import numpy as np
+
+    from shopsim.leaderboard.metrics import bootstrap_gap_interval, bootstrap_interval
+
+    assert bootstrap_interval([3.0, 3.0, 3.0]) == [3.0, 3.0]  # zero width: every task gave the same value
+    assert bootstrap_interval([3.0]) is None
+    # two tasks 0 and 1: resampled means are 0, .5, 1 with probabilities 1/4, 1/2, 1/4 -> 2.5%/97.5% quantiles 0, 1
+    assert bootstrap_interval([0.0, 1.0]) == [0.0, 1.0]
+    x = np.random.default_rng(1).normal(10.0, 2.0, size=400)
+    ci = bootstrap_interval(x)
+    assert ci == bootstrap_interval(x)  # seeded: same values, same bytes
+    half = 1.96 * x.std(ddof=1) / np.sqrt(len(x))  # the normal-theory half-width it should approach
+    assert (ci[1] - ci[0]) / 2 == pytest.approx(half, rel=0.15)
+    assert ci[0] < x.mean() < ci[1]
+    # paired gap: an entry costing exactly 1.1x the reference on every task has gap 10% whatever is resampled
+    ref = np.random.default_rng(2).uniform(50, 150, size=50)
+    assert bootstrap_gap_interval(1.1 * ref, ref) == pytest.approx([10.0, 10.0])
+
+
+def test_summarize_intervals_per_metric_kind():
+    from shopsim.leaderboard.metrics import summarize, wilson_interval
+
+    # 2 tasks x 2 tries: successes 1,1 on task 0 and 0,1 on task 1; cost 10/20 on task 0, 30/30 on task 1
+    recs = [{"task_id": 0, "success": 1.0, "cost": 10.0}, {"task_id": 0, "success": 1.0, "cost": 20.0},
+            {"task_id": 1, "success": 0.0, "cost": 30.0}, {"task_id": 1, "success": 1.0, "cost": 30.0}]
+    seeds = [{"cost": 20.0, "success_rate": 1.0}, {"cost": 25.0, "success_rate": 0.5}]
+    m = summarize(recs, per_seed=seeds, seeds_over="train_seeds")
+    assert m["success_rate"]["mean"] == 0.75 and m["success_rate"]["interval"] == "wilson"
+    assert m["success_rate"]["ci95"] == pytest.approx(wilson_interval(3, 4))
+    assert m["cost"]["mean"] == 22.5 and m["cost"]["interval"] == "bootstrap" and m["cost"]["tasks"] == 2
+    assert m["cost"]["ci95"] == [15.0, 30.0]  # task means 15 and 30: see the two-task case above
+    assert m["pass^2"]["mean"] == pytest.approx((1.0 + 0.0) / 2)  # C(2,2)/C(2,2) and C(1,2)/C(2,2)
+    # run-to-run variation: per-seed values and their sample std (ddof = 1), not the population std
+    assert m["cost"]["per_seed"] == [20.0, 25.0] and m["cost"]["std"] == pytest.approx(3.5355339, rel=1e-6)
+    assert m["success_rate"]["std"] == pytest.approx(0.3535534, rel=1e-6)
+    assert m["cost"]["seeds_over"] == "train_seeds" and m["episodes"]["mean"] == 4.0
+    ref = [dict(r, cost=r["cost"] / 1.25) for r in recs]  # the entry costs 25% more on every episode
+    g = summarize(recs, reference=ref)["gap_to_s_S_pct"]
+    assert g["mean"] == pytest.approx(25.0) and g["ci95"] == pytest.approx([25.0, 25.0])
+    assert "std" not in summarize(recs)["cost"]  # no per-seed values given: no seed spread claimed
+
+
+def test_two_level_bootstrap_carries_run_to_run_variation():
+    from shopsim.leaderboard.metrics import bootstrap_runs_tasks, summarize
+
+    assert bootstrap_runs_tasks([[2.0, 2.0], [2.0, 2.0]]) == [2.0, 2.0]
+    # run 0 scores 0 and run 1 scores 1 on every task: resampled run means are 0, .5, 1 (1/4, 1/2, 1/4)
+    assert bootstrap_runs_tasks([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]) == [0.0, 1.0]
+    # pooled records of two runs that disagree: the interval is as wide as the runs' spread, unlike a bootstrap
+    # over tasks alone, which would call the pooled mean exact
+    recs = [{"task_id": t, "run": run, "cost": 10.0 + 10.0 * run} for run in (0, 1) for t in range(20)]
+    m = summarize(recs, per_seed=[{"cost": 10.0}, {"cost": 20.0}], seeds_over="train_seeds")["cost"]
+    assert m["mean"] == 15.0 and m["ci95"] == [10.0, 20.0] and m["interval"] == "bootstrap_runs_tasks"
+    assert m["std"] == pytest.approx(7.0710678) and "run" not in summarize(recs)
+    ref = [{"task_id": t, "cost": 10.0} for t in range(20)]
+    g = summarize(recs, per_seed=[{}, {}], reference=ref)["gap_to_s_S_pct"]
+    assert g["mean"] == pytest.approx(50.0) and g["ci95"] == pytest.approx([0.0, 100.0])
+
+
+def test_default_protocol_size_and_hash():
+    from dataclasses import replace
+
+    from shopsim.leaderboard.protocols import PROTOCOL_SIZE, load_protocol
+
+    p = load_protocol("shopsim/Replenishment-v0")
+    whole = load_protocol("shopsim/Replenishment-v0", sized=False)
+    size = PROTOCOL_SIZE["shopsim/Replenishment-v0"]
+    assert len(p.task_ids) == size["tasks"] and p.tries == size["tries"] and p.seeds == size["seeds"]
+    assert p.task_ids == whole.task_ids[:size["tasks"]]  # the first tasks of the split
+    assert p.episodes_per_seed * len(p.seeds) * 40 < whole.episodes_per_seed * len(whole.seeds)
+    # the hash names the episodes: equal for equal protocols, different when tasks, tries or env options differ
+    assert p.hash == load_protocol("shopsim/Replenishment-v0").hash and len(p.hash) == 16
+    assert len({p.hash, whole.hash, p.limited(tries=2).hash, replace(p, env_kwargs={"n_skus": 3}).hash}) == 4
+    shop = load_protocol("shopsim/Shopping-v0")
+    assert shop.tries == 4 and len(shop.task_ids) == 100  # 25 tasks x 4 tries = 100 episodes per family

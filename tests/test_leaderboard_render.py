@@ -60,9 +60,10 @@ def test_render_all_writes_plots_and_a_working_html_page(tmp_path):
     results = sample_results(tmp_path)
     written = render_all(results, tmp_path / "board")
     pngs = sorted(p.name for p in (tmp_path / "board" / "plots").glob("*.png"))
-    assert pngs == ["Replenishment-v0_cost.png", "Shopping-v0_curves.png", "Shopping-v0_success_rate.png"]
+    assert pngs == ["Replenishment-v0_cost.png", "Shopping-v0_curves.png", "Shopping-v0_families.png",
+                    "Shopping-v0_success_rate.png"]
     page = written["html"].read_text()
-    assert page.count("data:image/png;base64,") == 3 and "http" not in page.replace("http-equiv", "")
+    assert page.count("data:image/png;base64,") == 4 and "http" not in page.replace("http-equiv", "")
     dom = dump_dom(written["html"])
     assert 'data-ready="1"' in dom, "the page script did not finish"
     assert "data-js-error" not in dom, re.findall(r'data-js-error="[^"]*"', dom)
@@ -70,8 +71,8 @@ def test_render_all_writes_plots_and_a_working_html_page(tmp_path):
     for entry in ("expert", "grpo", "random", "mpo", "s_S", "hpo"):
         assert f'data-entry="{entry}"' in dom
     # the first tab is shown, the second hidden, by the script
-    assert re.search(r'<section class="env" id="env-0"[^>]*data-env="shopsim/Shopping-v0"', dom)
-    assert re.search(r'id="env-1"[^>]*hidden', dom) and not re.search(r'id="env-0"[^>]*hidden', dom)
+    assert re.search(r'<section class="env" id="Shopping-v0"[^>]*data-env="shopsim/Shopping-v0"', dom)
+    assert re.search(r'id="Replenishment-v0"[^>]*hidden', dom) and not re.search(r'id="Shopping-v0"[^>]*hidden', dom)
 
 
 def test_entries_from_different_protocols_get_separate_tables(tmp_path):

@@ -122,7 +122,7 @@ def test_evaluate_expert_beats_random_and_is_deterministic(toy_world):
     assert m["pass^1"]["mean"] == pytest.approx(m["success_rate"]["mean"])
     assert m["pass^1"]["mean"] >= m["pass^2"]["mean"] >= m["pass^3"]["mean"] >= m["pass^4"]["mean"]
     assert m["success_rate"]["n"] == 3 and len(m["success_rate"]["ci95"]) == 2
-    assert m["turns"]["mean"] == 2.0 and m["episodes"]["mean"] == 24
+    assert m["turns"]["mean"] == 2.0 and m["episodes"]["mean"] == 24 * 3  # all eval seeds
 
 
 class _Failing(CoinExpert):
@@ -151,3 +151,23 @@ def test_reference_agent_is_the_registered_one_built_once(toy_world):
     agent = reference_agent(p)
     assert isinstance(agent, CoinHalf) and reference_agent(p) is agent
     assert reference_agent(Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100,), seeds=(0,), tries=1)) is None
+
+
+def test_one_rollout_per_evaluation_and_the_reference_runs_once(toy_world):
+    from dataclasses import replace
+
+    from shopsim.rollout import collect
+
+    calls = []
+
+    def counting(*a, **kw):
+        calls.append((kw["tasks"], kw["progress"]))
+        return collect(*a, **kw)
+
+    p = replace(load_protocol(TOY_ID), reference="random", seeds=(0, 1, 2))
+    ref = CoinPolicy(q=0.5)
+    ev = evaluate(CoinPolicy(q=0.5), p, reference=ref, collect=counting)  # the agent is the reference
+    assert len(calls) == 1 and len(calls[0][0]) == p.episodes_per_seed * 3  # every eval seed in one call (one bar)
+    assert len(ev.per_seed) == 3 and ev.metrics["episodes"]["mean"] == p.episodes_per_seed * 3
+    evaluate(CoinExpert(), p, reference=ref, collect=counting)
+    assert len(calls) == 2  # the reference's run is reused, only the expert's episodes run

@@ -305,6 +305,8 @@ def test_every_action_kind_text_equals_json_in_env(env):
     both([], Action("cancel_order", (req["order_id"], "no longer needed")), "after_sales", 3)
     both([], Action("return_item", (req["order_id"], req["sku"])), "after_sales", 3)
     both([], Action("exchange_item", (req["order_id"], req["sku"], sku)), "after_sales", 3)
+    both([], Action("get_profile"), "personalized_buy", 3)
+    both([], Action("get_orders"), "personalized_buy", 3)
     assert seen == set(TOOLS)
 
 

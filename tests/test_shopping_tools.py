@@ -107,6 +107,8 @@ def _cases(env) -> list[tuple[str, int, list[str], Action]]:
         ("after_sales", r_id, [], Action("return_item", (ret["order_id"], ret["sku"]))),
         ("after_sales", x_id, [], Action("exchange_item", (exch["order_id"], exch["sku"], exch["new_sku"]))),
         ("after_sales", c_id, [f"get_order[{cancel['order_id']}]", "answer[done]"], Action("finish")),
+        ("personalized_buy", 3, [], Action("get_profile")),
+        ("personalized_buy", 3, [], Action("get_orders")),
     ]
 
 

@@ -52,7 +52,9 @@ def _load(path: str) -> tuple[dict, str]:
                     if not values.startswith("@") or values[1:] not in sets:
                         raise ShopsimError(f"taxonomy type {tname!r} option {dim!r}: unknown option set {values!r}")
                     t["options"][dim] = list(sets[values[1:]])
-    return tax, hashlib.sha256(raw).hexdigest()[:16]
+    # the hash covers what generation reads: editing the synonyms (instructions only) keeps cached catalogs valid
+    generated = {k: v for k, v in json.loads(raw).items() if k not in ("synonyms", "description")}
+    return tax, hashlib.sha256(json.dumps(generated, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_taxonomy(path: str | Path | None = None) -> dict:
@@ -61,7 +63,8 @@ def load_taxonomy(path: str | Path | None = None) -> dict:
 
 
 def taxonomy_hash(path: str | Path | None = None) -> str:
-    """Short content hash of the taxonomy file: cached catalogs built from another taxonomy are not trusted."""
+    """Short content hash of the generation-relevant part of the taxonomy file (everything but ``description`` and
+    ``synonyms``): cached catalogs built from another taxonomy are not trusted."""
     return _load(str(path or taxonomy_path()))[1]
 
 
@@ -150,3 +153,9 @@ def tables(path: str | None = None) -> TaxonomyTables:
         value_vocab=values, val_off=i32(val_off), val_cnt=i32(val_cnt),
         blurbs=blurbs, blurb_off=i32(blurb_off), blurb_cnt=i32(blurb_cnt), base_brands=base_brands,
     )
+
+
+def synonyms(path: str | Path | None = None) -> dict[str, list[str]]:
+    """The taxonomy's ``synonyms`` table: a type, attribute or option value -> other wordings of it (none of which
+    contains the original as a word). Catalog generation never reads it; paraphrased instructions do."""
+    return _load(str(path or taxonomy_path()))[0].get("synonyms", {})

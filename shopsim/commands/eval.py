@@ -6,13 +6,16 @@ import argparse
 from pathlib import Path
 
 from shopsim.commands import positive_int, writable_output
+from shopsim.commands.rollout import add_scale_arguments, ray_pool
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate an agent on the test split and write a results JSON",
                        description="Evaluate an agent (by name) or a trained checkpoint on the env's fixed "
-                                   "evaluation split (data/splits/<Name-vN>.json): every test task is tried "
-                                   "--tries times under each eval seed; metrics get 95%% intervals over seeds.")
+                                   "evaluation protocol (the first tasks of data/splits/<Name-vN>.json, sized per "
+                                   "env so that intervals are tight; --whole-split for all of them): every task is "
+                                   "tried --tries times under each eval seed; metrics get 95%% intervals (Wilson "
+                                   "for rates, a seeded bootstrap over tasks otherwise).")
     p.add_argument("--env", required=True, help="env id, e.g. shopsim/Replenishment-v0")
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--agent", help="agent name (expert, random, s_S, ...) or module:Class")
@@ -23,7 +26,9 @@ def add_parser(sub) -> None:
                    help="episodes per seed: uses the first max(1, N // tries) tasks of the split")
     p.add_argument("--tasks", type=positive_int, default=None, help="use the first N tasks of the split")
     p.add_argument("--tries", type=positive_int, default=None, help="tries per task and seed (pass^k needs >= k)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="eval seeds (default: the split file's)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="eval seeds (default: the protocol's)")
+    p.add_argument("--whole-split", action="store_true",
+                   help="every task, eval seed and try of the split file instead of the env's default protocol size")
     p.add_argument("--num-envs", type=positive_int, default=8, help="env copies stepped together")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--env-kwargs", default=None, metavar="JSON",
@@ -31,6 +36,7 @@ def add_parser(sub) -> None:
                         "checkpoint's manifest, else the env's defaults; the checkpoint's presentation options, e.g. "
                         "Shopping's obs_mode, always apply)")
     p.add_argument("--out", required=True, help="results JSON to write")
+    add_scale_arguments(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -51,10 +57,13 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    protocol = load_protocol(args.env, args.split)
-    tries = args.tries or protocol.tries
+    whole = load_protocol(args.env, args.split, sized=False)
+    default = whole if args.whole_split else load_protocol(args.env, args.split)
+    tries = args.tries or default.tries
     tasks = args.tasks if args.episodes is None else max(1, args.episodes // tries)
-    protocol = protocol.limited(tasks=tasks, seeds=args.seeds, tries=args.tries)
+    # --tasks may reach past the default size: the first N tasks of the whole split
+    protocol = whole.limited(tasks=tasks or len(default.task_ids), seeds=args.seeds or list(default.seeds),
+                             tries=tries)
     env_kwargs = _parse_env_kwargs(args.env_kwargs)
     if args.checkpoint:
         agent = agents.load_checkpoint(args.checkpoint, env_id=args.env)
@@ -78,8 +87,14 @@ def run(args: argparse.Namespace) -> int:
     used = agent_env_kwargs(agent, protocol)  # what `evaluate` runs on: the agent's rendering stays
     if used:
         config["env_kwargs"] = used
-    ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=not args.no_progress,
-                  num_envs=args.num_envs)
+    import contextlib
+
+    from shopsim.distributed import using
+
+    # --workers / --ray-address: the episodes run on Ray actors
+    with ray_pool(args) or contextlib.nullcontext() as pool, using(pool):
+        ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=not args.no_progress,
+                      num_envs=args.num_envs)
     rec = make_results(protocol=protocol, entry=name, kind=kind, metrics=ev.metrics,
                        agent=f"{type(agent).__module__}:{type(agent).__qualname__}", algorithm=algorithm,
                        config=config, budget=budget, wall_s=ev.wall_s, extra={"notes": ev.notes} if ev.notes else None)
@@ -88,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     shown = [m for m in protocol.metrics if m in ev.metrics] or sorted(ev.metrics)[:6]
     print(f"wrote {out}: {name} on {args.env} ({args.split}, {len(protocol.task_ids)} tasks x {protocol.tries} "
-          f"tries x {len(protocol.seeds)} seeds, {ev.wall_s:.1f}s)")
+          f"tries x {len(protocol.seeds)} seeds, protocol {protocol.hash}, {ev.wall_s:.1f}s)")
     for m in shown:
         print(f"  {m:>24}: {fmt_metric(ev.metrics[m])}")
     return 0

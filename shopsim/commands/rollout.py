@@ -9,7 +9,8 @@ from shopsim.commands import positive_int, writable_output
 
 
 def add_parser(sub) -> None:
-    from shopsim.envs.shopping.tasks import FAMILIES
+    from shopsim.envs.shopping.env import STRATEGIES
+    from shopsim.envs.shopping.tasks import ALL_FAMILIES as FAMILIES
 
     p = sub.add_parser("rollout", help="run an agent for N episodes and write a Parquet dataset",
                        description="Run an agent on an env and stream its trajectories to a Parquet file. A "
@@ -27,16 +28,43 @@ def add_parser(sub) -> None:
                    help=f"Shopping task family ({', '.join(FAMILIES)}); several alternate episode by episode. "
                         "Default: the families the checkpoint was trained on if its manifest records them (the "
                         "shipped SFT model behind --agent lm: find_and_buy), else the env's mix of all four")
+    p.add_argument("--strategy", nargs="+", default=None, metavar="STRATEGY",
+                   help=f"Shopping strategy instruction given at reset ({', '.join(STRATEGIES)}); several alternate "
+                        "group by group. Recorded per episode (the viewer's strategy column). Default: none")
     p.add_argument("--num-envs", type=positive_int, default=8, help="env copies stepped together")
     p.add_argument("--vector", choices=["sync", "async"], default=None, help="use a gymnasium vector env")
-    p.add_argument("--out", required=True, help="output Parquet file")
+    p.add_argument("--out", required=True,
+                   help="output Parquet file; a folder of Parquet shards with --workers, --ray-address or "
+                        "--shard-episodes (rerunning the same command finishes an interrupted folder)")
+    add_scale_arguments(p)
+    p.add_argument("--shard-episodes", type=positive_int, default=None,
+                   help="episodes per shard of a sharded dataset (default: a 16th of the episodes, at most 1024); "
+                        "without --workers the shards run in this process")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
 
+def add_scale_arguments(p) -> None:
+    """--workers / --ray-address (`shopsim.distributed.RayPool`), shared by rollout, eval and bench."""
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="run episode ranges on N Ray workers of a local cluster (needs shopsim[ray]; docs/scale.md)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="run on an existing Ray cluster ('auto', or HOST:PORT of `ray start --head`); --workers "
+                        "then defaults to the cluster's CPUs")
+
+
+def ray_pool(args: argparse.Namespace):
+    """The `RayPool` that --workers / --ray-address ask for, or None."""
+    if args.workers is None and args.ray_address is None:
+        return None
+    from shopsim.distributed import RayPool
+
+    return RayPool(args.workers, args.ray_address)
+
+
 def _check_families(families: list[str] | None, env_id: str) -> list[str] | None:
     from shopsim.envs import family_of
-    from shopsim.envs.shopping.tasks import FAMILIES
+    from shopsim.envs.shopping.tasks import ALL_FAMILIES as FAMILIES
     from shopsim.errors import ConfigError
 
     if families is None:
@@ -47,6 +75,21 @@ def _check_families(families: list[str] | None, env_id: str) -> list[str] | None
     if bad:
         raise ConfigError(f"--family {bad[0]!r} is not a Shopping task family; choose from {', '.join(FAMILIES)}")
     return list(families)
+
+
+def _check_strategies(strategies: list[str] | None, env_id: str) -> list[str] | None:
+    from shopsim.envs import family_of
+    from shopsim.envs.shopping.env import STRATEGIES
+    from shopsim.errors import ConfigError
+
+    if strategies is None:
+        return None
+    if family_of(env_id) != "shopping":
+        raise ConfigError(f"--strategy instructs the Shopping agent; {env_id} has no strategies, drop --strategy")
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise ConfigError(f"--strategy {bad[0]!r} is not a Shopping strategy; choose from {', '.join(STRATEGIES)}")
+    return list(strategies)
 
 
 def _checkpoint_dir(args: argparse.Namespace, agent) -> Path | None:
@@ -72,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_env_id(args.env)
     families = _check_families(args.family, args.env)
-    out = writable_output(args.out)
+    strategies = _check_strategies(args.strategy, args.env)
+    sharded = bool(args.workers or args.ray_address or args.shard_episodes)
+    out = writable_output(args.out, is_dir=sharded)  # a sharded dataset is a folder (an existing one resumes)
     agent = (agents.load_checkpoint(args.checkpoint, env_id=args.env) if args.checkpoint
              else agents.make(args.agent, args.env))
     ckpt = _checkpoint_dir(args, agent)
@@ -83,11 +128,17 @@ def run(args: argparse.Namespace) -> int:
         if families:
             print(f"note: {' and '.join(families)} tasks, the families {ckpt} was trained on (--family to change)")
     options = None
-    if families:
-        options = lambda index, group: {"family": families[group % len(families)]}  # noqa: E731
+    if families or strategies:
+        def options(index: int, group: int) -> dict:
+            out = {"family": families[group % len(families)]} if families else {}
+            if strategies:
+                out["strategy"] = strategies[group % len(strategies)]
+            return out
     meta = {"env_id": args.env, "agent": args.agent, "checkpoint": args.checkpoint, "seed": args.seed,
             "split": args.split, "episodes": args.episodes, "group_size": args.group_size, "families": families,
-            "env_kwargs": env_kwargs}
+            "strategies": strategies, "env_kwargs": env_kwargs}
+    if sharded:
+        return _run_sharded(args, agent, meta, env_kwargs, options)
     with DatasetWriter(out, metadata=meta) as writer:
         trajs = collect(args.env, agent, episodes=args.episodes, seed=args.seed, split=args.split,
                         group_size=args.group_size, num_envs=args.num_envs, vector=args.vector, writer=writer,
@@ -96,4 +147,29 @@ def run(args: argparse.Namespace) -> int:
     success = "" if s["success"] is None else f"success {s['success']:.3f}, "
     print(f"wrote {out} ({writer.num_episodes} episodes, {writer.num_turns} turns): {success}"
           f"score {s['score']:.3f}, mean turns {s['turns']:.1f}")
+    return 0
+
+
+def _run_sharded(args: argparse.Namespace, agent, meta: dict, env_kwargs: dict, options) -> int:
+    """The sharded path of `run`: the same episodes, written as `shopsim.distributed` shards into the folder --out."""
+    from shopsim.distributed import default_shard_episodes, rollout_to_shards
+    from shopsim.rollout import plan_episodes
+
+    specs = plan_episodes(episodes=args.episodes, seed=args.seed, split=args.split, group_size=args.group_size,
+                          reset_options=options)
+    shard_episodes = args.shard_episodes or default_shard_episodes(len(specs))
+    pool = ray_pool(args)
+    try:
+        run = rollout_to_shards(args.env, agent, args.out, specs=specs, metadata=meta, shard_episodes=shard_episodes,
+                                pool=pool, agent_seed=args.seed, progress=not args.no_progress,
+                                num_envs=args.num_envs, vector=args.vector, env_kwargs=env_kwargs)
+    finally:
+        if pool is not None:
+            pool.close()
+    s = run.summary
+    success = "" if s.get("success") is None else f"success {s['success']:.3f}, "
+    turns = sum(r["turns"] for r in run.manifest["shards"])
+    resumed = f", {run.skipped} already there" if run.skipped else ""
+    print(f"wrote {args.out} ({run.manifest['num_shards']} shards: {run.ran} run now{resumed}; {s['episodes']} "
+          f"episodes, {turns} turns): {success}score {s['score']:.3f}, mean turns {s['turns']:.1f}")
     return 0

@@ -56,7 +56,7 @@ def build_config(args: argparse.Namespace):
 
     families = () if args.family in ("all", "") else tuple(f.strip() for f in args.family.split(",") if f.strip())
     if args.env == "shopsim/Shopping-v0":
-        from shopsim.envs.shopping.tasks import FAMILIES
+        from shopsim.envs.shopping.tasks import ALL_FAMILIES as FAMILIES
 
         bad = [f for f in families if f not in FAMILIES]
         if bad:

@@ -16,6 +16,9 @@ Families group envs by the kind of agent and trainer that fits them:
 
 from __future__ import annotations
 
+import os
+import sys
+
 from gymnasium.envs.registration import register, registry
 
 from shopsim.errors import UnknownNameError
@@ -37,6 +40,26 @@ ENV_SPECS: dict[str, tuple[str, str, dict]] = {
 PZ_ENVS: dict[str, tuple[str, str]] = {
     MULTI_WAREHOUSE_ID: ("shopsim.envs.multi_warehouse", "inventory"),
 }
+
+
+
+def _torch_single_thread_in_forked_child() -> None:
+    """Run torch single-threaded in a process forked from one that imported torch.
+
+    The Linux torch wheels use GNU OpenMP for their intra-op thread pool, and libgomp is not fork-safe: once the parent
+    has run a parallel region (building ProactiveRec's SASRec simulator does), a forked child inherits the pool's
+    bookkeeping but not its threads, and its first multi-threaded op waits forever for them (the
+    `AsyncVectorEnv(context="fork")` hang, Linux's default start method). With one thread an op runs inline and never
+    touches the pool. Env worker processes run one env each, so one thread is also what they should use; a child
+    that needs more threads can start with spawn or forkserver, where torch starts fresh.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+# at fork time, in the child, before any user code runs (once per interpreter: this module is imported once)
+os.register_at_fork(after_in_child=_torch_single_thread_in_forked_child)
 
 for _env_id, (_entry, _family, _kw) in ENV_SPECS.items():
     if _env_id not in registry:

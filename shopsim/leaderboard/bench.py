@@ -15,8 +15,17 @@ has an evaluation split (`shopsim.leaderboard.protocols.protocol_envs`), in regi
 A failing entry becomes an error row (its traceback in ``OUT/logs/``) and the run goes on; the exit status is
 non-zero only if a reference agent failed (then the table has no anchor to read the others against).
 
-All budgets live in `BUDGETS` (mode → env id or family → `Budget`): ``quick`` fits in about 10 minutes on 2 CPU
-cores, ``tiny`` is the CI smoke run, ``full`` uses the whole test split and the real iteration counts.
+All budgets live in `BUDGETS` (tier → env id or family → `Budget`):
+
+* ``standard`` — every baseline of an env at one fixed budget with 3 training seeds; its results ship in
+  ``data/results/standard/<Env>/<entry>.json`` (plus the first seed's checkpoint) and are what the leaderboard
+  shows. The run resumes: an entry whose results file exists on the same protocol is skipped.
+  ``--tier standard --algo pkg.module:Class`` trains your class at the tier's budget and ranks it among the
+  shipped rows (same protocol hash only).
+* ``quick`` — the main job (``make run``): renders the shipped standard tier, evaluates the reference agents and
+  the shipped checkpoints live and says which shipped results do not reproduce within their intervals
+  (`reproduction`), and trains one short ``demo-<algo>`` row per env family, shown apart.
+* ``tiny`` — the CI smoke run; ``full`` — the papers' iteration counts.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import Any
 
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
-from shopsim.leaderboard.metrics import aggregate
+from shopsim.leaderboard.metrics import summarize
 from shopsim.leaderboard.protocols import Protocol, load_protocol, protocol_envs
 from shopsim.leaderboard.results import find_results, make_results, write_results
 
@@ -60,6 +69,8 @@ class Budget:
     entry's intervals are over training seeds (each run's metrics averaged over the eval seeds first)."""
     needs_init: bool = False
     """Trainers start from the shipped SFT checkpoint (LM envs); skipped when there is none."""
+    demo: bool = False
+    """The trained rows are short live demos (``demo-<algo>``), shown apart from the shipped standard rows."""
 
 
 _SHOP_REFS = ("expert", "random")
@@ -81,17 +92,50 @@ _QUICK_OVERRIDES = {
     "shopsim/Replenishment-v0": {"hpo": {**_INV_SMALL, "hidden": (128, 128)}, "ppo": _INV_SMALL},
 }
 
-#: mode -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
+# The standard tier: one fixed budget per env at which every baseline of the env is trained with 3 seeds and whose
+# results ship in data/results/standard/. The numeric envs' budgets are sized so that all of them together train
+# and evaluate in about 40 minutes on one CPU core; in-training evaluation is kept small (it only feeds the learning
+# curve; the leaderboard evaluates on the protocol).
+# ProactiveRec decodes real, unseen items only (valid_only, no_repeat): with ProRL's unconstrained decoding the policy
+# learned at this budget to stop after ~0.1 items (IoI 0.23 over 3 seeds, one seed at 0 items; random 0.75), and the
+# constrained SFT start is much stronger (dev IoI 2.52 vs 0.67).
+_REC_STD = {"sft_steps": 100, "eval_tasks": 32, "group_size": 8, "prompts_per_iter": 4, "eval_every": 10,
+            "valid_only": True, "no_repeat": True}
+_RET_STD = {"eval_contexts": 1000, "eval_every": 25}
+_INV_STD = {"batch_scenarios": 32, "eval_scenarios": 0}
+_SHOP_STD = {"grpo": {**_SHOP_SMALL, "group_size": 4, "tasks_per_iter": 8},
+             "mpo": {**_SHOP_SMALL, "group_size": 1, "tasks_per_iter": 32}}
+STANDARD_TRAIN_SEEDS = 3
+
+#: mode (tier) -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
 BUDGETS: dict[str, dict[str, Budget]] = {
+    "standard": {
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 20, "mpo": 20}, overrides=_SHOP_STD, needs_init=True,
+                                      user_iterations=20, train_seeds=STANDARD_TRAIN_SEEDS),
+        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 100, "reinforce": 100, "grpo": 100},
+                                          overrides={a: _REC_STD for a in ("prorl", "reinforce", "grpo")},
+                                          user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
+        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 300, "capg_swr": 300, "vpg": 300, "vpg_swr": 300,
+                                                      "top1": 300},
+                                               overrides={a: _RET_STD for a in ("capg", "capg_swr", "vpg",
+                                                                                "vpg_swr", "top1")},
+                                               user_iterations=300, train_seeds=STANDARD_TRAIN_SEEDS),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 60, "ppo": 60},
+                                           overrides={"hpo": {**_INV_STD, "hidden": (128, 128)}, "ppo": _INV_STD},
+                                           user_iterations=60, train_seeds=STANDARD_TRAIN_SEEDS),
+        "*": Budget(user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
+    },
+    # The main job (make run): the shipped standard rows are re-checked live (reference agents and the shipped
+    # checkpoints, on fewer tasks than the standard protocol except for Shopping, whose 100 tasks x 4 tries keep every
+    # family's Wilson interval under ±0.1), plus one short demo training per env family.
     "quick": {
-        # LM rollouts dominate here (~1-2 s per episode on one core): 4 tasks x 4 tries x 2 seeds per entry
-        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 3, "mpo": 3}, tasks=4, seeds=2, tries=4,
-                                      overrides=_SHOP_QUICK, needs_init=True, user_iterations=3),
-        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 20, "reinforce": 20}, tasks=8, seeds=3, tries=4,
+        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 2}, overrides=_SHOP_TINY, needs_init=True, demo=True,
+                                      user_iterations=3),
+        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 10}, tasks=64, demo=True,
                                           overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
-        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 100, "top1": 100, "vpg": 100}, tasks=256, seeds=3,
-                                               tries=4, overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 20, "ppo": 20}, tasks=16, seeds=3, tries=4,
+        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 50}, tasks=1000, demo=True,
+                                               overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
+        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 10}, tasks=64, demo=True,
                                            overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"], user_iterations=6),
         "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
     },
@@ -179,10 +223,12 @@ class Entry:
     overrides: dict = field(default_factory=dict)
     checkpoint: Path | None = None
     skip_reason: str | None = None
+    shipped_entry: str | None = None
+    """For a shipped checkpoint evaluated live: the shipped entry it must reproduce."""
 
 
 def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | None = None,
-         sft: Path | None = None) -> list[Entry]:
+         sft: Path | None = None, shipped: list[dict] = ()) -> list[Entry]:
     """Every entry of the run, in order (references first per env, so their failure shows early)."""
     import agents
     import baselines
@@ -211,10 +257,16 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
         note = None
         if b.needs_init and sft is None:
             note = "no SFT checkpoint in data/lm/ (see `shopsim sft`)"
+        for rec in shipped:  # the main job re-evaluates every shipped checkpoint of this env live
+            ckpt = shipped_checkpoint(rec)
+            if rec["env_id"] == env_id and ckpt is not None:
+                entries.append(Entry(env_id, f"{rec['entry']}-{ckpt.name}", "checkpoint", checkpoint=ckpt,
+                                     shipped_entry=rec["entry"]))
         for algo, iters in b.algos.items():
             if algo not in registered:
                 continue
-            entries.append(Entry(env_id, algo, "trained", algorithm=algo, iterations=iters,
+            name = f"demo-{algo}" if b.demo else algo
+            entries.append(Entry(env_id, name, "trained", algorithm=algo, iterations=iters,
                                  overrides=dict(b.overrides.get(algo, {})), skip_reason=note))
         used = {e.name for e in entries if e.env_id == env_id}
         for spec, cls in user_classes:
@@ -232,14 +284,39 @@ def _protocol(env_id: str, b: Budget, split: str) -> Protocol:
     return load_protocol(env_id, split).limited(tasks=b.tasks, seeds=b.seeds, tries=b.tries)
 
 
+def results_path(results_dir: Path, env_id: str, entry: str) -> Path:
+    """Where an entry's results file lives: ``<results_dir>/<Env-vN>/<entry>.json``."""
+    return Path(results_dir) / env_id.split("/")[-1] / f"{entry}.json"
+
+
+def existing_result(path: Path, protocol: Protocol) -> dict | None:
+    """The finished results file at `path` when it is valid, ``ok`` and on `protocol`'s episodes (resume)."""
+    from shopsim.errors import DatasetError
+    from shopsim.leaderboard.results import read_results
+
+    if not path.is_file():
+        return None
+    try:
+        rec = read_results(path)
+    except DatasetError:
+        return None  # a truncated or foreign file is produced again
+    return rec if rec["status"] == "ok" and rec.get("protocol_hash") == protocol.hash else None
+
+
 def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mode: str, train_seed: int = 0,
-              progress: bool = False, log: Callable[[str], None] = print) -> dict:
-    """Train (if needed) and evaluate one entry; returns its results record (an error row on failure)."""
+              progress: bool = False, log: Callable[[str], None] = print, results_dir: Path | None = None,
+              command: str | None = None, keep_checkpoints: bool = False) -> dict:
+    """Train (if needed) and evaluate one entry; returns its results record (an error row on failure).
+
+    The record is written to `results_path` under `results_dir` (default ``out/results``); training runs go to
+    ``out/runs/<Env>/<entry>/``. With `keep_checkpoints` the trained checkpoints are copied next to the results file
+    (``<entry>/seed<k>/``, the first training seed's), so that a shipped result can be evaluated again without
+    training."""
     import agents
     import baselines
 
     slug = entry.env_id.split("/")[-1]
-    res_path = out / "results" / slug / f"{entry.name}.json"
+    res_path = results_path(results_dir or out / "results", entry.env_id, entry.name)
     run_dir = out / "runs" / slug / entry.name
     info: dict[str, Any] = {"protocol": protocol, "entry": entry.name, "kind": entry.kind,
                             "algorithm": entry.algorithm}
@@ -249,6 +326,15 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
         info["budget"] = {"mode": mode, "iterations": entry.iterations, "train_seed": train_seed}
         if n_train > 1:
             info["budget"]["train_seeds"] = train_seeds
+    if command is None:  # the command that reproduces this file (into runs/<tier>/)
+        command = f"shopsim bench --tier {mode} --envs {slug}"
+        if entry.kind == "trained" and entry.algorithm and ":" in entry.algorithm:
+            command += f" --algo {entry.algorithm}"
+    meta: dict[str, Any] = {"command": command, "tier": mode}
+    if entry.kind == "trained":
+        meta["train_seeds"] = train_seeds
+    if budget.demo and entry.kind == "trained":
+        meta["demo"] = True
     t0 = time.perf_counter()
     if entry.skip_reason:
         rec = make_results(**info, metrics={}, status="skipped", error=entry.skip_reason)
@@ -267,11 +353,14 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                 agent = agents.make("lm", entry.env_id)
             info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
             info["config"] = {"checkpoint": str(entry.checkpoint)}
+            if entry.shipped_entry:
+                meta["shipped_entry"] = entry.shipped_entry
         else:
             algo = baselines.make(entry.algorithm, env_id=entry.env_id, **entry.overrides)
             info["config"] = dataclasses.asdict(algo.config) if dataclasses.is_dataclass(algo.config) else {}
             init = sft_checkpoint() if budget.needs_init else None
             runs = []  # (per-eval-seed summaries, notes) per training seed
+            csvs: list[Path] = []  # each run's metrics.csv (the learning curves)
             for ts in train_seeds:
                 seed_dir = run_dir if n_train == 1 else run_dir / f"seed{ts}"
                 result = algo.train(entry.env_id, iterations=entry.iterations, seed=ts, out_dir=seed_dir,
@@ -282,9 +371,10 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                 if agent is None:
                     raise ShopsimError(f"{entry.algorithm}.train returned no agent and no checkpoint")
                 info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
-                curve = Path(result.out_dir or seed_dir) / "metrics.csv"
-                if curve.is_file() and "curve" not in info:
-                    info["curve"] = str(_relative(curve, res_path.parent))
+                csvs.append(Path(result.out_dir or seed_dir) / "metrics.csv")
+                if keep_checkpoints and ts == train_seeds[0] and result.checkpoint is not None:
+                    # the first run's checkpoint only: enough to re-evaluate live, and the repo stays small
+                    _copy_checkpoint(Path(result.checkpoint), res_path.parent / entry.name / f"seed{ts}")
                 ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=progress,
                               num_envs=budget.num_envs)
                 runs.append(ev)
@@ -293,11 +383,12 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             if n_train == 1:
                 metrics, notes = runs[0].metrics, runs[0].notes
             else:
-                metrics = aggregate([_mean_over_seeds(ev.per_seed) for ev in runs])
+                metrics = pool_runs(runs, protocol)
                 notes = sorted({n for ev in runs for n in ev.notes})
             for note in notes:
                 log(f"  note: {note}")
-            extra = {"ci_over": "train_seeds" if n_train > 1 else "eval_seeds"}
+            info["curve"] = learning_curve(csvs, protocol.family)
+            extra = {"ci_over": "train_seeds" if n_train > 1 else "eval_seeds", **meta}
             if agent_env_kwargs(agent, protocol) != dict(protocol.env_kwargs):
                 extra["env_kwargs"] = agent_env_kwargs(agent, protocol)
             if notes:
@@ -308,7 +399,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                           num_envs=budget.num_envs)
             for note in ev.notes:
                 log(f"  note: {note}")
-            extra = {"ci_over": "eval_seeds"}
+            extra = {"ci_over": "eval_seeds", **meta}
             if agent_env_kwargs(agent, protocol) != dict(protocol.env_kwargs):
                 extra["env_kwargs"] = agent_env_kwargs(agent, protocol)  # the agent's presentation options
             if ev.notes:
@@ -319,26 +410,80 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
         log_path = out / "logs" / f"{slug}_{entry.name}.txt"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(tb)
-        rec = make_results(**{k: v for k, v in info.items() if k != "metrics"}, metrics={}, status="error",
-                           error=f"{type(exc).__name__}: {exc} (traceback: {log_path})",
-                           wall_s=time.perf_counter() - t0)
+        rec = make_results(**{k: v for k, v in info.items() if k not in ("metrics", "curve")}, metrics={},
+                           status="error", error=f"{type(exc).__name__}: {exc} (traceback: {log_path})",
+                           wall_s=time.perf_counter() - t0, extra=meta)
     write_results(res_path, rec)
     return rec
+
+
+#: family -> metrics.csv columns for the learning curve, in order of preference: the metric that matters (success,
+#: cost, value, IoI), never a loss
+CURVE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "shopping": ("eval/success_rate", "eval_success", "success_rate", "success", "reward", "mean_reward"),
+    "rec": ("eval_IoI", "sample_IoI", "return_raw"),
+    "retrieval": ("value", "reward"),
+    "inventory": ("dev_cost", "cost", "train_cost"),
+}
+CURVE_POINTS = 100
+
+
+def learning_curve(csv_paths: list[Path], family: str) -> dict | None:
+    """``{"metric", "x", "per_seed"}``: the family's curve metric (`CURVE_COLUMNS`) per training run, at the
+    iterations every run logged it (at most `CURVE_POINTS`, evenly thinned); None when no run logged one."""
+    import pandas as pd
+
+    frames = []
+    for path in csv_paths:
+        try:
+            frames.append(pd.read_csv(path))
+        except (OSError, ValueError):
+            return None
+    if not frames:
+        return None
+    for col in CURVE_COLUMNS.get(family, ()) + ("success_rate", "return", "reward", "cost"):
+        if not all(col in f.columns for f in frames):
+            continue
+        series = []
+        for f in frames:
+            xcol = "iteration" if "iteration" in f.columns else None
+            d = f[[c for c in (xcol, col) if c]].dropna()
+            d = d.groupby(xcol, as_index=False).last() if xcol else d
+            series.append(dict(zip((d[xcol] if xcol else range(len(d))).astype(int).tolist(),
+                                   d[col].astype(float).tolist(), strict=True)))
+        xs = sorted(set(series[0]).intersection(*series[1:]))
+        if not xs:
+            continue
+        if len(xs) > CURVE_POINTS:  # keep the first and last points
+            step = (len(xs) - 1) / (CURVE_POINTS - 1)
+            xs = sorted({xs[round(i * step)] for i in range(CURVE_POINTS)})
+        return {"metric": col, "x": xs, "per_seed": [[round(s[x], 6) for x in xs] for s in series]}
+    return None
+
+
+def _copy_checkpoint(src: Path, dst: Path) -> None:
+    import shutil
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dst)
+
+
+def pool_runs(runs: list, protocol: Protocol) -> dict[str, dict]:
+    """Metrics of an entry trained with several seeds: the mean over every run's episodes with a two-level
+    bootstrap interval over runs and tasks (`shopsim.leaderboard.metrics.summarize`), and one value per training
+    run (its mean over the eval seeds) in ``per_seed`` with their sample std (ddof = 1)."""
+    records = [{**r, "run": i} for i, ev in enumerate(runs) for r in ev.records]
+    ref = next((ev.reference_records for ev in runs if ev.reference_records is not None), None)
+    return summarize(records, per_seed=[_mean_over_seeds(ev.per_seed) for ev in runs], reference=ref,
+                     tries=protocol.tries, seeds_over="train_seeds")
 
 
 def _mean_over_seeds(per_seed: list[dict]) -> dict[str, float]:
     """One training run's summary: each metric's mean over the eval seeds (keys present in every seed)."""
     keys = set(per_seed[0]).intersection(*per_seed[1:])
     return {k: sum(s[k] for s in per_seed) / len(per_seed) for k in keys}
-
-
-def _relative(path: Path, start: Path) -> Path:
-    import os
-
-    try:
-        return Path(os.path.relpath(path.resolve(), start.resolve()))
-    except ValueError:  # another drive (Windows)
-        return path.resolve()
 
 
 @dataclass
@@ -348,6 +493,7 @@ class BenchOutcome:
     markdown: str
     reference_failed: bool
     wall_s: float
+    reproduction: list[dict] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -357,8 +503,13 @@ class BenchOutcome:
 def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list[str] | None = None,
               user_algos: list[str] = (), split: str = "test", train_seed: int = 0, progress: bool = True,
               table: dict | None = None, log: Callable[[str], None] | None = None,
-              plots: bool = True, train_seeds: int | None = None) -> BenchOutcome:
-    """Run the benchmark (see module docstring) and render the leaderboard into `out`."""
+              plots: bool = True, train_seeds: int | None = None, results_dir: str | Path | None = None,
+              command: str | None = None, resume: bool = True) -> BenchOutcome:
+    """Run the benchmark (see module docstring) and render the leaderboard into `out`.
+
+    Results files go to `results_dir` (default ``out/results``). With `resume`, an entry whose results file already
+    exists there (valid, ``ok``, on the same protocol) is not trained or evaluated again. `command` is recorded in
+    every results file (the command line that reproduces it)."""
     from shopsim.envs import check_env_id, family_of, is_pettingzoo
     from shopsim.leaderboard.render import render_all, to_markdown
 
@@ -375,9 +526,18 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
         env_ids = [e for e in protocol_envs() if not is_pettingzoo(e)]
         if not env_ids:
             raise ShopsimError("no env has an evaluation split under data/splits/; nothing to benchmark")
-    entries = plan(mode, env_ids, list(user_algos), table=table, sft=sft_checkpoint())
+    shipped = [r for r in shipped_results() if r["env_id"] in env_ids]
+    live_check = mode == "quick"  # the main job re-evaluates the shipped checkpoints
+    entries = plan(mode, env_ids, list(user_algos), table=table, sft=sft_checkpoint(),
+                   shipped=shipped if live_check else ())
+    if mode == "standard" and user_algos and shipped:
+        # your algorithm among the shipped rows: train only it (the baselines' and references' rows ship)
+        shipped_envs = {r["env_id"] for r in shipped}
+        entries = [e for e in entries if e.algorithm in user_algos or e.env_id not in shipped_envs]
+    resume = resume and mode in RESUMABLE
     protocols: dict[str, Protocol] = {}
     results: list[dict] = []
+    res_dir = Path(results_dir) if results_dir is not None else out / "results"
     bar = _progress(len(entries), progress)
     for i, entry in enumerate(entries, 1):
         b = budget_for(mode, entry.env_id, family_of(entry.env_id), table)
@@ -395,8 +555,15 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
             log(f"{label}: no protocol: {exc}")
             bar.advance()
             continue
+        done = existing_result(results_path(res_dir, entry.env_id, entry.name), protocols[entry.env_id])
+        if resume and done is not None:
+            results.append(done)
+            log(f"{label}: done before ({done['_path']}), skipped")
+            bar.advance()
+            continue
         rec = run_entry(entry, protocols[entry.env_id], out, budget=b, mode=mode, train_seed=train_seed,
-                        progress=progress, log=log)
+                        progress=progress, log=log, results_dir=res_dir, command=command,
+                        keep_checkpoints=mode == "standard")
         results.append(rec)
         status = rec["status"] if rec["status"] != "ok" else f"ok ({time.perf_counter() - t0:.1f}s)"
         if rec["status"] != "ok":
@@ -404,13 +571,136 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
         log(f"{label}: {status}")
         bar.advance()
     bar.close()
-    all_results = find_results(out / "results") if (out / "results").is_dir() else []
+    all_results = find_results(res_dir) if res_dir.is_dir() else []
     current = {(r["env_id"], r["entry"]) for r in results}
     shown = [r for r in all_results if (r["env_id"], r["entry"]) in current]
-    written = render_all(shown, out, plots=plots)
+    same_dir = res_dir.resolve() == shipped_dir().resolve()
+    repro = reproduction(shown, shipped) if shipped and not same_dir else []
+    if mode == "standard" and not same_dir:
+        # your rows among the shipped ones: the shipped rows this run did not produce again
+        mine = {(r["env_id"], r["entry"]) for r in shown}
+        board = shown + [r for r in shipped if (r["env_id"], r["entry"]) not in mine]
+        md = to_markdown(board) + reproduction_markdown(repro)
+    elif live_check:
+        board = shipped + shown
+        md = main_job_markdown(shipped, shown, repro)
+    else:
+        board, md = shown, to_markdown(shown)
+    written = render_all(board, out, plots=plots)
+    wall = time.perf_counter() - t_start
+    md += f"\nFinished in {wall:.0f} s ({mode} tier).\n"
+    written["markdown"].write_text(md)
     ref_failed = any(r["kind"] == "reference" and r["status"] == "error" for r in results)
-    return BenchOutcome(results=shown, written=written, markdown=to_markdown(shown), reference_failed=ref_failed,
-                        wall_s=time.perf_counter() - t_start)
+    return BenchOutcome(results=shown, written=written, markdown=md, reference_failed=ref_failed,
+                        wall_s=wall, reproduction=repro)
+
+
+#: tiers whose runs resume (an entry whose results file exists on the same protocol is not run again); the main
+#: job always evaluates live
+RESUMABLE = ("standard", "full")
+
+
+def shipped_dir() -> Path:
+    """``data/results/standard``: the shipped standard-tier results (and the first training seed's checkpoints)."""
+    from shopsim.paths import data_dir
+
+    return data_dir() / "results" / "standard"
+
+
+def shipped_results(root: str | Path | None = None) -> list[dict]:
+    """Every shipped standard-tier results file (validated), each marked ``_shipped``; [] when none ship."""
+    root = Path(root) if root is not None else shipped_dir()
+    if not root.is_dir():
+        return []
+    out = find_results(root)
+    for r in out:
+        r["_shipped"] = True
+    return out
+
+
+def shipped_checkpoint(rec: dict) -> Path | None:
+    """The checkpoint folder shipped next to a trained results file (``<entry>/seed<k>/``), or None."""
+    from agents.registry import CHECKPOINT_MANIFEST
+
+    if rec.get("kind") != "trained" or rec.get("status") != "ok" or not rec.get("_path"):
+        return None
+    seeds = rec.get("train_seeds") or []
+    folder = Path(rec["_path"]).parent / rec["entry"] / f"seed{seeds[0] if seeds else 0}"
+    return folder if (folder / CHECKPOINT_MANIFEST).is_file() else None
+
+
+def _primary(rec: dict) -> str | None:
+    from shopsim.leaderboard.protocols import DEFAULT_METRICS, FAMILY_METRICS
+
+    cols = FAMILY_METRICS.get(rec.get("family") or "", DEFAULT_METRICS)
+    return next((c for c in cols if c in rec["metrics"]), None)
+
+
+def reproduction(live: list[dict], shipped: list[dict]) -> list[dict]:
+    """Whether each live result reproduces its shipped counterpart on the env's primary metric.
+
+    A live reference agent or re-trained entry is compared with the shipped row of the same name; a shipped
+    checkpoint evaluated live (``shipped_entry``) with that row's value for the checkpoint's training seed, with
+    the shipped interval's margins around it. It reproduces when the two 95% intervals overlap (live and shipped
+    may use different task subsets of the split: the main job evaluates fewer tasks)."""
+    by = {(r["env_id"], r["entry"]): r for r in shipped if r["status"] == "ok"}
+    rows = []
+    for r in live:
+        s = by.get((r["env_id"], r.get("shipped_entry") or r["entry"]))
+        if s is None or r["status"] != "ok" or r.get("demo"):
+            continue
+        metric = _primary(s)
+        if metric is None or metric not in r["metrics"]:
+            continue
+        sm, lm = s["metrics"][metric], r["metrics"][metric]
+        centre = sm["mean"]
+        if r.get("shipped_entry") and sm.get("per_seed"):
+            centre = sm["per_seed"][0]  # the shipped checkpoint is the first training seed's
+        lo, hi = sm.get("ci95") or [sm["mean"], sm["mean"]]
+        s_lo, s_hi = centre - (sm["mean"] - lo), centre + (hi - sm["mean"])
+        l_lo, l_hi = lm.get("ci95") or [lm["mean"], lm["mean"]]
+        rows.append({"env_id": r["env_id"], "entry": r["entry"], "metric": metric, "shipped": centre,
+                     "shipped_ci95": [s_lo, s_hi], "live": lm["mean"], "live_ci95": [l_lo, l_hi],
+                     "reproduces": bool(l_lo <= s_hi and s_lo <= l_hi)})
+    return rows
+
+
+def reproduction_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    bad = [r for r in rows if not r["reproduces"]]
+    lines = ["", "## Live check: shipped results evaluated again on this machine", "",
+             ("Every shipped result reproduces within its 95% interval." if not bad else
+              f"**{len(bad)} of {len(rows)} shipped results do not reproduce within their 95% interval:** "
+              + ", ".join(f"{r['env_id'].split('/')[-1]} {r['entry']}" for r in bad) + "."), "",
+             "| env | entry | metric | shipped [95% CI] | live [95% CI] | reproduces |", "|---|---|---|---:|---:|---|"]
+    def num(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+    for r in rows:
+        lines.append(f"| {r['env_id'].split('/')[-1]} | {r['entry']} | {r['metric']} | {num(r['shipped'])} "
+                     f"[{num(r['shipped_ci95'][0])}, {num(r['shipped_ci95'][1])}] | {num(r['live'])} "
+                     f"[{num(r['live_ci95'][0])}, {num(r['live_ci95'][1])}] | "
+                     f"{'yes' if r['reproduces'] else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main_job_markdown(shipped: list[dict], live: list[dict], repro: list[dict]) -> str:
+    """The main job's leaderboard.md: the shipped standard tier, the live check, the demo rows apart."""
+    from shopsim.leaderboard.render import to_markdown
+
+    head = to_markdown(shipped, title="shopsim leaderboard: standard tier (shipped results)") if shipped else (
+        "# shopsim leaderboard\n\nNo standard-tier results ship in data/results/standard; run "
+        "`shopsim bench --tier standard --results data/results/standard`.\n")
+    demo = [r for r in live if not r.get("shipped_entry")]  # the shipped checkpoints are in the live check
+    text = head + reproduction_markdown(repro)
+    if demo:
+        body = to_markdown(demo, title=None, legend=False)
+        text += ("\n## Live rows: reference agents and a demo training per env family\n\n"
+                 "Evaluated on this machine on the main job's protocol (fewer tasks than the standard tier, so its "
+                 "own tables). `demo-*` rows are trained for a few iterations only: they show that training runs, "
+                 "not what the algorithm reaches; compare algorithms on the standard rows above.\n\n" + body)
+    return text
 
 
 class _Bar:

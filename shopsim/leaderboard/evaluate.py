@@ -1,11 +1,14 @@
 """Run one agent through an evaluation protocol and summarise it (docs/leaderboard.md).
 
 `evaluate(agent, protocol)` runs, for each eval seed, every (test task, try) episode of the protocol with
-`shopsim.rollout.collect` (task ids and reset seeds given explicitly, so two agents see the same episodes), turns
-the trajectories into per-seed summaries (`shopsim.leaderboard.metrics`) and aggregates them over seeds. For a
-family with a reference policy (``protocol.reference``; replenishment: the (s, S) policy, registered as
-``("s_S", "inventory")``) the caller passes that agent as ``reference=``; it is evaluated on the same episodes and
-every entry gets a per-seed ``gap_to_s_S_pct``.
+`shopsim.rollout.collect` — one call for all eval seeds, so one labelled progress bar per evaluation (task ids and
+reset seeds given explicitly, so two agents see the same episodes) — turns the trajectories into per-episode
+records and per-seed summaries, and summarises the records with 95% intervals over tasks
+(`shopsim.leaderboard.metrics.summarize`: Wilson for rates, a seeded bootstrap over tasks otherwise). For a family
+with a reference policy (``protocol.reference``; replenishment: the (s, S) policy, registered as
+``("s_S", "inventory")``) the caller passes that agent as ``reference=``; it is evaluated on the same episodes once
+per process and protocol (`reference_run`), and every entry gets ``gap_to_s_S_pct`` (a paired bootstrap). When the
+agent being evaluated *is* the reference (same name and env), its own run is reused instead of running it twice.
 
 The evaluator takes its agents as arguments and never builds one: it sits below `agents` in the layers
 (``[tool.importlinter]`` in pyproject.toml); the CLI and the benchmark runner build them (`agents.make`).
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shopsim.leaderboard.metrics import add_gap, aggregate, episode_record, seed_summary
+from shopsim.leaderboard.metrics import add_gap, episode_record, seed_summary, summarize
 from shopsim.leaderboard.protocols import Protocol
 
 #: metric aliases: the leaderboard name -> episode_metrics names an env may use for it (first found wins)
@@ -34,6 +37,10 @@ class Evaluation:
     wall_s: float
     trajectories: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+    """Per-episode records (`episode_record`), each with its ``task_id``; pooled over training runs by the bench."""
+    reference_records: list[dict] | None = None
+    """The reference agent's records on the same episodes (None without a reference)."""
 
 
 def _apply_aliases(summary: dict) -> None:
@@ -57,40 +64,75 @@ def agent_env_kwargs(agent, protocol: Protocol) -> dict:
 
 
 def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: int = 8,
-              collect: Callable | None = None, keep: bool = False) -> tuple[list[dict], list]:
-    """Per-seed summaries of `agent` on every episode of `protocol` (and the trajectories if `keep`)."""
-    if collect is None:
-        from shopsim.rollout import collect
-    summaries, kept = [], []
+              collect: Callable | None = None, keep: bool = False,
+              with_records: bool = False) -> tuple[list[dict], list] | tuple[list[dict], list, list[dict]]:
+    """Per-seed summaries of `agent` on every episode of `protocol` (and the trajectories if `keep`; and the
+    per-episode records if `with_records`). All eval seeds' episodes run in one `collect` call (one progress bar;
+    the agent's sampling is seeded with the first eval seed)."""
+    if collect is None:  # shopsim.rollout.collect, or a Ray pool's inside `shopsim.distributed.using(pool)`
+        from shopsim.distributed import active_collect
+
+        collect = active_collect()
     env_kwargs = agent_env_kwargs(agent, protocol)
+    tasks, seeds, bounds = [], [], [0]
     for seed in protocol.seeds:
-        tasks, seeds = protocol.episodes(seed)
-        trajs = collect(protocol.env_id, agent, tasks=tasks, seeds=seeds, split=protocol.split, group_size=1,
-                        num_envs=num_envs, env_kwargs=env_kwargs, progress=progress,
-                        agent_seed=int(seed))
-        records = [episode_record(t) for t in trajs]
-        for rec, task in zip(records, tasks, strict=False):
-            rec["task_id"] = task  # group tries by the protocol's task id whatever the env echoes back
-        summary = seed_summary(records, protocol.tries)
+        t, s = protocol.episodes(seed)
+        tasks += t
+        seeds += s
+        bounds.append(len(tasks))
+    trajs = collect(protocol.env_id, agent, tasks=tasks, seeds=seeds, split=protocol.split, group_size=1,
+                    num_envs=num_envs, env_kwargs=env_kwargs, progress=progress,
+                    agent_seed=int(protocol.seeds[0]))
+    records = [episode_record(t) for t in trajs]
+    for rec, task in zip(records, tasks, strict=False):
+        rec["task_id"] = task  # group tries by the protocol's task id whatever the env echoes back
+    summaries = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        summary = seed_summary(records[lo:hi], protocol.tries)
         _apply_aliases(summary)
         summaries.append(summary)
-        if keep:
-            kept.extend(trajs)
-    return summaries, kept
+    for rec in records:
+        _apply_aliases(rec)
+    kept = trajs if keep else []
+    return (summaries, kept, records) if with_records else (summaries, kept)
 
 
-#: (id(reference agent), episodes) -> (the agent, its per-seed summaries); the agent is kept so its id stays unique
-_REFERENCE_CACHE: dict[Any, tuple[Any, list[dict]]] = {}
+#: (id(reference agent), episodes) -> (the agent, its per-seed summaries, its records); the agent is kept so its id
+#: stays unique
+_REFERENCE_CACHE: dict[Any, tuple[Any, list[dict], list[dict]]] = {}
+
+
+def _reference_key(reference, protocol: Protocol) -> tuple:
+    return (id(reference), protocol.env_id, protocol.split, protocol.task_ids, protocol.seeds, protocol.tries,
+            tuple(sorted(protocol.env_kwargs.items())))
+
+
+def reference_run(reference, protocol: Protocol, *, progress: bool = False,
+                  collect: Callable | None = None) -> tuple[list[dict], list[dict]]:
+    """(per-seed summaries, records) of the `reference` agent on `protocol`, memoised per process and agent object,
+    so that every entry measured against it reuses one run."""
+    key = _reference_key(reference, protocol)
+    if key not in _REFERENCE_CACHE:
+        summaries, _, records = run_seeds(reference, protocol, progress=progress, collect=collect, with_records=True)
+        _REFERENCE_CACHE[key] = (reference, summaries, records)
+    _, summaries, records = _REFERENCE_CACHE[key]
+    return [dict(s) for s in summaries], [dict(r) for r in records]
 
 
 def reference_summaries(reference, protocol: Protocol, *, progress: bool = False,
                         collect: Callable | None = None) -> list[dict]:
-    """Per-seed summaries of the `reference` agent on `protocol` (memoised per process and agent object)."""
-    key = (id(reference), protocol.env_id, protocol.split, protocol.task_ids, protocol.seeds, protocol.tries,
-           tuple(sorted(protocol.env_kwargs.items())))
-    if key not in _REFERENCE_CACHE:
-        _REFERENCE_CACHE[key] = (reference, run_seeds(reference, protocol, progress=progress, collect=collect)[0])
-    return [dict(s) for s in _REFERENCE_CACHE[key][1]]
+    """Per-seed summaries of the `reference` agent on `protocol` (see `reference_run`)."""
+    return reference_run(reference, protocol, progress=progress, collect=collect)[0]
+
+
+def _is_reference(agent, reference) -> bool:
+    """Whether `agent` is the reference agent itself (the same object, or the same registered agent class and
+    name), so that its evaluation can serve as the reference run."""
+    if agent is reference:
+        return True
+    if reference is None or type(agent) is not type(reference):
+        return False
+    return getattr(agent, "name", None) == getattr(reference, "name", None) and not getattr(agent, "learns", False)
 
 
 def evaluate(agent, protocol: Protocol, *, reference=None, progress: bool = False, num_envs: int = 8,
@@ -100,17 +142,29 @@ def evaluate(agent, protocol: Protocol, *, reference=None, progress: bool = Fals
     `reference`: the agent named by ``protocol.reference`` (built by the caller), for the gap metric; without it a
     protocol that names a reference gets a note instead of the gap."""
     t0 = time.perf_counter()
-    summaries, trajs = run_seeds(agent, protocol, progress=progress, num_envs=num_envs, collect=collect,
-                                 keep=keep_trajectories)
-    notes = []
-    if protocol.reference and reference is None:
-        notes.append(f"no gap to {protocol.reference}: no reference agent was given to evaluate()")
-    elif protocol.reference:
-        try:
-            ref = reference_summaries(reference, protocol, progress=progress, collect=collect)
-        except Exception as exc:  # noqa: BLE001 - a broken reference must not lose the entry's own metrics
-            notes.append(f"no gap to {protocol.reference}: the reference failed ({type(exc).__name__}: {exc})")
-        else:
-            add_gap(summaries, ref)
-    return Evaluation(metrics=aggregate(summaries), per_seed=summaries, wall_s=time.perf_counter() - t0,
-                      trajectories=trajs, notes=notes)
+    notes: list[str] = []
+    ref_records = None
+    if protocol.reference and reference is not None and _is_reference(agent, reference):
+        # the agent is the reference: run it once, as the reference run every other entry also reuses
+        summaries, records = reference_run(reference, protocol, progress=progress, collect=collect)
+        trajs: list = []
+        if keep_trajectories:  # trajectories are not memoised; run again only when they are asked for
+            summaries, trajs, records = run_seeds(agent, protocol, progress=progress, num_envs=num_envs,
+                                                  collect=collect, keep=True, with_records=True)
+        ref_summaries, ref_records = [dict(s) for s in summaries], records
+        add_gap(summaries, ref_summaries)
+    else:
+        summaries, trajs, records = run_seeds(agent, protocol, progress=progress, num_envs=num_envs,
+                                              collect=collect, keep=keep_trajectories, with_records=True)
+        if protocol.reference and reference is None:
+            notes.append(f"no gap to {protocol.reference}: no reference agent was given to evaluate()")
+        elif protocol.reference:
+            try:
+                ref_summaries, ref_records = reference_run(reference, protocol, progress=progress, collect=collect)
+            except Exception as exc:  # noqa: BLE001 - a broken reference must not lose the entry's own metrics
+                notes.append(f"no gap to {protocol.reference}: the reference failed ({type(exc).__name__}: {exc})")
+            else:
+                add_gap(summaries, ref_summaries)
+    metrics = summarize(records, per_seed=summaries, reference=ref_records, tries=protocol.tries)
+    return Evaluation(metrics=metrics, per_seed=summaries, wall_s=time.perf_counter() - t0,
+                      trajectories=trajs, notes=notes, records=records, reference_records=ref_records)

@@ -8,8 +8,9 @@ never samples. The file is shared with the env (which resolves ``reset(options={
 
 ``tries`` (optional, default 4) is the number of episodes per task and eval seed; pass^k needs ``tries >= k``, and
 the leaderboard reports k = 1..4 as τ-bench does. An eval seed fixes the per-episode reset seeds (see
-`Protocol.episode_seed`), so a protocol names every episode exactly; confidence intervals are taken over the eval
-seeds (`shopsim.leaderboard.metrics`).
+`Protocol.episode_seed`), so a protocol names every episode exactly (`Protocol.hash`); confidence intervals are
+taken over tasks (`shopsim.leaderboard.metrics`). By default an evaluation uses the first tasks, tries and eval seeds
+of `PROTOCOL_SIZE` rather than the whole split.
 
 Which metrics a table shows depends on the env family (`FAMILY_METRICS`); the results file stores every metric
 the episodes produced, so a table can be re-rendered with other columns later.
@@ -32,8 +33,8 @@ SEED_STRIDE = 100_000
 #: family -> table columns (metric names as in the results file), first = the column the table is sorted by
 FAMILY_METRICS: dict[str, tuple[str, ...]] = {
     "shopping": ("success_rate", "success/find_and_buy", "success/clarify_and_buy", "success/bundle",
-                 "success/after_sales", "score", "pass^1", "pass^2", "pass^3", "pass^4", "turns", "tokens",
-                 "invalid_rate"),
+                 "success/after_sales", "success/personalized_buy", "score", "pass^1", "pass^2", "pass^3", "pass^4",
+                 "turns", "tokens", "invalid_rate"),
     "rec": ("return", "IoI", "IoR", "CTR", "length", "success_rate"),
     "retrieval": ("policy_value", "regret", "recall", "success_rate"),
     "inventory": ("cost", "gap_to_s_S_pct", "fill_rate", "order_rate"),
@@ -43,6 +44,20 @@ DEFAULT_METRICS: tuple[str, ...] = ("success_rate", "score", "return", "pass^1",
 LOWER_IS_BETTER = frozenset({"cost", "gap_to_s_S_pct", "turns", "tokens", "invalid_rate", "regret"})
 #: family -> the reference agent whose per-seed cost every entry's gap is measured against (same episodes)
 FAMILY_REFERENCE: dict[str, str] = {"inventory": "s_S"}
+
+#: env id -> the default evaluation size: the first `tasks` test (or dev) tasks, `tries` per task, these eval seeds.
+#: Sized so that the 95% intervals over tasks are tight at a fraction of the whole split (measured on the reference
+#: agents, docs/leaderboard.md): independent tasks carry more information per episode than repeated tries, so the
+#: numeric envs use one try and one eval seed. Shopping keeps 4 tries (pass^1..4) and has 100 tasks, i.e. 100
+#: episodes per task family, for a Wilson interval under ±0.1 on every family. `load_protocol(sized=False)` (``shopsim
+#: eval --whole-split``) uses the split file's whole list, its eval seeds and tries.
+PROTOCOL_SIZE: dict[str, dict] = {
+    "shopsim/Shopping-v0": {"tasks": 100, "tries": 4, "seeds": (0,)},
+    "shopsim/ProactiveRec-v0": {"tasks": 256, "tries": 1, "seeds": (0,)},
+    "shopsim/TwoStageRetrieval-v0": {"tasks": 4000, "tries": 1, "seeds": (0,)},
+    "shopsim/Replenishment-v0": {"tasks": 256, "tries": 1, "seeds": (0,)},
+    "shopsim/MultiWarehouse-v0": {"tasks": 128, "tries": 1, "seeds": (0,)},
+}
 
 
 @dataclass(frozen=True)
@@ -111,10 +126,21 @@ class Protocol:
                 "seeds": list(self.seeds), "tries": self.tries, "metrics": list(self.metrics),
                 "reference": self.reference}
 
+    @property
+    def hash(self) -> str:
+        """16 hex digits naming the episodes (env, split, task ids, eval seeds, tries, env options, reference):
+        results with the same protocol hash were measured on the same episodes and may be ranked together."""
+        from shopsim.leaderboard.results import config_hash
+
+        return config_hash({"env_id": self.env_id, "split": self.split, "task_ids": list(self.task_ids),
+                            "seeds": list(self.seeds), "tries": self.tries, "reference": self.reference,
+                            "env_kwargs": dict(sorted(self.env_kwargs.items()))})
+
 
 def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None = None,
-                  family: str | None = None) -> Protocol:
-    """The evaluation protocol of `env_id` on `split` ("test" or "dev"), read from its splits file."""
+                  family: str | None = None, sized: bool = True) -> Protocol:
+    """The evaluation protocol of `env_id` on `split` ("test" or "dev"), read from its splits file, limited to the
+    env's `PROTOCOL_SIZE` unless `sized` is False."""
     if family is None:
         from shopsim.envs import family_of
 
@@ -137,9 +163,11 @@ def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None =
     tries = spec.get("tries", DEFAULT_TRIES)
     if not isinstance(tries, int) or tries < 1:
         raise DatasetError(f"{path}: 'tries' must be a positive integer, got {tries!r}")
-    return Protocol(env_id=env_id, family=family, split=split, task_ids=tuple(ids), seeds=tuple(seeds),
-                    tries=tries, metrics=FAMILY_METRICS.get(family, DEFAULT_METRICS),
-                    reference=FAMILY_REFERENCE.get(family))
+    protocol = Protocol(env_id=env_id, family=family, split=split, task_ids=tuple(ids), seeds=tuple(seeds),
+                        tries=tries, metrics=FAMILY_METRICS.get(family, DEFAULT_METRICS),
+                        reference=FAMILY_REFERENCE.get(family))
+    size = PROTOCOL_SIZE.get(env_id) if sized else None
+    return protocol.limited(**size) if size else protocol
 
 
 def protocol_envs(root: str | Path | None = None) -> list[str]:

@@ -7,17 +7,28 @@ Schema (``schema_version`` = `SCHEMA_VERSION`)::
 
     {"schema": "shopsim.results", "schema_version": 1,
      "env_id": "shopsim/Replenishment-v0", "env_version": 0, "family": "inventory", "split": "test",
-     "task_ids": [...], "seeds": [0, 1, 2], "tries": 4, "episodes": 96,
+     "task_ids": [...], "seeds": [0, 1, 2], "tries": 4, "episodes": 96, "protocol_hash": "9a0e...",
      "entry": "hpo", "kind": "reference" | "trained" | "agent" | "checkpoint",
      "agent": "module:Class", "algorithm": "hpo" | null, "config": {...}, "config_hash": "1f0c...",
      "budget": {"iterations": 20, "train_seed": 0} | null,
-     "metrics": {"cost": {"mean", "std", "ci95": [lo, hi] | null, "n", "per_seed": [...]}, ...},
+     "metrics": {"cost": {"mean", "ci95": [lo, hi] | null, "interval": "wilson" | "bootstrap",
+                          "tasks" | "episodes": N, "per_seed": [...], "std": sample std | null, "n",
+                          "seeds_over": "eval_seeds" | "train_seeds"}, ...},
      "ci_over": "eval_seeds" | "train_seeds",
      "status": "ok" | "error" | "skipped", "error": null | "message",
-     "curve": "relative/or/absolute/metrics.csv" | null,
+     "curve": {"metric": "cost", "x": [iterations...], "per_seed": [[values...], ...]} | null,
+     "command": "shopsim bench --tier standard --envs Replenishment-v0" | null,
+     "train_seeds": [0, 1, 2] | null,
      "package_version": "0.1.0", "git_commit": "abc123..." | "unknown", "created": "2026-...Z", "wall_s": 12.3}
 
-Version history: 1 — first version.
+``ci95`` is the 95% interval of the mean over the protocol's episodes (Wilson for rates, a seeded bootstrap over
+tasks otherwise; `shopsim.leaderboard.metrics`); ``per_seed``/``std`` are the per-seed values (eval seeds, or the
+training runs of a trained entry) and their sample standard deviation (ddof = 1). ``curve`` is the learning curve
+of the env's primary metric per training run (`shopsim.leaderboard.bench.learning_curve`); older files may hold the
+path of a training run's ``metrics.csv`` there instead. ``protocol_hash`` names the episodes (`Protocol.hash`): only
+results with equal hashes are ranked together.
+
+Version history: 1 — first version (later fields are optional additions).
 """
 
 from __future__ import annotations
@@ -83,6 +94,7 @@ def make_results(*, protocol, entry: str, kind: str, metrics: dict, agent: str |
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
         "env_id": protocol.env_id, "env_version": env_version(protocol.env_id), "family": protocol.family,
         "split": protocol.split, "task_ids": list(protocol.task_ids), "seeds": list(protocol.seeds),
+        "protocol_hash": protocol.hash if hasattr(protocol, "hash") else None,
         "tries": protocol.tries, "episodes": protocol.episodes_per_seed * len(protocol.seeds),
         "entry": entry, "kind": kind, "agent": agent, "algorithm": algorithm, "config": config,
         "config_hash": config_hash(hashed), "budget": budget, "metrics": metrics,

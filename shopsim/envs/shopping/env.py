@@ -14,13 +14,23 @@ from shopsim.envs.shopping.cache import search as _search
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
 from shopsim.envs.shopping.orders import ToolError, apply_gold
-from shopsim.envs.shopping.tasks import FAMILIES, SPLITS, make_task, split_ids, split_of
+from shopsim.envs.shopping.tasks import (
+    ALL_FAMILIES,
+    FAMILIES,
+    INSTRUCTION_STYLES,
+    SPLITS,
+    make_task,
+    split_ids,
+    split_of,
+)
 from shopsim.envs.shopping.tools import TOOLS, Tool, tool_schemas
 from shopsim.errors import ConfigError
 
 ACTION_CHARSET = "".join(chr(c) for c in range(32, 127))
 MAX_OBS_CHARS = 20_000
 OBS_MODES = ("compact", "full", "terse")
+#: loose: partial credit (WebShop); strict: all-or-nothing, 1 only when every constraint holds (ShopSimulator)
+REWARD_SCHEMES = ("loose", "strict")
 STRATEGIES = {
     "recommend_directly": "Recommend and buy directly; ask the customer only if something is unclear.",
     "ask_first": "Ask the customer a question before you search.",
@@ -36,9 +46,12 @@ class ShoppingEnv(gym.Env):
     ## Description
     A shopping assistant serves a simulated customer on a seeded synthetic catalog (`shopsim.catalog`): it searches
     (BM25), opens products, chooses options, asks clarifying questions, fills a cart and checks out, or handles an
-    after-sales request on the customer's order database. Four task families (`tasks.FAMILIES`): find_and_buy
-    (WebShop-like), clarify_and_buy (hidden constraints revealed by asking), bundle (2-4 items under a budget, the
-    long-horizon family) and after_sales (tau-bench-like cancel/return/exchange under a written policy).
+    after-sales request on the customer's order database. Four task families in the default mix (`tasks.FAMILIES`):
+    find_and_buy (WebShop-like), clarify_and_buy (hidden constraints revealed by asking), bundle (2-4 items under a
+    budget, the long-horizon family) and after_sales (tau-bench-like cancel/return/exchange under a written policy);
+    a fifth, personalized_buy, is chosen by name (`tasks.ALL_FAMILIES`): the instruction names the product type and
+    its must-have features, and the brand, options and price ceiling come from the customer's profile and purchase
+    history (`profiles`), which the first observation shows and the tools ``get_profile`` / ``get_orders`` return.
 
     ## Action Space
     `Text(max_length=max_input_chars)`: one action string per step, either the WebShop-compatible text grammar
@@ -62,7 +75,9 @@ class ShoppingEnv(gym.Env):
     ## Rewards
     Zero until the episode ends (minus ``invalid_penalty`` per invalid action). At the end: find_and_buy and
     clarify_and_buy use WebShop's partial credit (`grading.score_purchase`); bundle the mean item score times budget
-    satisfied (`grading.score_bundle`); checkout of several lines in a one-item family scores the best line divided by
+    satisfied (`grading.score_bundle`); with ``reward_scheme="strict"`` every purchase scores 1 only when every
+    constraint holds (the loose score is 1) and 0 otherwise (``reward_parts["loose_score"]`` keeps the partial
+    credit); checkout of several lines in a one-item family scores the best line divided by
     the number of lines; after_sales 1 if the final order database equals the gold one, the agent opened the request's
     order and answered the customer (`orders.grade`). ``info["score"]`` is that number, ``info["success"]`` is
     ``score == 1``; ``info["reward_parts"]`` has the components. At every episode end ``info["episode_metrics"]``
@@ -87,14 +102,22 @@ class ShoppingEnv(gym.Env):
     ## Arguments
     ``catalog_size=10_000, catalog_seed=0`` (shared, memoised catalog and index), ``obs_mode="compact"|"full"|"terse"``
     (`render`; terse states the task once per episode and drops SKUs from result lines: the rendering for LM agents that
-    keep the episode in context), ``family=None`` (default mix) or one of `FAMILIES`, ``invalid_penalty=0.0``,
+    keep the episode in context), ``family=None`` (default mix) or one of `ALL_FAMILIES`, ``invalid_penalty=0.0``,
     ``max_invalid=5``, ``results_per_page=10``, ``max_results=50`` (search hits kept, as WebShop),
-    ``max_input_chars=1000``, ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None`` (a class or callable
-    ``(task, rng)`` returning a simulated user with the `customer.Customer` interface: the plug-in point for other user
-    simulators, e.g. an LLM-backed one; default: the seeded programmatic `Customer`), ``numbered_results=False`` (prefix
-    each result line with its position on the page, ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
+    ``max_input_chars=1000``, ``max_turns=60``, ``render_mode=None|"ansi"``, ``customer=None|"scripted"|"lm"`` or a
+    class or callable ``(task, rng)`` returning a simulated user with the `customer.Customer` interface (the plug-in
+    point for other user simulators; default and "scripted": the seeded programmatic `Customer`; "lm" with
+    ``customer_model=PATH``: `lm_customer.LMCustomer`, whose reveals a local causal LM words greedily, checked to
+    state only the asked slot, with a scripted fallback counted in ``info["customer_fallbacks"]``),
+    ``customer_model=None``, ``numbered_results=False`` (prefix each result line with its position on the page,
+    ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
     instead of copying a 10-character SKU; positional clicks are accepted either way), ``style_bias=0.0`` (see
-    Rewards).
+    Rewards), ``reward_scheme="loose"|"strict"`` (see Rewards), ``instruction_style="template"|"paraphrase"``
+    (template: WebShop-style lines stating every value verbatim; paraphrase: a seeded rewording with synonyms,
+    numeric forms and reordering, `paraphrase`; the goal, hidden slots and grading are the same),
+    ``near_duplicates=0`` (k = 2..5: the catalog gains, for one product in five, k - 1 siblings that differ from it
+    in one attribute, option or price, `shopsim.catalog.near_duplicates`; targets are drawn among those cluster
+    heads and every goal names what tells a cluster apart, so the first plausible hit is often wrong).
 
     ## Vector envs
     Copies in one process share the memoised catalog, its search index and the read caches (`cache`); pickling an
@@ -114,11 +137,12 @@ class ShoppingEnv(gym.Env):
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
-                 numbered_results: bool = False, style_bias: float = 0.0):
+                 numbered_results: bool = False, style_bias: float = 0.0, reward_scheme: str = "loose",
+                 instruction_style: str = "template", near_duplicates: int = 0, customer_model: str | None = None):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
-        if family is not None and family not in FAMILIES:
-            raise ConfigError(f"family={family!r}; choose one of {', '.join(FAMILIES)} or None (default mix)")
+        if family is not None and family not in ALL_FAMILIES:
+            raise ConfigError(f"family={family!r}; choose one of {', '.join(ALL_FAMILIES)} or None (default mix)")
         for name, v, lo in (("max_invalid", max_invalid, 1), ("results_per_page", results_per_page, 1),
                             ("max_results", max_results, 1), ("max_input_chars", max_input_chars, 16),
                             ("max_turns", max_turns, 1)):
@@ -128,6 +152,17 @@ class ShoppingEnv(gym.Env):
             raise ConfigError(f"invalid_penalty must be a finite number >= 0, got {invalid_penalty!r}")
         if isinstance(style_bias, bool) or not isinstance(style_bias, (int, float)) or not np.isfinite(style_bias):
             raise ConfigError(f"style_bias must be a finite number (0 turns it off), got {style_bias!r}")
+        if reward_scheme not in REWARD_SCHEMES:
+            raise ConfigError(f"reward_scheme={reward_scheme!r}; choose one of {', '.join(REWARD_SCHEMES)}")
+        if instruction_style not in INSTRUCTION_STYLES:
+            raise ConfigError(f"instruction_style={instruction_style!r}; choose one of {', '.join(INSTRUCTION_STYLES)}")
+        if near_duplicates != 0:
+            from shopsim.catalog.near_duplicates import MAX_CLUSTER
+
+            if isinstance(near_duplicates, bool) or not isinstance(near_duplicates, (int, np.integer)) or \
+                    not 2 <= near_duplicates <= MAX_CLUSTER:
+                raise ConfigError(f"near_duplicates={near_duplicates!r}: give the cluster size 2..{MAX_CLUSTER} "
+                                  "(head + siblings), or 0 for the plain catalog")
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode={render_mode!r}; choose None or 'ansi'")
         self.catalog_size, self.catalog_seed = int(catalog_size), int(catalog_seed)
@@ -135,12 +170,29 @@ class ShoppingEnv(gym.Env):
         self.invalid_penalty, self.max_invalid = float(invalid_penalty), int(max_invalid)
         self.results_per_page, self.max_results = int(results_per_page), int(max_results)
         self.max_input_chars, self.max_turns, self.render_mode = int(max_input_chars), int(max_turns), render_mode
+        if customer == "lm":
+            if not customer_model:
+                raise ConfigError('customer="lm" needs customer_model=PATH, a local causal LM checkpoint folder')
+            from functools import partial
+
+            from shopsim.envs.shopping.lm_customer import LMCustomer, hf_generator
+
+            customer = partial(LMCustomer, generate=hf_generator(customer_model))
+        elif customer_model is not None:
+            raise ConfigError('customer_model is only used with customer="lm"')
+        elif customer == "scripted":
+            customer = None
         if customer is not None and not callable(customer):
-            raise ConfigError("customer must be a class or callable (task, rng) -> customer; see "
-                              "shopsim.envs.shopping.customer for the protocol")
+            raise ConfigError("customer must be 'scripted', 'lm' (with customer_model=PATH) or a class or callable "
+                              "(task, rng) -> customer; see shopsim.envs.shopping.customer for the protocol")
         self.customer_factory = customer or Customer
         self.numbered_results = bool(numbered_results)
         self.style_bias = float(style_bias)
+        self.reward_scheme, self.instruction_style = reward_scheme, instruction_style
+        self.near_duplicates = int(near_duplicates)
+        self._catalog_ref = {"size": self.catalog_size, "seed": self.catalog_seed}
+        if self.near_duplicates:
+            self._catalog_ref["near_duplicates"] = self.near_duplicates
         self._attach_catalog()
         self.action_space = spaces.Text(max_length=self.max_input_chars, min_length=0, charset=ACTION_CHARSET)
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
@@ -163,7 +215,12 @@ class ShoppingEnv(gym.Env):
     def _attach_catalog(self) -> None:
         from shopsim.catalog import load_catalog
 
-        self.catalog = load_catalog(self.catalog_size, self.catalog_seed)  # memoised: shared by every copy
+        if getattr(self, "near_duplicates", 0):
+            from shopsim.catalog.near_duplicates import load_near_duplicates
+
+            self.catalog = load_near_duplicates(self.catalog_size, self.catalog_seed, self.near_duplicates)
+        else:
+            self.catalog = load_catalog(self.catalog_size, self.catalog_seed)  # memoised: shared by every copy
         self.index = self.catalog.index()
 
     def __getstate__(self):
@@ -205,7 +262,7 @@ class ShoppingEnv(gym.Env):
         strategy = options.get("strategy")
         if strategy is not None and not isinstance(strategy, str):
             raise ConfigError(f"reset option strategy must be a string, got {type(strategy).__name__}")
-        self.task = make_task(self.catalog, family, split, int(task_id))
+        self.task = make_task(self.catalog, family, split, int(task_id), self.instruction_style)
         self.strategy = strategy or None
         self.strategy_text = STRATEGIES.get(strategy, strategy) if strategy else ""
         self.customer = self.customer_factory(self.task, self.np_random)
@@ -298,10 +355,13 @@ class ShoppingEnv(gym.Env):
             "success": bool(self.done and self.score >= 1.0 - 1e-9), "score": float(self.score),
             "family": t.family, "task_id": int(t.task_id), "split": t.split, "strategy": self.strategy,
             "reward_parts": dict(self.parts), "structured": render.structured(self),
-            "oracle": {**t.oracle(), "catalog": {"size": self.catalog_size, "seed": self.catalog_seed}},
+            "oracle": {**t.oracle(), "catalog": dict(self._catalog_ref)},
             "anchor": render.anchor(self), "end_reason": self.end_reason, "patience": self.customer.patience,
             "turns_before_first_answer": self.first_answer_turn if self.first_answer_turn is not None else self.turns,
             "chars_before_first_answer": self.chars_before_answer,
+            # an LM customer (customer="lm") reports how often its answer was replaced by the scripted one
+            **({"customer_fallbacks": self.customer.fallbacks, "customer_lm_replies": self.customer.lm_replies}
+               if hasattr(self.customer, "fallbacks") else {}),
         }
 
     def _valid_actions(self) -> list[str]:
@@ -483,6 +543,11 @@ class ShoppingEnv(gym.Env):
             score, parts = scored[best][0] / len(items), dict(scored[best][1])
             parts["lines_bought"] = float(len(items))
         parts["purchased"] = 1.0
+        if self.reward_scheme == "strict":
+            # all-or-nothing: the loose score is 1 exactly when every constraint of every goal holds (and, for a
+            # one-item family, a single line was bought; for a bundle, the budget holds)
+            parts["loose_score"] = float(score)
+            score = float(score >= 1.0 - 1e-9)
         bought = "; ".join(f"{p.sku}" + (f" ({', '.join(f'{k}={v}' for k, v in c.items())})" if c else "")
                            for p, c in items)
         self.feedback.append(f"Purchased {bought}. The episode is over.")

@@ -15,6 +15,9 @@
 
 Success is ``score == 1``.
 
+personalized_buy goals also name a brand (the profile's favourite for the category): the bought product's
+``brand`` equal to it adds one term to the numerator and the denominator, like an attribute.
+
 **Bundle score**: every goal item is graded like a purchase without the price term,
 ``r_type * (|U_att ∩ Y_att| + |U_opt ∩ Y_opt|) / (|U_att| + |U_opt|)``; the cart lines are assigned to goal items
 one-to-one so as to maximise the total (brute force over at most `MAX_CART_LINES` lines); unassigned goal items
@@ -41,11 +44,16 @@ class Goal:
     target_id: int
     """The catalog product the goal was derived from (it satisfies the goal fully)."""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    brand: str | None = None
+    """personalized_buy: the brand the customer's profile asks for (None: any brand)."""
 
     def to_dict(self) -> dict:
-        return {"product_type": self.product_type, "attributes": list(self.attributes),
-                "options": {k: v for k, v in self.options}, "price_ceiling": self.price_ceiling,
-                "target_id": int(self.target_id)}
+        out = {"product_type": self.product_type, "attributes": list(self.attributes),
+               "options": {k: v for k, v in self.options}, "price_ceiling": self.price_ceiling,
+               "target_id": int(self.target_id)}
+        if self.brand is not None:
+            out["brand"] = self.brand
+        return out
 
 
 def score_purchase(goal: Goal, product, chosen: dict[str, str], *, with_price: bool = True) -> tuple[float, dict]:
@@ -56,15 +64,23 @@ def score_purchase(goal: Goal, product, chosen: dict[str, str], *, with_price: b
     chosen_l = {k.lower(): v.lower() for k, v in chosen.items()}
     opt = sum(1 for k, v in goal.options if chosen_l.get(k.lower()) == v.lower())
     denom = len(goal.attributes) + len(goal.options)
+    brand_ok = goal.brand is None or getattr(product, "brand", None) == goal.brand
+    if goal.brand is not None:  # the profile's brand is one more constraint, like an attribute
+        att_brand = int(brand_ok)
+        denom += 1
+    else:
+        att_brand = 0
     price_ok = goal.price_ceiling is None or product.price <= goal.price_ceiling + 1e-9
     if with_price and goal.price_ceiling is not None:
-        num, denom = att + opt + int(price_ok), denom + 1
+        num, denom = att + opt + att_brand + int(price_ok), denom + 1
     else:
-        num = att + opt
+        num = att + opt + att_brand
     score = r_type * num / denom if denom else r_type
     parts = {"r_type": r_type, "attributes_matched": float(att), "attributes_total": float(len(goal.attributes)),
              "options_matched": float(opt), "options_total": float(len(goal.options)),
              "price_ok": float(price_ok)}
+    if goal.brand is not None:
+        parts["brand_ok"] = float(brand_ok)
     return float(score), parts
 
 

@@ -5,6 +5,7 @@ Compact mode (what small language models see; about 400 tokens or fewer at 10 re
     Task: <instruction>
     Strategy: <strategy text>                      (only if a strategy was set)
     Policy: <one-line store policy>                (after_sales only)
+    Profile: <profile> / Past orders: <history>    (personalized_buy only)
     Customer said: <revealed preferences>          (only once something was revealed)
     Cart: <n> items, $<total> (budget $<budget>)   (bundle, or any non-empty cart)
     Page: <page header>
@@ -153,6 +154,11 @@ def observation(env) -> str:
         from shopsim.envs.shopping.orders import POLICY_FULL, POLICY_SHORT
 
         lines.append(POLICY_FULL if full else POLICY_SHORT)
+    if task.profile is not None and header:
+        from shopsim.envs.shopping.profiles import orders_line, profile_line
+
+        lines.append("Profile: " + profile_line(task.profile))
+        lines.append("Past orders: " + orders_line(task.profile))
     said = [] if terse else env.customer.said()  # terse: each reply is in that turn's feedback
     if said:
         lines.append("Customer said: " + " ".join(said))

@@ -10,6 +10,10 @@ Families (docs/envs.md):
   score × budget satisfied (`grading.score_bundle`)
 * after_sales — goal: cancel / return / exchange an item of one of the customer's orders, or refuse a request that
   breaks the policy; reward: binary on the final order database (`orders.grade`)
+* personalized_buy — goal: one product whose type and must-have features the instruction names, while the brand,
+  every option and the price ceiling come from the customer's profile (`profiles`: favourite brands, price
+  sensitivity, size and colour preferences, purchase history); reward: the purchase score with the brand as one more
+  constraint. Not in the default mix (``family="personalized_buy"``).
 
 **Splits.** Task ids live in disjoint ranges: train ``[0, 1_000_000)``, dev ``1_000_000 + i``, test
 ``2_000_000 + i``; the lists used for evaluation are in ``data/splits/Shopping-v0.json``. Target products are
@@ -31,11 +35,17 @@ import numpy as np
 from shopsim.envs.shopping.cache import product as _product
 from shopsim.envs.shopping.grading import Goal
 from shopsim.envs.shopping.orders import CANCEL_REASONS, RETURN_WINDOW_DAYS, Item, Order, OrderDB
+from shopsim.envs.shopping.profiles import Profile
 from shopsim.errors import ConfigError
 from shopsim.paths import data_dir
 
+#: the default mix: without a family, task id t is of family FAMILIES[t % 4] (unchanged since v0)
 FAMILIES = ("find_and_buy", "clarify_and_buy", "bundle", "after_sales")
+#: every family; the ones after the default mix are chosen by name only (``family=...``)
+ALL_FAMILIES = (*FAMILIES, "personalized_buy")
 SPLITS = ("train", "dev", "test")
+#: template: WebShop-style, every value verbatim; paraphrase: seeded rewording (`paraphrase`), the same task
+INSTRUCTION_STYLES = ("template", "paraphrase")
 TRAIN_RANGE = (0, 1_000_000)
 DEV_BASE, TEST_BASE = 1_000_000, 2_000_000
 N_DEV, N_TEST = 200, 500
@@ -73,8 +83,10 @@ def splits_manifest() -> dict:
     """The content of data/splits/Shopping-v0.json (written by `write_splits`)."""
     return {"env_id": ENV_ID, "train": {"range": list(TRAIN_RANGE)}, "dev": list(split_ids("dev")),
             "test": list(split_ids("test")), "eval_seeds": [0, 1, 2], "families": list(FAMILIES),
+            "named_families": list(ALL_FAMILIES[len(FAMILIES):]),
             "note": "task = f(family, task_id, catalog); pass family via env kwargs or reset options; "
-                    "test target products are disjoint from train/dev targets"}
+                    "test target products are disjoint from train/dev targets; families = the default mix "
+                    "(family = families[task_id % 4]); named_families run on the same ids when named"}
 
 
 def write_splits() -> None:
@@ -99,7 +111,9 @@ def pools(catalog) -> tuple[np.ndarray, np.ndarray]:
     """(train/dev target ids, test target ids) for a catalog; computed once per catalog per process."""
     key = (catalog.size, catalog.seed, id(catalog))
     if key not in _POOLS:
-        ids = np.arange(len(catalog), dtype=np.int64)
+        # a near-duplicate catalog (`shopsim.catalog.near_duplicates`) draws targets among its cluster heads only
+        heads = getattr(catalog, "cluster_heads", None)
+        ids = np.arange(len(catalog), dtype=np.int64) if heads is None else np.asarray(heads, dtype=np.int64)
         test = (_mix(ids, catalog.seed) % np.uint64(TEST_SHARE)) == 0
         _POOLS[key] = (ids[~test], ids[test])
     return _POOLS[key]
@@ -125,6 +139,8 @@ class Task:
     customer: str = ""
     request: dict = field(default_factory=dict)
     orders: OrderDB | None = None
+    profile: Profile | None = None
+    """personalized_buy: the customer's profile and purchase history."""
 
     def oracle(self) -> dict:
         """Privileged view for scripted experts (``info["oracle"]``)."""
@@ -132,6 +148,8 @@ class Task:
                "hidden": [list(h) for h in self.hidden], "budget": self.budget}
         if self.request:
             out["request"] = {k: v for k, v in self.request.items()}
+        if self.profile is not None:
+            out["profile"] = self.profile.to_dict()
         return out
 
 
@@ -149,6 +167,22 @@ def _pick_goal(rng, product, n_attr_max: int = 3, with_price: bool = True) -> Go
                                                                             product.option_values, strict=False))
     ceiling = price_ceiling(product.price, int(rng.integers(0, 3))) if with_price else None
     return Goal(product.product_type, tuple(attrs[i] for i in pick), opts, ceiling, int(product.product_id))
+
+
+def _goal_for(catalog, rng, product, **kw) -> Goal:
+    """`_pick_goal`, plus, on a near-duplicate catalog, the constraints that tell the target's cluster apart (the
+    attributes and option value its siblings change; the price is in every one-item goal anyway)."""
+    goal = _pick_goal(rng, product, **kw)
+    cluster = getattr(catalog, "clusters", {}).get(int(product.product_id))
+    if cluster is None:
+        return goal
+    need = set(goal.attributes) | set(cluster["attributes"])
+    attrs = tuple(a for a in product.attributes if a in need)
+    opts = goal.options
+    if cluster["option"] is not None:
+        dim, value = cluster["option"]
+        opts = tuple((n, value if n == dim else v) for n, v in opts)
+    return Goal(goal.product_type, attrs, opts, goal.price_ceiling, goal.target_id)
 
 
 def _article(word: str) -> str:
@@ -175,35 +209,52 @@ def slot_label(slot: tuple[str, str]) -> str:
     return {"option": slot[1], "attribute": "a must-have feature", "price": "budget"}[slot[0]]
 
 
-def make_task(catalog, family: str, split: str, task_id: int) -> Task:
-    """Build task `task_id` of `family` on `catalog` (deterministic; see module docstring)."""
-    if family not in FAMILIES:
-        raise ConfigError(f"unknown task family {family!r}; choose one of {', '.join(FAMILIES)}")
+def make_task(catalog, family: str, split: str, task_id: int, instruction_style: str = "template") -> Task:
+    """Build task `task_id` of `family` on `catalog` (deterministic; see module docstring).
+
+    ``instruction_style="paraphrase"`` rewords the instruction (`paraphrase`) with its own RNG, so the goal, hidden
+    slots and grading are those of the template task."""
+    if instruction_style not in INSTRUCTION_STYLES:
+        raise ConfigError(f"instruction_style={instruction_style!r}; choose one of {', '.join(INSTRUCTION_STYLES)}")
+    if family not in ALL_FAMILIES:
+        raise ConfigError(f"unknown task family {family!r}; choose one of {', '.join(ALL_FAMILIES)}")
     if split_of(task_id) != split:
         raise ConfigError(f"task id {task_id} is not in split {split!r} (train ids are {TRAIN_RANGE[0]}.."
                           f"{TRAIN_RANGE[1] - 1}, dev {DEV_BASE}+0..{N_DEV - 1}, test {TEST_BASE}+0..{N_TEST - 1})")
     rng = np.random.default_rng(np.random.SeedSequence(
-        [FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x5E0]))
+        [ALL_FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x5E0]))
     pool = pools(catalog)[1 if split == "test" else 0]
     tpl = templates()
     opener = tpl["openers"][int(rng.integers(len(tpl["openers"])))]
+    # the paraphrase draws from its own stream: the task (goal, hidden slots) is the same in both styles
+    say = describe
+    if instruction_style == "paraphrase":
+        from shopsim.envs.shopping.paraphrase import paraphrase
+
+        prng = np.random.default_rng(np.random.SeedSequence(
+            [ALL_FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x9A2]))
+
+        def say(goal, hidden=(), with_price=True):
+            return paraphrase(goal, prng, hidden, with_price)
     if family in ("find_and_buy", "clarify_and_buy"):
         product = _product(catalog, int(pool[rng.integers(len(pool))]))
-        goal = _pick_goal(rng, product)
+        goal = _goal_for(catalog, rng, product)
         if family == "find_and_buy":
-            return Task(family, split, task_id, f"{opener} {describe(goal)}", [goal], patience=3)
+            return Task(family, split, task_id, f"{opener} {say(goal)}", [goal], patience=3)
         slots = [("option", n) for n, _ in goal.options] + [("attribute", goal.attributes[-1]), ("price", "")]
         k = int(rng.integers(1, min(3, len(slots)) + 1))
         hidden = tuple(slots[i] for i in sorted(rng.choice(len(slots), size=k, replace=False).tolist()))
         hint = tpl["clarify_hint"].format(slots=", ".join(slot_label(s) for s in hidden))
-        text = f"{opener} {describe(goal, hidden)}. {hint}"
+        text = f"{opener} {say(goal, hidden)}. {hint}"
         return Task(family, split, task_id, text, [goal], hidden=hidden, patience=len(hidden) + 2)
     if family == "bundle":
-        return _bundle(catalog, split, task_id, rng, pool, tpl)
+        return _bundle(catalog, split, task_id, rng, pool, tpl, say)
+    if family == "personalized_buy":
+        return _personalized(catalog, split, task_id, rng, pool, opener, say)
     return _after_sales(catalog, split, task_id, rng, pool, tpl)
 
 
-def _bundle(catalog, split, task_id, rng, pool, tpl) -> Task:
+def _bundle(catalog, split, task_id, rng, pool, tpl, say=describe) -> Task:
     n = int(rng.integers(2, 5))
     goals, types = [], set()
     while len(goals) < n:
@@ -211,13 +262,37 @@ def _bundle(catalog, split, task_id, rng, pool, tpl) -> Task:
         if p.product_type in types:
             continue
         types.add(p.product_type)
-        goals.append(_pick_goal(rng, p, n_attr_max=2, with_price=False))
+        goals.append(_goal_for(catalog, rng, p, n_attr_max=2, with_price=False))
     total = sum(catalog.prices[g.target_id] for g in goals)
     budget = float(math.ceil(total * float(rng.uniform(1.1, 1.3)) / 5.0) * 5.0)
     opener = tpl["bundle_openers"][int(rng.integers(len(tpl["bundle_openers"])))]
-    items = "; ".join(f"({i + 1}) {describe(g, with_price=False)}" for i, g in enumerate(goals))
+    items = "; ".join(f"({i + 1}) {say(g, with_price=False)}" for i, g in enumerate(goals))
     text = f"{opener}, total budget {budget:.2f} dollars: {items}. Put them in the cart and check out once."
     return Task("bundle", split, task_id, text, goals, budget=budget, patience=3)
+
+
+PERSONALIZED_HINTS = (
+    "Pick the brand, {dims} and price that fit my profile.",
+    "You know my favourite brands, my usual {dims} and what I like to spend; choose accordingly.",
+    "Go by my profile for the brand, {dims} and budget.",
+)
+
+
+def _personalized(catalog, split, task_id, rng, pool, opener, say) -> Task:
+    """personalized_buy: the instruction names type + features; brand, options and price come from the profile."""
+    from shopsim.envs.shopping.profiles import make_profile
+
+    product = _product(catalog, int(pool[rng.integers(len(pool))]))
+    g = _goal_for(catalog, rng, product)
+    goal = Goal(g.product_type, g.attributes, g.options, g.price_ceiling, g.target_id, brand=product.brand)
+    profile = make_profile(catalog, rng, product, goal, _fake_name(int(rng.integers(1 << 31))))
+    left_open = tuple(("option", n) for n, _ in goal.options) + (("price", ""),)
+    dims = " and ".join(n for n, _ in goal.options) if len(goal.options) <= 2 else \
+        ", ".join(n for n, _ in goal.options)
+    hint = PERSONALIZED_HINTS[int(rng.integers(len(PERSONALIZED_HINTS)))].format(dims=dims)
+    text = f"{opener} {say(goal, left_open)}. {hint}"
+    return Task("personalized_buy", split, task_id, text, [goal], patience=3, customer=profile.name,
+                profile=profile)
 
 
 def _fake_name(seed: int) -> str:

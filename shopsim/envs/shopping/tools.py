@@ -197,8 +197,13 @@ def _after_sales(env) -> bool:
     return env.task.family == "after_sales"
 
 
+def _personalized(env) -> bool:
+    return env.task.profile is not None
+
+
 _NOT_BUYING = "this customer is not buying anything; use the after-sales tools"
 _NO_ORDERS = "{name} is an after-sales tool; this task has no order history"
+_NO_PROFILE = "{name} needs a customer profile; only personalized_buy tasks have one"
 
 
 # ---- handlers: handler(env, **arguments) -> feedback line or None ---------------------------------------------
@@ -271,6 +276,22 @@ def _checkout(env) -> None:
     env._cart_action("checkout", ())
 
 
+def _get_profile(env) -> str:
+    from shopsim.envs.shopping.profiles import profile_line
+
+    return "Profile: " + profile_line(env.task.profile)
+
+
+def _get_orders(env) -> str:
+    from shopsim.envs.shopping.profiles import orders_line
+
+    return "Past orders: " + orders_line(env.task.profile)
+
+
+def _profile_hint(env) -> list[str]:
+    return ["get_profile", "get_orders"]
+
+
 def _list_orders(env) -> None:
     if env.page != "orders":
         env._goto("orders")
@@ -335,5 +356,10 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("exchange_item", "Exchange one delivered item for another product of the same type.",
          params(order_id=_ORDER, sku="The SKU of the item in that order.", new_sku="The SKU of the new product."),
          _exchange_item, _after_sales, _NO_ORDERS),
+    Tool("get_profile", ("Show the customer's profile: favourite brands, price sensitivity (the most they spend per "
+                         "product type), size and colour preferences."), params(), _get_profile, _personalized,
+         _NO_PROFILE, _profile_hint),
+    Tool("get_orders", "Show the customer's past purchases (brands, options chosen, prices).", params(), _get_orders,
+         _personalized, _NO_PROFILE),
     Tool("finish", "End the conversation.", params(), _finish),
 )}

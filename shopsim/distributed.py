@@ -1,0 +1,404 @@
+"""Rollouts beyond one process: episode ranges on Ray actors, and sharded Parquet datasets (docs/scale.md).
+
+Two entry points, both built on `shopsim.rollout.collect`:
+
+* `rollout_to_shards` writes a planned list of episodes (`shopsim.rollout.plan_episodes`) as a **sharded dataset**:
+  a folder of ``part-00000.parquet``, ``part-00001.parquet``... (shard k holds episodes
+  ``[k * shard_episodes, (k + 1) * shard_episodes)`` in episode order) plus ``manifest.json``. Each shard is one
+  `shopsim.datasets.DatasetWriter` file, so it appears only once complete; its footer records the shard's range
+  and the run's fingerprint. Rerunning the same command skips every shard already on disk and runs only the missing
+  ranges, so a run whose worker (or driver) died resumes where it stopped. The manifest is rewritten (atomically)
+  after every finished shard and says ``"complete": true`` once all are there; `shopsim.datasets` reads the folder
+  as one dataset, and Hugging Face ``datasets.load_dataset(FOLDER)`` reads its Parquet files as one split.
+* `RayPool.collect` has `collect`'s signature and result: it splits the episodes into ranges, runs them on the
+  pool's actors and returns the trajectories in episode order (the evaluator's ``collect=`` hook). Inside
+  ``with using(pool):`` every evaluation (`shopsim.leaderboard.evaluate`, hence ``shopsim eval`` and
+  ``shopsim bench``) that is not given its own ``collect`` runs on the pool (`active_collect`).
+
+Work runs on a `RayPool` of actors (one CPU each), each holding its own env copies and a copy of the agent (the
+agent object is pickled once per call into Ray's object store). Without a pool, shards run in this process, one
+after the other. The driver only ever holds one shard's bookkeeping, never the trajectories of the whole run, so its
+memory does not grow with the number of episodes.
+
+Determinism: every episode is reset with its planned seed, so envs give the same episodes whichever worker runs
+them. The agent of a shard starting at episode ``i`` is seeded with ``agent_seed + i`` (``agent_seed + 0`` is
+what a single-process `collect` uses), so a stochastic agent's samples depend on the shard size but not on the
+number of workers; an agent whose actions depend only on its episode (the scripted experts, (s, S)) gives exactly
+the rows of a single-process run. With ``SOURCE_DATE_EPOCH`` set the files are byte-identical from run to run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shopsim.datasets import MANIFEST
+from shopsim.errors import ConfigError, ShopsimError
+
+MANIFEST_FORMAT = "shopsim-shards/1"
+#: the most episodes a shard gets by default: big enough that per-shard overhead (an actor call, a Parquet footer) is
+#: small, small enough that one lost shard is cheap to redo and a worker's memory stays low
+DEFAULT_SHARD_EPISODES = 1024
+
+
+def default_shard_episodes(n: int) -> int:
+    """Episodes per shard when none is given: a 16th of the run (so a small run still spreads over the workers), at
+    most `DEFAULT_SHARD_EPISODES`. It depends on the episode count only, never on the number of workers, so the
+    shards (and a sampling agent's seeds) are the same whatever the cluster, and a rerun with other workers resumes."""
+    return max(1, min(DEFAULT_SHARD_EPISODES, -(-n // 16)))
+
+
+def shard_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def shard_ranges(n: int, shard_episodes: int) -> list[tuple[int, int]]:
+    """[start, stop) episode ranges of `shard_episodes` episodes (the last may be shorter) covering `n` episodes."""
+    if shard_episodes < 1:
+        raise ConfigError(f"shard_episodes must be >= 1, got {shard_episodes}")
+    return [(a, min(a + shard_episodes, n)) for a in range(0, n, shard_episodes)]
+
+
+def _summary_sums(trajs) -> dict[str, Any]:
+    """Sums behind `shopsim.rollout.summarize` (so shard summaries add up to the run's)."""
+    from shopsim.rollout import summarize
+
+    s = summarize(trajs)
+    n = s["episodes"]
+    return {"episodes": n, "turns": sum(t.num_turns for t in trajs),
+            **{k: (None if s[k] is None else s[k] * n) for k in ("success", "score", "return", "tokens")}}
+
+
+def combine_summaries(shards: Sequence[dict]) -> dict[str, float | None]:
+    """`shopsim.rollout.summarize`'s means from per-shard sums (``shard["summary"]``)."""
+    n = sum(s["summary"]["episodes"] for s in shards)
+    if not n:
+        return {"episodes": 0}
+    out: dict[str, float | None] = {"episodes": n}
+    for key in ("success", "score", "return", "tokens"):
+        vals = [s["summary"][key] for s in shards]
+        out[key] = None if all(v is None for v in vals) else sum(v or 0.0 for v in vals) / n
+    out["turns"] = sum(s["summary"]["turns"] for s in shards) / n
+    return out
+
+
+def _run_range(env_id: str, agent, specs, collect_kwargs: dict, agent_seed: int, out: str | None,
+               metadata: dict | None):
+    """Run one range of planned episodes; write them to `out` (a shard) and return its record, or return them."""
+    from shopsim.rollout import collect
+
+    kwargs = {**collect_kwargs, "agent_seed": agent_seed + specs[0].index, "specs": specs, "progress": False}
+    if out is None:
+        return collect(env_id, agent, **kwargs)
+    from shopsim.datasets import DatasetWriter
+
+    with DatasetWriter(out, metadata=metadata) as writer:
+        trajs = collect(env_id, agent, writer=writer, **kwargs)
+    return {"file": Path(out).name, "start": specs[0].index, "stop": specs[-1].index + 1, "turns": writer.num_turns,
+            "summary": _summary_sums(trajs)}
+
+
+class ShardWorker:
+    """A Ray actor body: runs episode ranges with its own env copies and a cached copy of the agent."""
+
+    def __init__(self, torch_threads: int = 1) -> None:
+        # one actor per CPU: torch's own thread pool would only oversubscribe the cores
+        try:
+            import torch
+
+            torch.set_num_threads(max(1, int(torch_threads)))
+        except ImportError:  # pragma: no cover - torch is a hard dependency
+            pass
+        self._agent_key = None
+        self._agent = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, agent_key: str, agent_box: list, env_id: str, specs, collect_kwargs: dict, agent_seed: int,
+            out: str | None = None, metadata: dict | None = None):
+        if agent_key != self._agent_key:  # a new agent (or new weights): deserialise it once per call of the driver
+            import ray
+
+            self._agent, self._agent_key = ray.get(agent_box[0]), agent_key
+        return _run_range(env_id, self._agent, specs, collect_kwargs, agent_seed, out, metadata)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--workers / --ray-address need Ray: pip install 'shopsim[ray]'") from None
+    return ray
+
+
+class RayPool:
+    """`workers` Ray actors (one CPU each) on a local cluster started here, or on the cluster at `address`.
+
+    ``address=None, workers=N`` starts a local Ray instance with N CPUs unless this process already joined one
+    (then it is reused, e.g. a test's cluster); ``address="auto"`` or ``"HOST:6379"`` joins a cluster started with
+    ``ray start --head`` (then ``workers`` defaults to the cluster's CPU count). Use as a context manager; `close`
+    ends the actors (not the cluster)."""
+
+    def __init__(self, workers: int | None = None, address: str | None = None, *, torch_threads: int = 1) -> None:
+        ray = _import_ray()
+        if workers is not None and workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {workers}")
+        if workers is None and address is None:
+            raise ConfigError("give --workers N (a local Ray cluster) or --ray-address ADDR (an existing one)")
+        if not ray.is_initialized():
+            if address is None:
+                ray.init(num_cpus=workers, include_dashboard=False, logging_level="warning", log_to_driver=True)
+            else:
+                ray.init(address=address, logging_level="warning")
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        if workers is None:
+            workers = max(1, cpus)
+        elif workers > cpus:  # an actor that cannot get its CPU would wait for one forever
+            raise ConfigError(f"--workers {workers} needs {workers} CPUs (one per worker) but the Ray cluster has "
+                              f"{cpus}; lower --workers or add nodes (docs/scale.md)")
+        self.ray = ray
+        self.workers = workers
+        remote = ray.remote(num_cpus=1, max_restarts=0)(ShardWorker)
+        self.actors = [remote.remote(torch_threads) for _ in range(workers)]
+        self._calls = 0
+
+    def __enter__(self) -> RayPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
+
+    def put_agent(self, agent) -> tuple[str, list]:
+        """The agent in the object store, boxed in a list so Ray passes the reference (not the value) to the actors,
+        with a key that changes on every call (a trainer's agent has new weights each iteration)."""
+        self._calls += 1
+        return f"{id(self)}-{self._calls}", [self.ray.put(agent)]
+
+    def map(self, jobs: Sequence[tuple], on_done: Callable[[int, Any], None] | None = None) -> list:
+        """Run ``ShardWorker.run(*job)`` for every job, one at a time per actor, and return the results in job order.
+
+        `on_done(k, result)` runs in the driver as each job finishes. A dead worker raises `ShopsimError` once the
+        jobs still running elsewhere have finished (their results are kept by `on_done`)."""
+        ray = self.ray
+        todo = list(enumerate(jobs))[::-1]
+        running: dict = {}  # object ref -> (job index, actor)
+        results: dict[int, Any] = {}
+        failure = None
+        idle = list(self.actors)
+        while todo or running:
+            while idle and todo and failure is None:
+                k, job = todo.pop()
+                actor = idle.pop()
+                running[actor.run.remote(*job)] = (k, actor)
+            if not running:
+                break
+            done, _ = ray.wait(list(running), num_returns=1)
+            k, actor = running.pop(done[0])
+            try:
+                results[k] = ray.get(done[0])
+            except ray.exceptions.RayActorError as exc:
+                failure = failure or exc
+                continue
+            idle.append(actor)
+            if on_done is not None:
+                on_done(k, results[k])
+        if failure is not None:
+            raise ShopsimError(f"a Ray worker died ({type(failure).__name__}); finished shards are kept: rerun the "
+                               f"same command to run only the missing ones") from failure
+        return [results[k] for k in range(len(jobs))]
+
+    def collect(self, env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[int] | None = None,
+                tasks: Sequence | None = None, split: str | None = "train", group_size: int = 1, seed: int = 0,
+                reset_options: dict | Callable | None = None, agent_seed: int | None = None,
+                progress: bool = False, writer=None, **collect_kwargs) -> list:
+        """`shopsim.rollout.collect` over the pool: the episodes split into one contiguous range per worker (whole
+        groups), results in episode order (written to `writer` if given)."""
+        from shopsim.rollout import plan_episodes
+
+        specs = plan_episodes(episodes=episodes, tasks=tasks, seeds=seeds, seed=seed, group_size=group_size,
+                              split=split, reset_options=reset_options)
+        n_groups = specs[-1].group_id + 1
+        per = -(-n_groups // self.workers)
+        ranges = [(g0 * group_size, min((g0 + per) * group_size, len(specs))) for g0 in range(0, n_groups, per)]
+        key, box = self.put_agent(agent)
+        kwargs = {"split": split, "group_size": group_size, "seed": seed, **collect_kwargs}
+        base = seed if agent_seed is None else agent_seed
+        jobs = [(key, box, env_id, specs[a:b], kwargs, base) for a, b in ranges]
+        trajs = [t for chunk in self.map(jobs) for t in chunk]
+        if writer is not None:
+            writer.write_all(trajs)
+        return trajs
+
+
+_ACTIVE: list[RayPool] = []
+
+
+@contextlib.contextmanager
+def using(pool: RayPool | None):
+    """Within the block, `active_collect` is `pool.collect` (nothing changes for ``pool=None``)."""
+    if pool is None:
+        yield None
+        return
+    _ACTIVE.append(pool)
+    try:
+        yield pool
+    finally:
+        _ACTIVE.remove(pool)
+
+
+def active_collect() -> Callable:
+    """The rollout function evaluations use by default: the innermost `using` pool's, else `shopsim.rollout.collect`."""
+    if _ACTIVE:
+        return _ACTIVE[-1].collect
+    from shopsim.rollout import collect
+
+    return collect
+
+
+# ---------------------------------------------------------------------- sharded datasets
+def run_fingerprint(metadata: dict, n_episodes: int, shard_episodes: int) -> str:
+    """What makes two runs the same run (the command's metadata, the plan's size and the shard size)."""
+    from shopsim.trajectory import to_jsonable
+
+    record = {"metadata": to_jsonable(metadata), "episodes": n_episodes, "shard_episodes": shard_episodes}
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _shard_footer(path: Path) -> dict | None:
+    """The ``shard`` record of a finished shard file (None if the file is not a shopsim shard)."""
+    import pyarrow.parquet as pq
+
+    from shopsim.datasets import METADATA_KEY
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        return json.loads(meta[METADATA_KEY]).get("shard")
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _record_from_file(path: Path, footer: dict) -> dict:
+    """The manifest record of a shard finished by an earlier run (read back: a shard is small)."""
+    from shopsim.datasets import read_trajectories
+
+    trajs = read_trajectories(path)
+    return {"file": path.name, "start": footer["start"], "stop": footer["stop"],
+            "turns": sum(t.num_turns for t in trajs), "summary": _summary_sums(trajs)}
+
+
+@dataclass
+class ShardedRun:
+    """What `rollout_to_shards` returns: the manifest it wrote, how many shards it ran now and the run's summary."""
+
+    manifest: dict
+    ran: int
+    skipped: int
+    summary: dict
+    wall_s: float
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    from shopsim.paths import write_text_atomic
+
+    write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequence, metadata: dict,
+                      shard_episodes: int | None = None, pool: RayPool | None = None,
+                      agent_seed: int = 0, progress: bool = True, on_shard: Callable[[dict], None] | None = None,
+                      **collect_kwargs) -> ShardedRun:
+    """Write the episodes `specs` (a `plan_episodes` plan) as a sharded dataset in the folder `out`; see module
+    docstring. `pool` runs the shards on Ray actors (else here, one after the other); `collect_kwargs` go to
+    `shopsim.rollout.collect` (num_envs, env_kwargs, vector...); `on_shard(record)` runs in the driver after each
+    shard is recorded (e.g. to sample memory)."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; a sharded dataset is a folder, give a folder path")
+    out.mkdir(parents=True, exist_ok=True)
+    specs = list(specs)
+    shard_episodes = shard_episodes or default_shard_episodes(len(specs))
+    ranges = shard_ranges(len(specs), shard_episodes)
+    fingerprint = run_fingerprint(metadata, len(specs), shard_episodes)
+    old = out / MANIFEST
+    if old.is_file():
+        try:
+            previous = json.loads(old.read_text()).get("run")
+        except ValueError:
+            previous = None
+        if previous not in (None, fingerprint):
+            raise ConfigError(f"{out} holds shards of a different run (other agent, seeds, episodes or shard size); "
+                              f"choose another --out or delete {out}")
+    done: dict[int, dict] = {}
+    for k, (a, b) in enumerate(ranges):
+        path = out / shard_name(k)
+        if path.is_file():
+            footer = _shard_footer(path)
+            if not footer or footer.get("run") != fingerprint or (footer.get("start"), footer.get("stop")) != (a, b):
+                raise ConfigError(f"{path} belongs to a different run; choose another --out or delete {out}")
+            done[k] = _record_from_file(path, footer)
+    manifest = {"format": MANIFEST_FORMAT, "run": fingerprint, "metadata": metadata, "episodes": len(specs),
+                "shard_episodes": shard_episodes, "num_shards": len(ranges), "complete": False, "shards": []}
+
+    def record(k: int, rec: dict) -> None:
+        done[k] = rec
+        manifest["shards"] = [done[i] for i in sorted(done)]
+        manifest["complete"] = len(done) == len(ranges)
+        _write_manifest(out, manifest)
+        if bar is not None:
+            bar.update(rec["stop"] - rec["start"])
+        if on_shard is not None:
+            on_shard(rec)
+
+    skipped = len(done)
+    todo = [k for k in range(len(ranges)) if k not in done]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(specs), initial=sum(b - a for k, (a, b) in enumerate(ranges) if k in done),
+                   desc=f"rollout {env_id} -> {out}", unit="ep", leave=False)
+
+    from shopsim.datasets import creation_time
+
+    created = creation_time()  # the driver's (SOURCE_DATE_EPOCH as the driver sees it), not each worker's clock
+
+    def job_meta(k: int) -> dict:
+        a, b = ranges[k]
+        # the footer names the shard and the run, so a shard whose manifest update was lost still counts on resume
+        return {**metadata, "created": created,
+                "shard": {"index": k, "start": a, "stop": b, "of": len(ranges), "run": fingerprint}}
+
+    try:
+        if pool is None:
+            for k in todo:
+                a, b = ranges[k]
+                record(k, _run_range(env_id, agent, specs[a:b], collect_kwargs, agent_seed, str(out / shard_name(k)),
+                                     job_meta(k)))
+        else:
+            key, box = pool.put_agent(agent)
+            jobs = [(key, box, env_id, specs[ranges[k][0]:ranges[k][1]], collect_kwargs, agent_seed,
+                     str(out / shard_name(k)), job_meta(k)) for k in todo]
+            pool.map(jobs, on_done=lambda j, rec: record(todo[j], rec))
+        if not todo:  # nothing to run: make sure the manifest lists what is there
+            manifest["shards"] = [done[i] for i in sorted(done)]
+            manifest["complete"] = True
+            _write_manifest(out, manifest)
+    finally:
+        if bar is not None:
+            bar.close()
+    return ShardedRun(manifest=manifest, ran=len(todo), skipped=skipped, summary=combine_summaries(manifest["shards"]),
+                      wall_s=time.perf_counter() - t0)
