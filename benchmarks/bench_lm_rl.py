@@ -1,6 +1,6 @@
 """One GRPO iteration of the Shopping LM agent, through the previous path and the current default, in one run.
 
-    .venv/bin/python -m benchmarks.bench_lm_rl [--quick] [--json PATH] [--threads N]
+    .venv/bin/python -m benchmarks.bench_lm_rl [--quick] [--json PATH] [--threads N] [--repeats N]
 
 An iteration is 16 find_and_buy rollouts (2 training tasks x a group of 8, fixed task ids and seeds, the same for
 both paths) followed by GRPO's update on them. The two paths:
@@ -19,21 +19,30 @@ both paths) followed by GRPO's update on them. The two paths:
 
 Printed per path, and written as JSON (current path at the top level, baseline under ``"baseline"``):
 
-* ``rollout_s``, ``update_s``: wall time of the 16 rollouts and of the update (π_old/advantages/optimizer step);
+* ``rollout_s``: wall time of the 16 rollouts;
+* ``update_s``: wall time of the update as GRPO runs it (π_old/advantages/optimizer step; on the current path the
+  rows whose advantage is zero everywhere are skipped, so an iteration whose groups all succeeded or all failed
+  runs no forward/backward at all);
+* ``update_s_every_row``: the same update on the same batch and weights with every row through the
+  forward/backward passes (``skip_zero_advantage_rows=False``), the path's other defaults unchanged, the fastest
+  of ``--repeats`` (an as-run update that skipped nothing, such as the baseline's, is the first of them);
 * ``tokens_encoded_per_turn``: tokens the model ran over per agent turn while acting (uncached prompt tokens plus
   one decoding step per generated token but the last);
-* ``update_tokens_processed`` / ``update_tokens_processed_padded``: the real tokens the update's forward/backward
-  passes ran over, and the same with the padding of their micro-batches;
-* ``update_efficiency``: the update's tokens/s (the real tokens its forward/backward passes ran over) divided by
-  the tokens/s of a plain forward+backward of the same model over one packed batch (the same tokens in rows of
-  equal length, no padding, the output layer on the same share of positions), measured in the same run;
+* ``update_tokens_processed`` / ``update_tokens_processed_padded``: the real tokens the as-run update's
+  forward/backward passes ran over, and the same with the padding of their micro-batches;
+* ``update_efficiency``: the every-row update's tokens/s (the batch's real tokens over ``update_s_every_row``)
+  divided by the tokens/s of a plain forward+backward of the same model over one packed batch (the same tokens in
+  rows of equal length, no padding, the output layer on the same share of positions), measured in the same run;
+  ``update_efficiency_as_run``: the same from the as-run update (None when it skipped every row);
 * ``logprob_max_abs_diff``: largest |recorded − recomputed| log-prob of a generated token, recomputing the batch
   with the trainer's forward pass;
-* ``iteration_speedup`` (top level): baseline (rollout + update) / current (rollout + update);
-* ``update_s[<variant>]`` (current path): the same update on the same batch and weights with every row through
-  the forward/backward passes (``skip_zero_advantage_rows=False``), with the defaults and with one of them turned
-  off or an alternative on (``ABLATIONS``: the padding mask back on, a padding limit in the length bucketing),
-  interleaved, the fastest of ``ABLATION_REPEATS``; so each choice is measured against the other in the same run.
+* ``iteration_speedup`` (top level): baseline (rollout + update) / current (rollout + update), as run;
+  ``iteration_speedup_every_row``: the same with ``update_s_every_row`` on both paths (conservative: it gives the
+  current path no credit for skipping rows);
+* ``update_s[<variant>]`` (current path): the every-row update with the defaults and with one of them turned off
+  or an alternative on (``ABLATIONS``: the padding mask back on, a padding limit in the length bucketing),
+  interleaved with the defaults, the fastest of ``--repeats``; so each choice is measured against the other in
+  the same run.
 
 The table goes to ``docs/results/bench_lm_rl.md`` (generated; the command, commit and wall time are in it).
 """
@@ -41,10 +50,13 @@ The table goes to ``docs/results/bench_lm_rl.md`` (generated; the command, commi
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import time
 from pathlib import Path
+
+from shopsim.errors import ConfigError
 
 ENV_ID = "shopsim/Shopping-v0"
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +83,6 @@ def _grpo(fast: bool, seed: int):
 #: defaults, and with one of them turned off
 ABLATIONS = {"defaults": {}, "padding_mask=True": {"padding_mask": True},
              "micro_batch_padding=0.125": {"micro_batch_padding": 0.125}}
-ABLATION_REPEATS = 2
 
 
 def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tokens: int = 16384) -> float:
@@ -101,7 +112,8 @@ def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tok
     return ids.numel() / best
 
 
-def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations: int) -> dict:
+def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations: int,
+             repeats: int = 2) -> dict:
     import numpy as np
     import torch
 
@@ -136,7 +148,12 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
                                       temperature=algo.temperature, positions=batch.gen_mask)
         diff = float(((lp - batch.old_logp) * batch.gen_mask).abs().max())
         state = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
-        opt_state = algo.optimizer.state_dict()
+        opt_state = copy.deepcopy(algo.optimizer.state_dict())  # (its tensors are updated in place)
+
+        def restore(state=state, opt_state=opt_state) -> None:  # every update here starts from the same point
+            agent.model.load_state_dict(state)
+            algo.optimizer.load_state_dict(opt_state)
+
         t2 = time.perf_counter()
         um = algo.update(batch, it, generator=torch.Generator().manual_seed(seed))
         t3 = time.perf_counter()
@@ -146,39 +163,53 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         processed = um.get("tokens_processed", tokens) * steps
         processed_padded = um.get("tokens_processed_padded", float(batch.input_ids.numel())) * steps
         ref_tps = packed_reference(agent.model, batch, algo.temperature)
-        # the benchmark measures one iteration from the same start each time
-        agent.model.load_state_dict(state)
-        algo.optimizer.load_state_dict(opt_state)
-        ablation: dict[str, float] = {}
-        if fast:  # every row through the passes, each variant twice, interleaved: the fastest of each
-            for _ in range(ABLATION_REPEATS):
-                for name, options in ABLATIONS.items():
-                    options = {"skip_zero_advantage_rows": False, **options}
-                    saved = {k: getattr(algo.config, k) for k in options}
-                    for k, v in options.items():
-                        setattr(algo.config, k, v)
+        restore()
+        # the same update with every row through the passes: the path's defaults and (current path) the ablations,
+        # interleaved, the fastest of `repeats` each. An as-run update that already put every row through (the
+        # baseline skips nothing) is the first repeat of its defaults.
+        variants = ABLATIONS if fast else {"defaults": {}}
+        timed: dict[str, float] = {}
+        every_row_tokens = None
+        if not um.get("rows_skipped_zero_adv", 0.0):
+            timed["defaults"] = t3 - t2
+            every_row_tokens = processed
+        for rep in range(repeats):
+            for name, options in variants.items():
+                if name == "defaults" and rep == 0 and "defaults" in timed:
+                    continue
+                options = {"skip_zero_advantage_rows": False, **options}
+                saved = {k: getattr(algo.config, k) for k in options}
+                for k, v in options.items():
+                    setattr(algo.config, k, v)
+                try:
                     t4 = time.perf_counter()
-                    algo.update(batch, it, generator=torch.Generator().manual_seed(seed))
-                    ablation[name] = min(ablation.get(name, float("inf")), time.perf_counter() - t4)
+                    m = algo.update(batch, it, generator=torch.Generator().manual_seed(seed))
+                    timed[name] = min(timed.get(name, float("inf")), time.perf_counter() - t4)
+                finally:
                     for k, v in saved.items():
                         setattr(algo.config, k, v)
-                    agent.model.load_state_dict(state)
-                    algo.optimizer.load_state_dict(opt_state)
+                    restore()
+                if name == "defaults":
+                    every_row_tokens = m.get("tokens_processed", tokens) * steps
         st = agent.stats
+        every_s = timed["defaults"]
         per_it.append({
-            "rollout_s": t1 - t0, "update_s": t3 - t2, "turns": st["turns"],
+            "rollout_s": t1 - t0, "update_s": t3 - t2, "update_s_every_row": every_s, "turns": st["turns"],
             "tokens_encoded_per_turn": st["encoded_tokens"] / max(st["turns"], 1),
             "prompt_tokens_per_turn": st["prompt_tokens"] / max(st["turns"], 1),
             "generated_tokens_per_turn": st["new_tokens"] / max(st["turns"], 1),
             "update_tokens": tokens, "update_rows": batch.num_rows, "update_padded_tokens": batch.input_ids.numel(),
             "update_rows_skipped": um.get("rows_skipped_zero_adv", 0.0),
             "update_tokens_per_s": tokens / (t3 - t2), "reference_tokens_per_s": ref_tps,
-            # an update that skipped every row ran no passes: no efficiency to measure
-            "update_efficiency": processed / (t3 - t2) / ref_tps if processed else None,
+            # the headline: every row through the passes, so the rate is a measurement of the update's passes
+            "update_efficiency": every_row_tokens / every_s / ref_tps,
+            # as GRPO ran it; an update that skipped every row ran no passes: no rate to measure
+            "update_efficiency_as_run": processed / (t3 - t2) / ref_tps if processed else None,
             "update_tokens_processed": processed, "update_tokens_processed_padded": processed_padded,
+            "update_tokens_processed_every_row": every_row_tokens,
             "logprob_max_abs_diff": diff,
             "train_success": float(np.mean([t.success for t in trajs])),
-            **{f"update_s[{k}]": v for k, v in ablation.items()},
+            **({f"update_s[{k}]": v for k, v in timed.items()} if fast else {}),
         })
     for k in per_it[0]:
         vals = [p[k] for p in per_it if p.get(k) is not None]
@@ -186,9 +217,11 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
     out["iterations"] = iterations
     out["per_iteration"] = per_it
     print(f"[{label}] {out['checkpoint']} ({out['context_mode']}, kv_cache={out['kv_cache']}): "
-          f"rollout {out['rollout_s']:.1f}s, update {out['update_s']:.1f}s, "
+          f"rollout {out['rollout_s']:.1f}s, update {out['update_s']:.1f}s as run "
+          f"({out['update_rows_skipped']:.0f} of {out['update_rows']:.0f} rows skipped), "
+          f"{out['update_s_every_row']:.1f}s with every row, "
           f"{out['tokens_encoded_per_turn']:.0f} tokens encoded/turn ({out['prompt_tokens_per_turn']:.0f}-token "
-          f"prompts), update {out['update_tokens_per_s']:.0f} tok/s = {_f(out['update_efficiency'])} x packed "
+          f"prompts), update efficiency (every row) {_f(out['update_efficiency'])} x packed "
           f"fwd+bwd ({out['reference_tokens_per_s']:.0f} tok/s), |Δlogp| max {out['logprob_max_abs_diff']:.1e}, "
           f"train success {out['train_success']:.2f}", flush=True)
     return out
@@ -204,21 +237,26 @@ def write_table(res: dict, path: Path, command: str) -> None:
     b = res["baseline"]
     rows = [("checkpoint", "checkpoint", "{}"), ("context mode", "context_mode", "{}"),
             ("env options", "env_kwargs", "{}"), ("rollout (s)", "rollout_s", "{:.1f}"),
-            ("update (s)", "update_s", "{:.1f}"), ("iteration (s)", "iteration_s", "{:.1f}"),
+            ("update (s), as run (GRPO's zero-advantage rows skipped where the path does)", "update_s", "{:.1f}"),
+            (f"update (s), every row through the passes (fastest of {res['repeats']})", "update_s_every_row",
+             "{:.1f}"),
+            ("iteration (s), as run", "iteration_s", "{:.1f}"),
+            ("iteration (s), every row", "iteration_s_every_row", "{:.1f}"),
             ("prompt tokens per turn", "prompt_tokens_per_turn", "{:.0f}"),
             ("tokens encoded per turn", "tokens_encoded_per_turn", "{:.0f}"),
             ("update rows / real tokens / padded batch", "update_shape", "{}"),
             ("rows skipped (zero advantage), mean per step", "update_rows_skipped", "{:.1f}"),
-            ("update tokens/s (all tokens of the batch)", "update_tokens_per_s", "{:.0f}"),
-            ("tokens through the update's passes: real / with padding", "update_passes", "{}"),
+            ("tokens through the update's passes as run: real / with padding", "update_passes", "{}"),
             ("packed fwd+bwd tokens/s (reference)", "reference_tokens_per_s", "{:.0f}"),
-            ("update efficiency", "update_efficiency", "{:.2f}"),
+            ("**update efficiency** (every row: real tokens/s ÷ reference)", "update_efficiency", "{:.2f}"),
+            ("update efficiency as run (— when every row was skipped)", "update_efficiency_as_run", "{:.2f}"),
             ("max abs log-prob difference", "logprob_max_abs_diff", "{:.1e}"),
             ("rollout success (T = 0.7)", "train_success", "{:.2f}")]
     rows += [(f"update (s), every row through the passes, {'the defaults' if k == 'defaults' else f'`{k}`'} "
-              f"(fastest of {ABLATION_REPEATS})", f"update_s[{k}]", "{:.2f}") for k in ABLATIONS]
+              f"(fastest of {res['repeats']})", f"update_s[{k}]", "{:.2f}") for k in ABLATIONS]
     for d in (res, b):
         d["iteration_s"] = d["rollout_s"] + d["update_s"]
+        d["iteration_s_every_row"] = d["rollout_s"] + d["update_s_every_row"]
         d["update_shape"] = f"{d['update_rows']:.0f} / {d['update_tokens']:.0f} / {d['update_padded_tokens']:.0f}"
         d["update_passes"] = f"{d['update_tokens_processed']:.0f} / {d['update_tokens_processed_padded']:.0f}"
     lines = ["# One GRPO iteration of the Shopping LM agent: previous path vs current default", "",
@@ -233,9 +271,10 @@ def write_table(res: dict, path: Path, command: str) -> None:
     for name, key, fmt in rows:
         cells = ["—" if d.get(key) is None else fmt.format(d[key]) for d in (b, res)]
         lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
-    lines += ["", f"**Iteration speedup: {res['iteration_speedup']:.1f}x** "
-              f"(rollout {b['rollout_s'] / res['rollout_s']:.1f}x, update {b['update_s'] / res['update_s']:.1f}x).",
-              ""]
+    lines += ["", f"**Iteration speedup: {res['iteration_speedup']:.1f}x as run** "
+              f"(rollout {b['rollout_s'] / res['rollout_s']:.1f}x, update {b['update_s'] / res['update_s']:.1f}x); "
+              f"**{res['iteration_speedup_every_row']:.1f}x with every row through both updates** (update "
+              f"{b['update_s_every_row'] / res['update_s_every_row']:.1f}x).", ""]
     write_text_atomic(path, "\n".join(lines))
 
 
@@ -246,6 +285,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="one iteration per path")
     p.add_argument("--iterations", type=int, default=None, help="iterations per path (default: 1 quick, 3 full)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2,
+                   help="every-row updates per variant and iteration; the fastest is reported (default: 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline-checkpoint", default=str(ROOT / "data" / "lm" / "sft-window"))
     p.add_argument("--checkpoint", default=str(ROOT / "data" / "lm" / "sft"))
@@ -255,16 +296,25 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     iterations = a.iterations or (1 if a.quick else 3)
     t0 = time.perf_counter()
-    base = run_path("baseline", Path(a.baseline_checkpoint), fast=False, seed=a.seed, iterations=iterations)
-    cur = run_path("current", Path(a.checkpoint), fast=True, seed=a.seed, iterations=iterations)
+    if a.repeats < 1:
+        raise ConfigError(f"--repeats {a.repeats}: pass at least 1")
+    base = run_path("baseline", Path(a.baseline_checkpoint), fast=False, seed=a.seed, iterations=iterations,
+                    repeats=a.repeats)
+    cur = run_path("current", Path(a.checkpoint), fast=True, seed=a.seed, iterations=iterations,
+                   repeats=a.repeats)
     res = {**cur, "baseline": base,
            "iteration_speedup": (base["rollout_s"] + base["update_s"]) / (cur["rollout_s"] + cur["update_s"]),
-           "commit": _commit(), "seed": a.seed, "threads": a.threads,
+           # conservative: both updates put every row through their passes (no skipped zero-advantage rows)
+           "iteration_speedup_every_row": (base["rollout_s"] + base["update_s_every_row"])
+           / (cur["rollout_s"] + cur["update_s_every_row"]),
+           "commit": _commit(), "seed": a.seed, "threads": a.threads, "repeats": a.repeats,
            "machine": f"{platform.machine()}, torch {torch.__version__}",
            "wall_s": time.perf_counter() - t0}
     res["command"] = "python -m benchmarks.bench_lm_rl" + (" --quick" if a.quick else "") + \
-        (f" --iterations {a.iterations}" if a.iterations else "")
-    print(f"iteration speedup {res['iteration_speedup']:.1f}x (baseline {base['rollout_s'] + base['update_s']:.1f}s, "
+        (f" --iterations {a.iterations}" if a.iterations else "") + \
+        (f" --repeats {a.repeats}" if a.repeats != 2 else "")
+    print(f"iteration speedup {res['iteration_speedup']:.1f}x as run, {res['iteration_speedup_every_row']:.1f}x "
+          f"with every row (baseline {base['rollout_s'] + base['update_s']:.1f}s, "
           f"current {cur['rollout_s'] + cur['update_s']:.1f}s); tokens encoded per turn "
           f"{base['tokens_encoded_per_turn']:.0f} -> {cur['tokens_encoded_per_turn']:.0f}; update efficiency "
           f"{_f(base['update_efficiency'])} -> {_f(cur['update_efficiency'])}; wall {res['wall_s']:.0f}s")
