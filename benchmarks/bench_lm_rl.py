@@ -32,8 +32,13 @@ Printed per path, and written as JSON (current path at the top level, baseline u
   forward/backward passes ran over, and the same with the padding of their micro-batches;
 * ``update_efficiency``: the every-row update's tokens/s (the batch's real tokens over ``update_s_every_row``)
   divided by the tokens/s of a plain forward+backward of the same model over one packed batch (the same tokens in
-  rows of equal length, no padding, the output layer on the same share of positions), measured in the same run;
+  rows of equal length, no padding, the output layer on the same share of positions), measured in the same run,
+  interleaved with the every-row updates, the fastest of ``--repeats`` + 1;
   ``update_efficiency_as_run``: the same from the as-run update (None when it skipped every row);
+* ``attention_work_vs_reference``: causal attention costs a token the length of its row so far, so rows of
+  length S_i carry Σ S_i² / Σ S_i of it per token against the reference's (its equal rows' width): above 1 when
+  long looping concat episodes are in the batch, and the efficiency is lower for it
+  (``update_row_tokens_max``: the longest row);
 * ``logprob_max_abs_diff``: largest |recorded − recomputed| log-prob of a generated token, recomputing the batch
   with the trainer's forward pass;
 * ``iteration_speedup`` (top level): baseline (rollout + update) / current (rollout + update), as run;
@@ -85,9 +90,11 @@ ABLATIONS = {"defaults": {}, "padding_mask=True": {"padding_mask": True},
              "micro_batch_padding=0.125": {"micro_batch_padding": 0.125}}
 
 
-def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tokens: int = 16384) -> float:
+def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tokens: int = 16384,
+                     warmup: bool = True) -> float:
     """Tokens/s of a plain forward+backward over the batch's real tokens packed into equal-length rows (at most
-    `max_tokens` of them: a rate needs no more, and a batch of long looping episodes would take minutes)."""
+    `max_tokens` of them: a rate needs no more, and a batch of long looping episodes would take minutes), the
+    fastest of `repeats` passes (after one untimed pass with `warmup`)."""
     import torch
 
     from baselines.core.trainer import forward_policy
@@ -101,12 +108,12 @@ def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tok
     attn = torch.ones_like(ids)
     model.train(False)
     best = float("inf")
-    for r in range(repeats + 1):
+    for r in range(repeats + int(warmup)):
         t0 = time.perf_counter()
         lp, _, _ = forward_policy(model, ids, attn, temperature=temperature, positions=gen)
         lp.sum().backward()
         dt = time.perf_counter() - t0
-        if r:  # the first pass warms up the allocator
+        if r or not warmup:  # the first pass warms up the allocator
             best = min(best, dt)
     model.zero_grad(set_to_none=True)
     return ids.numel() / best
@@ -158,15 +165,18 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         um = algo.update(batch, it, generator=torch.Generator().manual_seed(seed))
         t3 = time.perf_counter()
         tokens = float(batch.attention_mask.sum())
+        lengths = batch.attention_mask.sum(1)
         # tokens the update's forward/backward passes ran over (rows with zero advantage everywhere are left out)
         steps = algo.config.minibatches * algo.config.update_epochs
         processed = um.get("tokens_processed", tokens) * steps
         processed_padded = um.get("tokens_processed_padded", float(batch.input_ids.numel())) * steps
-        ref_tps = packed_reference(agent.model, batch, algo.temperature)
+        ref_tps = packed_reference(agent.model, batch, algo.temperature, repeats=1)
         restore()
         # the same update with every row through the passes: the path's defaults and (current path) the ablations,
-        # interleaved, the fastest of `repeats` each. An as-run update that already put every row through (the
-        # baseline skips nothing) is the first repeat of its defaults.
+        # interleaved with each other and with the reference (the shared machine's load changes within a run, so
+        # the efficiency's two rates are measured under the same load), the fastest of `repeats` each. An as-run
+        # update that already put every row through (the baseline skips nothing) is the first repeat of its
+        # defaults.
         variants = ABLATIONS if fast else {"defaults": {}}
         timed: dict[str, float] = {}
         every_row_tokens = None
@@ -174,6 +184,7 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
             timed["defaults"] = t3 - t2
             every_row_tokens = processed
         for rep in range(repeats):
+            ref_tps = max(ref_tps, packed_reference(agent.model, batch, algo.temperature, repeats=1, warmup=False))
             for name, options in variants.items():
                 if name == "defaults" and rep == 0 and "defaults" in timed:
                     continue
@@ -199,6 +210,11 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
             "prompt_tokens_per_turn": st["prompt_tokens"] / max(st["turns"], 1),
             "generated_tokens_per_turn": st["new_tokens"] / max(st["turns"], 1),
             "update_tokens": tokens, "update_rows": batch.num_rows, "update_padded_tokens": batch.input_ids.numel(),
+            "update_row_tokens_max": float(lengths.max()),
+            # causal attention costs each token the length of the row before it: the rows' attention work per
+            # token over that of the reference's equal rows (long looping concat episodes make it > 1)
+            "attention_work_vs_reference": float((lengths.float() ** 2).sum() / lengths.sum())
+            / max(2, int(lengths.float().mean())),
             "update_rows_skipped": um.get("rows_skipped_zero_adv", 0.0),
             "update_tokens_per_s": tokens / (t3 - t2), "reference_tokens_per_s": ref_tps,
             # the headline: every row through the passes, so the rate is a measurement of the update's passes
@@ -248,6 +264,8 @@ def write_table(res: dict, path: Path, command: str) -> None:
             ("rows skipped (zero advantage), mean per step", "update_rows_skipped", "{:.1f}"),
             ("tokens through the update's passes as run: real / with padding", "update_passes", "{}"),
             ("packed fwd+bwd tokens/s (reference)", "reference_tokens_per_s", "{:.0f}"),
+            ("longest update row (tokens)", "update_row_tokens_max", "{:.0f}"),
+            ("attention work per token, update rows ÷ reference rows", "attention_work_vs_reference", "{:.2f}"),
             ("**update efficiency** (every row: real tokens/s ÷ reference)", "update_efficiency", "{:.2f}"),
             ("update efficiency as run (— when every row was skipped)", "update_efficiency_as_run", "{:.2f}"),
             ("max abs log-prob difference", "logprob_max_abs_diff", "{:.1e}"),
