@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.bench_lm_rl [--quick] [--json PATH] [--threads N] [--repeats N]
 
 An iteration is 16 find_and_buy rollouts (2 training tasks x a group of 8, fixed task ids and seeds, the same for
-both paths) followed by GRPO's update on them. The two paths:
+both paths) followed by GRPO's update on them; the two paths take turns, one iteration each. The two paths:
 
 * **baseline** (the path before the per-episode KV cache): the window-mode checkpoint ``data/lm/sft-window`` on
   its compact rendering, every turn re-encoding its whole prompt (``kv_cache=False``), rows that have finished
@@ -59,6 +59,7 @@ import copy
 import json
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from shopsim.errors import ConfigError
@@ -120,7 +121,10 @@ def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tok
 
 
 def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations: int,
-             repeats: int = 2) -> dict:
+             repeats: int = 2) -> Iterator[None]:
+    """The benchmark's iterations through one path, a generator that pauses after each iteration (so that `main`
+    can alternate the two paths: the shared machine's load drifts, and running one path after the other would put
+    the drift into the speedup). Its return value (``StopIteration.value``) is the path's summary dict."""
     import numpy as np
     import torch
 
@@ -227,6 +231,7 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
             "train_success": float(np.mean([t.success for t in trajs])),
             **({f"update_s[{k}]": v for k, v in timed.items()} if fast else {}),
         })
+        yield
     for k in per_it[0]:
         vals = [p[k] for p in per_it if p.get(k) is not None]
         out[k] = (max(vals) if k == "logprob_max_abs_diff" else float(np.median(vals))) if vals else None
@@ -283,7 +288,7 @@ def write_table(res: dict, path: Path, command: str) -> None:
              f"- machine: {res['machine']}, torch threads {res['threads']}",
              f"- iteration: 16 find_and_buy rollouts (2 train tasks x 8; iteration k draws tasks and seeds from seed "
              f"{res['seed']} + k), GRPO lr 1e-4, "
-             f"temperature 0.7; median of {res['iterations']} iteration(s) per path",
+             f"temperature 0.7; median of {res['iterations']} iteration(s) per path, the paths alternating",
              f"- wall time of the benchmark: {res['wall_s']:.0f} s", "",
              "| | baseline (previous path) | current default |", "|---|---|---|"]
     for name, key, fmt in rows:
@@ -316,10 +321,19 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if a.repeats < 1:
         raise ConfigError(f"--repeats {a.repeats}: pass at least 1")
-    base = run_path("baseline", Path(a.baseline_checkpoint), fast=False, seed=a.seed, iterations=iterations,
-                    repeats=a.repeats)
-    cur = run_path("current", Path(a.checkpoint), fast=True, seed=a.seed, iterations=iterations,
-                   repeats=a.repeats)
+    paths = [run_path("baseline", Path(a.baseline_checkpoint), fast=False, seed=a.seed, iterations=iterations,
+                      repeats=a.repeats),
+             run_path("current", Path(a.checkpoint), fast=True, seed=a.seed, iterations=iterations,
+                      repeats=a.repeats)]
+    done: list[dict | None] = [None, None]
+    while None in done:  # iteration k of the baseline, then iteration k of the current path, then k + 1
+        for i, gen in enumerate(paths):
+            if done[i] is None:
+                try:
+                    next(gen)
+                except StopIteration as stop:
+                    done[i] = stop.value
+    base, cur = done
     res = {**cur, "baseline": base,
            "iteration_speedup": (base["rollout_s"] + base["update_s"]) / (cur["rollout_s"] + cur["update_s"]),
            # conservative: both updates put every row through their passes (no skipped zero-advantage rows)
