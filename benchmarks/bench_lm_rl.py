@@ -359,7 +359,7 @@ def main(argv=None) -> int:
            "wall_s": time.perf_counter() - t0}
     res["command"] = "python -m benchmarks.bench_lm_rl" + (" --quick" if a.quick else "") + \
         (f" --iterations {a.iterations}" if a.iterations else "") + \
-        (f" --repeats {a.repeats}" if a.repeats != 2 else "")
+        (f" --repeats {a.repeats}" if a.repeats != 2 else "") + (f" --threads {a.threads}" if a.threads != 2 else "")
     print(f"iteration speedup {res['iteration_speedup']:.1f}x as run, {res['iteration_speedup_every_row']:.1f}x "
           f"with every row (CPU time: {res['iteration_speedup_cpu']:.1f}x, "
           f"{res['iteration_speedup_every_row_cpu']:.1f}x) (baseline {base['rollout_s'] + base['update_s']:.1f}s, "
