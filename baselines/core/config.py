@@ -56,6 +56,16 @@ class LMConfig:
     """Length bucketing: a step's rows are sorted by length and cut into micro-batches of at most this many
     padded tokens, each trimmed to its own longest row, so padding costs almost nothing (0: one micro-batch of
     the whole minibatch, every row padded to the batch's longest). The gradient does not depend on it."""
+    micro_batch_padding: float | None = bounded(None, min=0)
+    """Length bucketing: the most padding a micro-batch may carry, as a share of its real tokens; a row that would
+    pad its micro-batch beyond this starts the next one (rows are sorted by length, so only rows of very different
+    lengths are kept apart). None: the token budget alone decides (the default: in `benchmarks/bench_lm_rl.py` a
+    limit of 0.125 made the update slower, the extra micro-batches costing more than the padding they saved)."""
+    padding_mask: bool = False
+    """Hand the padding mask to the model in the trainer's forward passes (π_old, π_ref, the update). False: the
+    rows are right-padded, so causal attention never lets a real token see the padding after it and the model runs
+    without a mask, on SDPA's causal kernel (`baselines.core.trainer.body_inputs`; the same log-probs within float
+    error, tested). True: an explicit [B, 1, S, S] padding mask, dense attention (the previous path)."""
     # policy loss
     clip_low: float = bounded(0.2, min=0, lt=1)
     """ε_low of the clipped surrogate: the ratio is clipped below at 1 − clip_low."""

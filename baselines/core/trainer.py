@@ -52,11 +52,31 @@ from .losses import (
 from .stats import explained_variance, masked_mean, masked_whiten
 from .value_head import ValueModel
 
-__all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "forward_policy"]
+__all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "forward_policy", "body_inputs"]
+
+
+def body_inputs(attention_mask: torch.Tensor, *, causal_only: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(attention_mask, position_ids)`` to hand a causal LM for rows whose real tokens are marked by
+    `attention_mask` [B, S]. Position ids are ``cumsum(mask) − 1`` (the LM agent's convention).
+
+    `causal_only`: the rows are right-padded (each row's real tokens are a prefix of it; checked). Causal attention
+    never lets a token see the padding after it, so the mask is dropped and positions are ``0..S−1``: the model
+    (transformers with SDPA) then runs its plain causal attention, whose kernel skips the masked upper triangle,
+    instead of a dense [B, 1, S, S] padding mask. The real tokens' outputs are the masked forward's up to float
+    error (tested with Llama and GPT-2); outputs at the padding are meaningless and callers mask them out."""
+    mask = attention_mask.bool()
+    if causal_only:
+        ar = torch.arange(mask.shape[-1], device=mask.device).expand(mask.shape)
+        if not torch.equal(mask, ar < mask.sum(-1, keepdim=True)):
+            raise ConfigError("forward_policy(causal_only=True) needs right-padded rows (real tokens first); "
+                              "pass causal_only=False (LMConfig.padding_mask=True) for other layouts")
+        return None, ar
+    return attention_mask, (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
 def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0, need_hidden: bool = False,
-                   need_entropy: bool = False, positions=None, need_collision: bool = False):
+                   need_entropy: bool = False, positions=None, need_collision: bool = False,
+                   causal_only: bool = False):
     """One forward over right-padded rows: (logp [B,S] aligned with tokens, entropy [B,S] or None, hidden or None).
 
     `need_collision`: also return, as a fourth element, the collision probability Σ_v p_v² [B,S] of the full
@@ -66,12 +86,14 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     `positions` (bool [B,S], e.g. the batch's ``gen_mask``): compute log-probs and entropy only there (zeros
     elsewhere); the vocabulary-sized output layer then runs on those tokens only, which in window-mode shopping
     batches are ~7% of the tokens (the full [B,S,V] logits dominated update time and memory).
+    `causal_only`: run without the padding mask (`body_inputs`); the hidden states at padding are then zeroed.
     """
-    pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    attn, pos = body_inputs(attention_mask, causal_only=causal_only)
     if positions is not None:
-        body = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                                use_cache=False)
+        body = model.base_model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False)
         hidden = body.last_hidden_state
+        if need_hidden and causal_only:
+            hidden = hidden * attention_mask.unsqueeze(-1).to(hidden.dtype)
         sel = positions[:, 1:].bool()
         h = hidden[:, :-1][sel]
         logits = model.get_output_embeddings()(h)
@@ -87,8 +109,11 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
             coll[:, 1:][sel] = collision_from_logits(logits)
             return lp, ent, (hidden if need_hidden else None), coll
         return lp, ent, (hidden if need_hidden else None)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
+    out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
                 output_hidden_states=need_hidden)
+    last = out.hidden_states[-1] if need_hidden else None
+    if need_hidden and causal_only:
+        last = last * attention_mask.unsqueeze(-1).to(last.dtype)
     logits = out.logits[:, :-1, :].to(torch.promote_types(out.logits.dtype, torch.float32)) / temperature
     lp = token_logprobs(logits, input_ids[:, 1:])
     lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
@@ -99,8 +124,8 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     if need_collision:
         coll = collision_from_logits(logits)
         coll = torch.cat([torch.zeros_like(coll[:, :1]), coll], dim=1)
-        return lp, ent, (out.hidden_states[-1] if need_hidden else None), coll
-    return lp, ent, (out.hidden_states[-1] if need_hidden else None)
+        return lp, ent, last, coll
+    return lp, ent, last
 
 
 class LMAlgorithm(LoopAlgorithm):
@@ -215,7 +240,8 @@ class LMAlgorithm(LoopAlgorithm):
     def _rows_forward(self, model, ids, attn, *, need_entropy=False, need_hidden=False, positions=None,
                       need_collision=False):
         return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
-                              need_hidden=need_hidden, positions=positions, need_collision=need_collision)
+                              need_hidden=need_hidden, positions=positions, need_collision=need_collision,
+                              causal_only=not self.config.padding_mask)
 
     def policy_forward(self, batch: Batch, r: torch.Tensor, *, need_entropy: bool = False,
                        need_hidden: bool = False) -> tuple:
@@ -237,10 +263,12 @@ class LMAlgorithm(LoopAlgorithm):
 
     def micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Split `rows` into micro-batches, returned as positions into `rows`: length-bucketed under
-        `micro_batch_tokens` (and `micro_batch_rows`).
+        `micro_batch_tokens`, `micro_batch_padding` (and `micro_batch_rows`).
 
-        Rows are sorted by length and taken in order while ``rows × longest row`` stays within the token budget,
-        so each micro-batch is padded only to its own longest row (see `_trimmed`)."""
+        Rows are sorted by length and taken in order while ``rows × longest row`` stays within the token budget
+        and the padding stays within `micro_batch_padding` of the micro-batch's real tokens, so each micro-batch is
+        padded only to its own longest row (see `_trimmed`) and rows of very different lengths (a short episode
+        and a long one in concat mode) do not share one."""
         c = self.config
         pos = torch.arange(len(rows), device=rows.device)
         if not c.micro_batch_tokens:
@@ -249,15 +277,17 @@ class LMAlgorithm(LoopAlgorithm):
             return [pos]
         lengths = batch.attention_mask[rows].sum(1)
         order = torch.argsort(lengths, stable=True)
-        out, cur, width = [], [], 0
+        out, cur, width, real = [], [], 0, 0
         for j in order.tolist():
             n = int(lengths[j])
             full = c.micro_batch_rows and len(cur) >= c.micro_batch_rows
-            if cur and (full or max(width, n) * (len(cur) + 1) > c.micro_batch_tokens):
+            padded = max(width, n) * (len(cur) + 1)
+            too_padded = c.micro_batch_padding is not None and padded - real - n > c.micro_batch_padding * (real + n)
+            if cur and (full or padded > c.micro_batch_tokens or too_padded):
                 out.append(torch.tensor(cur, device=rows.device))
-                cur, width = [], 0
+                cur, width, real = [], 0, 0
             cur.append(j)
-            width = max(width, n)
+            width, real = max(width, n), real + n
         if cur:
             out.append(torch.tensor(cur, device=rows.device))
         return out
@@ -422,6 +452,9 @@ class LMAlgorithm(LoopAlgorithm):
         if mask_all_idx is not None:
             out["rows_skipped_zero_adv"] = float(len(full_rows) - len(rows))
         out["tokens_processed"] = float(batch.attention_mask[rows].sum()) if len(rows) else 0.0
+        # what the passes ran over, padding included (each micro-batch is trimmed to its longest row)
+        lengths = batch.attention_mask[rows].sum(1) if len(rows) else None
+        out["tokens_processed_padded"] = float(sum(len(ch) * int(lengths[ch].max()) for ch in chunks))
         return out
 
     def _zero_rows_skippable(self, ctx: Ctx, need_ent: bool) -> bool:
