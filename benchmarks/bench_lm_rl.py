@@ -8,7 +8,8 @@ both paths) followed by GRPO's update on them; the two paths take turns, one ite
 * **baseline** (the path before the per-episode KV cache): the window-mode checkpoint ``data/lm/sft-window`` on
   its compact rendering, every turn re-encoding its whole prompt (``kv_cache=False``), rows that have finished
   their action decoding pad tokens until every row has (``keep_finished``), drawn with ``torch.multinomial``
-  (``multinomial``), the KV cache a plain ``DynamicCache``, π_old recomputed by a second forward
+  (``multinomial``), the prompts encoded in one padded forward (``prefill="batch"``), the KV cache a plain
+  ``DynamicCache``, π_old recomputed by a second forward
   pass, every update row padded to the batch's longest (``micro_batch_tokens=0``) under an explicit padding mask
   (``padding_mask=True``) and every row in the update (``skip_zero_advantage_rows=False``);
 * **current** (the defaults): the shipped checkpoint ``data/lm/sft`` (concat mode, ``obs_mode="terse"``), each
@@ -138,6 +139,7 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         agent.kv_cache = None
         agent.sampling.keep_finished = True
         agent.sampling.multinomial = True
+        agent.sampling.prefill = "batch"
     algo.setup(agent)
     env_kwargs = {**(getattr(agent, "env_kwargs", None) or {})} or None
     shown = checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint

@@ -101,8 +101,15 @@ def test_every_shipped_result_validates_and_names_a_command_that_exists():
         assert rec["env_id"] in all_env_ids() and load_protocol(record_key(rec)).hash == rec["protocol_hash"]
         if rec["kind"] == "trained":
             assert len(rec["train_seeds"]) >= 3 and rec["curve"]["metric"] and len(rec["curve"]["per_seed"]) >= 3
-    size = sum(p.stat().st_size for p in REPO_DATA.rglob("*") if p.is_file())
-    assert size < 8e6, f"shipped results take {size / 1e6:.1f} MB; keep the repository small"
+    files = [p for p in REPO_DATA.rglob("*") if p.is_file()]
+    lm = [p for p in files if p.name == "model.safetensors" and (p.parent / "tokenizer.json").is_file()]
+    size = sum(p.stat().st_size for p in files if p not in lm)
+    assert size < 8e6, f"shipped results take {size / 1e6:.1f} MB without LM weights; keep the repository small"
+    # every shipped LM's weights together (data/lm and the standard tier's Shopping checkpoints): at most 30 MB
+    lm_total = sum(p.stat().st_size for p in lm) + sum(
+        p.stat().st_size for p in (REPO_DATA.parents[1] / "lm").rglob("*") if p.is_file())
+    assert lm_total < 30e6, f"shipped LM checkpoints take {lm_total / 1e6:.1f} MB (limit 30)"
+    assert not list(REPO_DATA.rglob("critic.pt")), "a critic is not needed to evaluate a checkpoint; don't ship it"
 
 
 def test_card_claims_are_read_from_results_with_sample_std():

@@ -471,7 +471,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
 #: family -> metrics.csv columns for the learning curve, in order of preference: the metric that matters (success,
 #: cost, value, IoI), never a loss
 CURVE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "shopping": ("eval/success_rate", "eval_success", "success_rate", "success", "reward", "mean_reward"),
+    "shopping": ("eval/success_rate", "eval_success", "success_rate", "success", "train_success", "reward",
+                 "mean_reward"),
     "rec": ("eval_IoI", "sample_IoI", "return_raw"),
     "retrieval": ("value", "reward"),
     "inventory": ("dev_cost", "cost", "train_cost"),
