@@ -13,7 +13,8 @@ both paths) followed by GRPO's update on them; the two paths take turns, one ite
   pass, every update row padded to the batch's longest (``micro_batch_tokens=0``) under an explicit padding mask
   (``padding_mask=True``) and every row in the update (``skip_zero_advantage_rows=False``);
 * **current** (the defaults): the shipped checkpoint ``data/lm/sft`` (concat mode, ``obs_mode="terse"``), each
-  episode's keys/values kept across turns (a turn encodes only what the env added), one row per episode,
+  episode's keys/values kept across turns (a turn encodes only what the env added; each prompt's new tokens in its
+  own forward, `prefill="rows"`), one row per episode,
   length-bucketed micro-batches that run without a padding mask on the causal attention kernel, the recorded
   log-probs used as π_old, rows whose advantage is zero everywhere left out of the forward/backward passes (GRPO
   groups whose rollouts all got the same reward; the update is the same).
