@@ -169,3 +169,14 @@ def test_seasonal_claim_reads_the_paired_gap_to_s_S():
     shown = verdict((-10.0, [-14.0, -6.0]))
     assert shown["verdict"] == "shown" and shown["relative_pct"] == -10.0 and shown["values"]["sd"] == 5.0
     assert verdict((-3.0, [-7.0, 1.0]))["verdict"] == "not shown"  # the paired interval reaches 0
+
+
+def test_main_job_can_leave_shipped_checkpoints_to_the_standard_tier(toy_world, tmp_path):
+    import dataclasses
+
+    _ship(tmp_path)
+    quick = dataclasses.replace(STANDARD["quick"][TOY_ID], live_checkpoints=())
+    outcome = run_bench("quick", tmp_path / "quick", envs=[TOY_ID], table={**STANDARD, "quick": {TOY_ID: quick}},
+                        progress=False, plots=False, log=lambda m: None)
+    assert sorted(r["entry"] for r in outcome.reproduction) == ["expert", "random"]  # no toyalgo-seed0
+    assert "Not re-evaluated here" in outcome.markdown and "ToyCoin-v0 toyalgo" in outcome.markdown

@@ -81,6 +81,10 @@ class Budget:
     """Trainers start from the shipped SFT checkpoint (LM envs); skipped when there is none."""
     demo: bool = False
     """The trained rows are short live demos (``demo-<algo>``), shown apart from the shipped standard rows."""
+    live_checkpoints: tuple[str, ...] | None = None
+    """The shipped trained entries whose checkpoint this tier re-evaluates live (None: every one). The main job
+    checks one Shopping LM checkpoint: each costs an LM evaluation of the whole protocol (about a minute on 2
+    cores); ``--tier standard --envs Shopping-v0`` reproduces them all."""
 
 
 _SHOP_REFS = ("expert", "random")
@@ -155,6 +159,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
     # family's Wilson interval under ±0.1), plus one short demo training per env family.
     "quick": {
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 2}, overrides=_SHOP_TINY, needs_init=True, demo=True,
+                                      live_checkpoints=("grpo",),
                                       user_iterations=3),
         # the standard tier's decoding (real, unseen items): unconstrained, a 10-iteration demo stops early and
         # looks worse than random
@@ -304,9 +309,10 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
         note = None
         if b.needs_init and sft is None:
             note = "no SFT checkpoint in data/lm/ (see `shopsim sft`)"
-        for rec in shipped:  # the main job re-evaluates every shipped checkpoint of this env live
+        for rec in shipped:  # the main job re-evaluates the shipped checkpoints of this env live
             ckpt = shipped_checkpoint(rec)
-            if record_key(rec) == key and ckpt is not None:
+            wanted = b.live_checkpoints is None or rec["entry"] in b.live_checkpoints
+            if record_key(rec) == key and ckpt is not None and wanted:
                 entries.append(Entry(env_id, f"{rec['entry']}-{ckpt.name}", "checkpoint", checkpoint=ckpt,
                                      shipped_entry=rec["entry"], scenario=scenario))
         for algo, iters in b.algos.items():
@@ -746,6 +752,13 @@ def main_job_markdown(shipped: list[dict], live: list[dict], repro: list[dict]) 
         "`shopsim bench --tier standard --results data/results/standard`.\n")
     demo = [r for r in live if not r.get("shipped_entry")]  # the shipped checkpoints are in the live check
     text = head + reproduction_markdown(repro)
+    checked = {(r["env_id"], r.get("shipped_entry")) for r in live}
+    unchecked = sorted({f"{r['env_id'].split('/')[-1]} {r['entry']}" for r in shipped
+                        if r["kind"] == "trained" and shipped_checkpoint(r) is not None
+                        and (r["env_id"], r["entry"]) not in checked})
+    if unchecked:
+        text += ("\nNot re-evaluated here (an LM evaluation of the whole protocol each; `shopsim bench --tier "
+                 "standard --envs <Env>` reproduces them): " + ", ".join(unchecked) + ".\n")
     if demo:
         body = to_markdown(demo, title=None, legend=False)
         text += ("\n## Live rows: reference agents and a demo training per env family\n\n"
