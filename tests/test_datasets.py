@@ -55,7 +55,8 @@ def test_loads_with_pandas_and_hf_datasets(tmp_path):
     df = pd.read_parquet(path)
     assert len(df) == 4 and list(df["turn"]) == [0, 1, 0, 1]
     assert df.loc[0, "observation"].endswith("✓") and list(df.loc[0, "action_ids"]) == [4, 5]
-    datasets = pytest.importorskip("datasets", reason="HF datasets is in the dev extra")
+    import datasets  # in the dev extra that `make test` installs
+
     ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
     assert ds.num_rows == 4 and ds[0]["action"] == "search[漢字 shoes]" and ds[0]["prompt_ids"] == [1, 2, 3]
     eps = read_episodes(path)

@@ -7,14 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
+import ray  # in the dev extra that `make test` installs
 
 from shopsim.datasets import read_episodes, read_metadata, read_trajectories, read_turns
 from shopsim.distributed import RayPool, default_shard_episodes, rollout_to_shards, shard_ranges
 from shopsim.errors import ConfigError, DatasetError, ShopsimError
 from shopsim.rollout import collect, plan_episodes
 from shopsim.testing import COUNT_ID, CountExpert, CountRandom, make_count_env
-
-ray = pytest.importorskip("ray")
 
 REPLENISHMENT = "shopsim/Replenishment-v0"
 
@@ -111,7 +110,8 @@ def test_in_process_resume_and_a_different_run_is_refused(tmp_path):
     again = _count_shards(out, CountRandom())
     assert (first.ran, again.ran, again.skipped) == (6, 0, 6)
     assert again.summary == first.summary
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     hf = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
     assert hf["traj_id"] == list(read_turns(out)["traj_id"])  # Hugging Face reads the shards as one split
     with pytest.raises(ConfigError, match="different run"):

@@ -13,14 +13,13 @@ import csv
 import sys
 
 import pytest
+import ray  # in the dev extra that `make test` installs
 import torch
 
 import baselines
 from baselines.grpo import GRPOConfig
 from shopsim.errors import ConfigError
 from shopsim.rollout import collect
-
-ray = pytest.importorskip("ray")
 
 ENV = "shopsim/Shopping-v0"
 SMALL = dict(group_size=2, tasks_per_iter=2, eval_episodes=2, num_envs=2, max_new_tokens=6, lr=1e-3,
