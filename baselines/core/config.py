@@ -59,8 +59,8 @@ class LMConfig:
     micro_batch_padding: float | None = bounded(None, min=0)
     """Length bucketing: the most padding a micro-batch may carry, as a share of its real tokens; a row that would
     pad its micro-batch beyond this starts the next one (rows are sorted by length, so only rows of very different
-    lengths are kept apart). None: the token budget alone decides (the default: in `benchmarks/bench_lm_rl.py` a
-    limit of 0.125 made the update slower, the extra micro-batches costing more than the padding they saved)."""
+    lengths are kept apart). None: the token budget alone decides. A limit trades padding for more, smaller
+    micro-batches; `benchmarks/bench_lm_rl.py` times the update with it as an ablation."""
     padding_mask: bool = False
     """Hand the padding mask to the model in the trainer's forward passes (π_old, π_ref, the update). False: the
     rows are right-padded, so causal attention never lets a real token see the padding after it and the model runs

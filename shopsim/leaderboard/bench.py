@@ -83,8 +83,8 @@ class Budget:
     """The trained rows are short live demos (``demo-<algo>``), shown apart from the shipped standard rows."""
     live_checkpoints: tuple[str, ...] | None = None
     """The shipped trained entries whose checkpoint this tier re-evaluates live (None: every one). The main job
-    checks one Shopping LM checkpoint: each costs an LM evaluation of the whole protocol (about a minute on 2
-    cores); ``--tier standard --envs Shopping-v0`` reproduces them all."""
+    checks one Shopping LM checkpoint, since each costs an LM evaluation of the whole protocol;
+    ``--tier standard --envs Shopping-v0`` reproduces them all."""
 
 
 _SHOP_REFS = ("expert", "random")
@@ -112,9 +112,8 @@ _QUICK_OVERRIDES = {
 # results ship in data/results/standard/. The numeric envs' budgets are sized so that all of them together train
 # and evaluate in about 40 minutes on one CPU core; in-training evaluation is kept small (it only feeds the learning
 # curve; the leaderboard evaluates on the protocol).
-# ProactiveRec decodes real, unseen items only (valid_only, no_repeat): with ProRL's unconstrained decoding the policy
-# learned at this budget to stop after ~0.1 items (IoI 0.23 over 3 seeds, one seed at 0 items; random 0.75), and the
-# constrained SFT start is much stronger (dev IoI 2.52 vs 0.67).
+# ProactiveRec decodes real, unseen items only (valid_only, no_repeat): at this budget the unconstrained decoding
+# lets the policy learn to stop after almost no items, and the constrained SFT start is the stronger one.
 _REC_STD = {"sft_steps": 100, "eval_tasks": 32, "group_size": 8, "prompts_per_iter": 4, "eval_every": 10,
             "valid_only": True, "no_repeat": True}
 _RET_STD = {"eval_contexts": 1000, "eval_every": 25}
@@ -128,7 +127,7 @@ STANDARD_TRAIN_SEEDS = 3
 #: mode (tier) -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
 BUDGETS: dict[str, dict[str, Budget]] = {
     "standard": {
-        # 10 iterations x 32 rollouts per LM run: 6 runs and their evaluations take about an hour on 2 cores
+        # 10 iterations x 32 rollouts per LM run, sized so the 6 runs and their evaluations fit in about an hour
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 10, "mpo": 10}, overrides=_SHOP_STD, needs_init=True,
                                       user_iterations=10, train_seeds=STANDARD_TRAIN_SEEDS),
         "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 100, "reinforce": 100, "grpo": 100},
@@ -142,14 +141,14 @@ BUDGETS: dict[str, dict[str, Budget]] = {
         "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 60, "ppo": 60},
                                            overrides={"hpo": {**_INV_STD, "hidden": (128, 128)}, "ppo": _INV_STD},
                                            user_iterations=60, train_seeds=STANDARD_TRAIN_SEEDS),
-        # the seasonal scenario (protocols.SCENARIOS): 30 iterations, half the default scenario's, because an HPO
-        # iteration took ~10 s on the shared 2-core machine and the 6 runs had to fit in about 25 minutes
+        # the seasonal scenario (protocols.SCENARIOS): 30 iterations, half the default scenario's, sized so its 6
+        # runs fit in about 25 minutes on 2 cores
         "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, {"hpo": 30, "ppo": 30},
                                                     overrides={"hpo": {**_INV_STD, "hidden": (128, 128)},
                                                                "ppo": _INV_STD},
                                                     user_iterations=30, train_seeds=STANDARD_TRAIN_SEEDS),
         # MultiWarehouse-v0 (3 warehouses, evaluated on the PettingZoo parallel env): 20 iterations of 16 scenarios
-        # x 3 warehouses, a small budget (an HPO iteration took ~6 s on the shared 2-core machine)
+        # x 3 warehouses, a small budget sized like the seasonal scenario's
         "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, {"hpo": 20, "ppo": 20}, overrides=_MW_STD, user_iterations=20,
                                             train_seeds=STANDARD_TRAIN_SEEDS),
         "*": Budget(user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
@@ -161,8 +160,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 2}, overrides=_SHOP_TINY, needs_init=True, demo=True,
                                       live_checkpoints=("grpo",),
                                       user_iterations=3),
-        # the standard tier's decoding (real, unseen items): unconstrained, a 10-iteration demo stops early and
-        # looks worse than random
+        # the standard tier's decoding (real, unseen items): a 10-iteration demo decoding freely stops early
         "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 10}, tasks=64, demo=True,
                                           overrides={"prorl": {**_REC_SMALL, "valid_only": True, "no_repeat": True}}),
         "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 50}, tasks=1000, demo=True,
