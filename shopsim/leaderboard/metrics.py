@@ -218,6 +218,17 @@ def _bootstrap_indices(n: int, resamples: int, seed: int):
         done += m
 
 
+def _percentile_interval(stats, level: float) -> list[float] | None:
+    """The central `level` percentile interval of the finite bootstrap statistics `stats`; None if none is."""
+    v = np.asarray(stats, dtype=float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return None
+    a = (1.0 - level) / 2
+    lo, hi = np.quantile(v, [a, 1.0 - a])
+    return [float(lo), float(hi)]
+
+
 def bootstrap_interval(values: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                        level: float = 0.95) -> list[float] | None:
     """Percentile bootstrap interval of the mean of `values` (one value per task); None with fewer than 2 tasks."""
@@ -225,9 +236,7 @@ def bootstrap_interval(values: Sequence[float], *, resamples: int = BOOTSTRAP_RE
     if len(x) < 2:
         return None
     means = np.concatenate([x[idx].mean(axis=1) for idx in _bootstrap_indices(len(x), resamples, seed)])
-    a = (1.0 - level) / 2
-    lo, hi = np.quantile(means, [a, 1.0 - a])
-    return [float(lo), float(hi)]
+    return _percentile_interval(means, level)
 
 
 def bootstrap_gap_interval(values: Sequence[float], reference: Sequence[float], *,
@@ -245,13 +254,7 @@ def bootstrap_gap_interval(values: Sequence[float], reference: Sequence[float], 
         rm = r[idx].mean(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             gaps.append(100.0 * (x[idx].mean(axis=1) - rm) / np.abs(rm))
-    g = np.concatenate(gaps)
-    g = g[np.isfinite(g)]
-    if not len(g):
-        return None
-    a = (1.0 - level) / 2
-    lo, hi = np.quantile(g, [a, 1.0 - a])
-    return [float(lo), float(hi)]
+    return _percentile_interval(np.concatenate(gaps), level)
 
 
 def bootstrap_runs_tasks(matrix, reference=None, *, resamples: int = BOOTSTRAP_RESAMPLES,
@@ -279,13 +282,7 @@ def bootstrap_runs_tasks(matrix, reference=None, *, resamples: int = BOOTSTRAP_R
                 value = 100.0 * (value - ref) / np.abs(ref)
         stats.append(value)
         done += b
-    v = np.concatenate(stats)
-    v = v[np.isfinite(v)]
-    if not len(v):
-        return None
-    a = (1.0 - level) / 2
-    lo, hi = np.quantile(v, [a, 1.0 - a])
-    return [float(lo), float(hi)]
+    return _percentile_interval(np.concatenate(stats), level)
 
 
 def is_rate(metric: str) -> bool:
