@@ -62,34 +62,21 @@ def ray_pool(args: argparse.Namespace):
     return RayPool(args.workers, args.ray_address)
 
 
-def _check_families(families: list[str] | None, env_id: str) -> list[str] | None:
+def _check_shopping_choice(values: list[str] | None, env_id: str, flag: str, allowed, what: tuple[str, str],
+                           purpose: str) -> list[str] | None:
+    """`values` of a Shopping-only option (--family, --strategy), checked against `allowed`; None if not given.
+    `what`: the option's noun, singular and plural."""
     from shopsim.envs import family_of
-    from shopsim.envs.shopping.tasks import ALL_FAMILIES as FAMILIES
     from shopsim.errors import ConfigError
 
-    if families is None:
+    if values is None:
         return None
     if family_of(env_id) != "shopping":
-        raise ConfigError(f"--family chooses Shopping tasks; {env_id} has no task families, drop --family")
-    bad = [f for f in families if f not in FAMILIES]
+        raise ConfigError(f"{flag} {purpose}; {env_id} has no {what[1]}, drop {flag}")
+    bad = [v for v in values if v not in allowed]
     if bad:
-        raise ConfigError(f"--family {bad[0]!r} is not a Shopping task family; choose from {', '.join(FAMILIES)}")
-    return list(families)
-
-
-def _check_strategies(strategies: list[str] | None, env_id: str) -> list[str] | None:
-    from shopsim.envs import family_of
-    from shopsim.envs.shopping.env import STRATEGIES
-    from shopsim.errors import ConfigError
-
-    if strategies is None:
-        return None
-    if family_of(env_id) != "shopping":
-        raise ConfigError(f"--strategy instructs the Shopping agent; {env_id} has no strategies, drop --strategy")
-    bad = [s for s in strategies if s not in STRATEGIES]
-    if bad:
-        raise ConfigError(f"--strategy {bad[0]!r} is not a Shopping strategy; choose from {', '.join(STRATEGIES)}")
-    return list(strategies)
+        raise ConfigError(f"{flag} {bad[0]!r} is not a Shopping {what[0]}; choose from {', '.join(allowed)}")
+    return list(values)
 
 
 def _checkpoint_dir(args: argparse.Namespace, agent) -> Path | None:
@@ -114,8 +101,13 @@ def run(args: argparse.Namespace) -> int:
     from shopsim.rollout import collect, summarize
 
     check_env_id(args.env)
-    families = _check_families(args.family, args.env)
-    strategies = _check_strategies(args.strategy, args.env)
+    from shopsim.envs.shopping.env import STRATEGIES
+    from shopsim.envs.shopping.tasks import ALL_FAMILIES
+
+    families = _check_shopping_choice(args.family, args.env, "--family", ALL_FAMILIES, ("task family", "task families"),
+                                      "chooses Shopping tasks")
+    strategies = _check_shopping_choice(args.strategy, args.env, "--strategy", STRATEGIES, ("strategy", "strategies"),
+                                        "instructs the Shopping agent")
     sharded = bool(args.workers or args.ray_address or args.shard_episodes)
     out = writable_output(args.out, is_dir=sharded)  # a sharded dataset is a folder (an existing one resumes)
     agent = (agents.load_checkpoint(args.checkpoint, env_id=args.env) if args.checkpoint
