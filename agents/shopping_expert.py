@@ -76,12 +76,15 @@ class ShoppingExpert(ScriptedAgent):
 
     def __init__(self, env_id: str = "shopsim/Shopping-v0", catalog_size: int | None = None,
                  catalog_seed: int | None = None, click_by: str = "sku", query: str = "full",
-                 arg_space: bool = False):
+                 arg_space: bool = False, order_refs: str = "id"):
         if click_by not in ("sku", "index"):
             raise ValueError(f"click_by={click_by!r}; choose 'sku' or 'index'")
         if query not in ("full", "span", "instruction"):
             raise ValueError(f"query={query!r}; choose 'full' (attributes, option values, type), 'span' or "
                              "'instruction'")
+        if order_refs not in ("id", "position"):
+            raise ValueError(f"order_refs={order_refs!r}; choose 'id' or 'position' (#k, the env's order_refs)")
+        self.order_refs = order_refs
         self.env_id = env_id
         self.click_by, self.query, self.arg_space = click_by, query, bool(arg_space)
         self.catalog_size, self.catalog_seed = catalog_size, catalog_seed
@@ -259,15 +262,25 @@ class ShoppingExpert(ScriptedAgent):
 
     # ---- after-sales -------------------------------------------------------------------------------------
     def _after_sales(self, st, req, info) -> str:
-        """list_orders -> get_order -> (search the new product) -> the gold write or none -> answer -> finish."""
+        """list_orders -> get_order -> (search the new product) -> the gold write or none -> answer -> finish.
+
+        With ``order_refs="position"`` the order, the item and the replacement are named by position (``#k``, as
+        the env's ``order_refs="position"`` rendering shows them) and the answer names none of them."""
         kind, oid = req["kind"], req["order_id"]
+        by_pos = self.order_refs == "position"
         phase = st["phase"]
         if phase == "start":
             st["phase"] = "listed"
             return "list_orders"
+        orders = info["structured"].get("orders") or []
         if phase == "listed":
             st["phase"] = "viewed"
-            return f"get_order[{oid}]"
+            if by_pos:
+                k = next(k for k, o in enumerate(orders, 1) if o["order_id"] == oid)
+                j = next(j for j, it in enumerate(orders[k - 1]["items"], 1) if it["sku"] == req["sku"])
+                st["refs"] = (f"#{k}", f"#{j}")
+            return f"get_order[{st['refs'][0] if by_pos else oid}]"
+        order, item = st["refs"] if by_pos else (oid, req["sku"])
         if phase == "viewed":
             if kind == "exchange":
                 st["phase"] = "searched"
@@ -275,24 +288,39 @@ class ShoppingExpert(ScriptedAgent):
                 return f"search[{title.lower()}]"
             st["phase"] = "written"
             if kind == "cancel":
-                return f"cancel_order[{oid}, {req['reason']}]"
+                return f"cancel_order[{order}, {req['reason']}]"
             if kind == "return":
-                return f"return_item[{oid}, {req['sku']}]"
+                return f"return_item[{order}, {item}]"
         if phase == "searched":
             st["phase"] = "written"
-            return f"exchange_item[{oid}, {req['sku']}, {req['new_sku']}]"
+            new = req["new_sku"]
+            if by_pos:  # the replacement's place on the results page (its SKU if the search missed it)
+                rows = info["structured"]["results"]
+                new = next((f"#{r}" for r, row in enumerate(rows, 1) if row["sku"] == req["new_sku"]), new)
+            return f"exchange_item[{order}, {item}, {new}]"
         if phase in ("viewed", "written"):
             st["phase"] = "answered"
-            msg = {
-                "cancel": f"I cancelled order {oid}; the refund goes to your original payment method.",
-                "return": f"The return of item {req['sku']} from order {oid} is accepted; the refund goes to your "
-                          "original payment method.",
-                "exchange": f"I exchanged item {req['sku']} in order {oid} for {req.get('new_sku')}.",
-                "refuse_window": f"Sorry, order {oid} was delivered more than 30 days ago, so the item can no "
-                                 "longer be returned under our policy.",
-                "refuse_type": "Sorry, an item can only be exchanged for a product of the same type, so I cannot "
-                               "make this exchange.",
-            }[kind]
+            if by_pos:
+                msg = {
+                    "cancel": "I cancelled your order; the refund goes to your original payment method.",
+                    "return": "Your return is accepted; the refund goes to your original payment method.",
+                    "exchange": "I exchanged your item for the new one.",
+                    "refuse_window": "Sorry, that order was delivered more than 30 days ago, so the item can no "
+                                     "longer be returned under our policy.",
+                    "refuse_type": "Sorry, an item can only be exchanged for a product of the same type, so I "
+                                   "cannot make this exchange.",
+                }[kind]
+            else:
+                msg = {
+                    "cancel": f"I cancelled order {oid}; the refund goes to your original payment method.",
+                    "return": f"The return of item {req['sku']} from order {oid} is accepted; the refund goes to "
+                              "your original payment method.",
+                    "exchange": f"I exchanged item {req['sku']} in order {oid} for {req.get('new_sku')}.",
+                    "refuse_window": f"Sorry, order {oid} was delivered more than 30 days ago, so the item can no "
+                                     "longer be returned under our policy.",
+                    "refuse_type": "Sorry, an item can only be exchanged for a product of the same type, so I "
+                                   "cannot make this exchange.",
+                }[kind]
             return f"answer[{msg}]"
         return "finish"
 

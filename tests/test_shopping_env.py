@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -251,6 +252,70 @@ def test_after_sales_tools_and_family_rules(env):
     obs, info = env.reset(seed=0, options={"family": "find_and_buy", "task_id": 4})
     _, _, _, _, info = env.step("list_orders")
     assert "after-sales tool" in info["invalid_action"]
+
+
+def _after_sales_episode(env, kind, refs):
+    """An after-sales episode of request `kind` played by the expert with order references `refs`:
+    (actions, observations, final info)."""
+    expert = ShoppingExpert(env_id=ENV_ID, click_by="index", order_refs=refs)
+    expert.reset(1, 0)
+    for task_id in range(200):
+        obs, info = env.reset(seed=0, options={"family": "after_sales", "task_id": task_id})
+        if info["oracle"]["request"]["kind"] == kind:
+            break
+    actions, observations = [], [obs]
+    while True:
+        actions.append(expert.act_one(0, obs, info))
+        obs, _, term, trunc, info = env.step(actions[-1])
+        observations.append(obs)
+        if term or trunc:
+            return actions, observations, info
+
+
+@pytest.mark.parametrize("kind", ["cancel", "return", "exchange", "refuse_window", "refuse_type"])
+def test_after_sales_position_references_reach_the_same_database(kind):
+    """order_refs="position": orders, items and the replacement named as #k give the same final database (and
+    grade) as the ids, and the pages show positions instead of order ids and SKUs."""
+    by_id = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5)
+    by_pos = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5,
+                         order_refs="position")
+    id_actions, _, id_info = _after_sales_episode(by_id, kind, "id")
+    pos_actions, pos_obs, pos_info = _after_sales_episode(by_pos, kind, "position")
+    assert id_info["success"] and pos_info["success"]
+    assert by_pos.db.state_key() == by_id.db.state_key()
+    assert by_pos.task.task_id == by_id.task.task_id
+    writes = [a for a in pos_actions if a.split("[")[0] in ("get_order", "cancel_order", "return_item",
+                                                             "exchange_item")]
+    assert writes and all(re.fullmatch(r"\w+\[#\d+(, (#\d+|no longer needed|ordered by mistake))*\]", a)
+                          for a in writes), writes
+    req = by_pos.task.request
+    shown = "\n".join(pos_obs[1:])  # after the task page: the tool pages and feedback lines the agent reads
+    pages = "\n".join(x for x in shown.splitlines() if not x.startswith("Feedback:"))
+    assert req["order_id"] not in pages and req["sku"] not in pages
+    assert re.search(r"^#1 \(", shown, re.M)  # the orders page lists orders by position
+    assert all(req["order_id"] not in a and req["sku"] not in a for a in pos_actions)
+
+
+def test_after_sales_position_references_are_checked():
+    env = ShoppingEnv(catalog_size=SIZE, order_refs="position")
+    env.reset(seed=0, options={"family": "after_sales", "task_id": 3})
+    _, _, _, _, info = env.step("list_orders")
+    orders = info["structured"]["orders"]
+    assert f"get_order[#{len(orders)}]" in info["valid_actions"]
+    for bad in (f"get_order[#{len(orders) + 1}]", "get_order[#0]"):
+        _, _, _, _, info = env.step(bad)
+        assert "no order" in info["invalid_action"]
+    _, _, _, _, info = env.step("get_order[#2]")
+    assert info["invalid_action"] is None and info["structured"]["order_id"] == orders[1]["order_id"]
+    _, _, _, _, info = env.step("get_order[" + orders[0]["order_id"] + "]")  # ids are accepted either way
+    assert info["invalid_action"] is None and info["structured"]["order_id"] == orders[0]["order_id"]
+    delivered = next((k for k, o in enumerate(orders, 1) if o["status"] == "delivered"), None)
+    if delivered is not None:
+        n_items = len(orders[delivered - 1]["items"])
+        _, _, _, _, info = env.step(f"return_item[#{delivered}, #{n_items + 1}]")
+        assert f"items #1 to #{n_items}" in info["invalid_action"]
+        _, _, _, _, info = env.step(f"exchange_item[#{delivered}, #1, #1]")
+        assert "search first" in info["invalid_action"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

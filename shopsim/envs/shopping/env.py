@@ -111,7 +111,10 @@ class ShoppingEnv(gym.Env):
     state only the asked slot, with a scripted fallback counted in ``info["customer_fallbacks"]``),
     ``customer_model=None``, ``numbered_results=False`` (prefix each result line with its position on the page,
     ``#3 [SKU] ...``, so that a small LM can click it as ``click[#3]``
-    instead of copying a 10-character SKU; positional clicks are accepted either way), ``style_bias=0.0`` (see
+    instead of copying a 10-character SKU; positional clicks are accepted either way), ``order_refs="id"|"position"``
+    (after-sales pages: position shows orders, order items and after-sales result lines as ``#k`` instead of their
+    order ids and SKUs, for agents that name them by position; the tools take ``#k`` either way, `orders`),
+    ``style_bias=0.0`` (see
     Rewards), ``reward_scheme="loose"|"strict"`` (see Rewards), ``instruction_style="template"|"paraphrase"``
     (template: WebShop-style lines stating every value verbatim; paraphrase: a seeded rewording with synonyms,
     numeric forms and reordering, `paraphrase`; the goal, hidden slots and grading are the same),
@@ -131,14 +134,15 @@ class ShoppingEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     #: options that change only the rendering (`shopsim.envs.presentation_kwargs`): an agent evaluated on the
     #: leaderboard may use the ones it was trained with
-    PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page", "obs_mode"})
+    PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page", "obs_mode", "order_refs"})
 
     def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
                  numbered_results: bool = False, style_bias: float = 0.0, reward_scheme: str = "loose",
-                 instruction_style: str = "template", near_duplicates: int = 0, customer_model: str | None = None):
+                 instruction_style: str = "template", near_duplicates: int = 0, customer_model: str | None = None,
+                 order_refs: str = "id"):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
         if family is not None and family not in ALL_FAMILIES:
@@ -165,6 +169,9 @@ class ShoppingEnv(gym.Env):
                                   "(head + siblings), or 0 for the plain catalog")
         if render_mode not in (None, "ansi"):
             raise ConfigError(f"render_mode={render_mode!r}; choose None or 'ansi'")
+        if order_refs not in ("id", "position"):
+            raise ConfigError(f"order_refs={order_refs!r}; choose 'id' (order ids and SKUs) or 'position' (#k)")
+        self.order_refs = order_refs
         self.catalog_size, self.catalog_seed = int(catalog_size), int(catalog_seed)
         self.obs_mode, self.family = obs_mode, family
         self.invalid_penalty, self.max_invalid = float(invalid_penalty), int(max_invalid)

@@ -11,13 +11,20 @@ Grading (binary, like tau-bench's database hash): success iff the final `state_k
 (the initial database with the task's gold write applied, or unchanged when the request breaks the policy) and
 the agent both opened the request's order (``get_order``) and sent at least one user-visible ``answer[...]``
 (so that refusing by doing nothing is not free). Components are reported in ``info["reward_parts"]``.
+
+Position references. Besides ids, every tool takes ``#k`` for an order (the k-th line of ``list_orders``) and for
+an item (the k-th item line of its order's details), as WebShop-style agents click results by position; the
+``order_refs="position"`` rendering (`ShoppingEnv`) shows those positions instead of the ids, so an agent never has
+to copy a 10-character code.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 RETURN_WINDOW_DAYS = 30
+_POSITION = re.compile(r"^#\s*(\d+)$")
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
 POLICY_SHORT = ("Policy: cancel only pending or processing orders, reason 'no longer needed' or 'ordered by "
                 "mistake'; return or exchange only delivered items within 30 days of delivery; exchange only for "
@@ -80,22 +87,42 @@ class OrderDB:
 
     # ---- reads -------------------------------------------------------------------------------------------
     def _order(self, order_id: str) -> Order:
+        return self.orders[self.order_key(order_id)]
+
+    def order_key(self, order_id: str) -> str:
+        """The id of the order `order_id` names: an id (``W1234567``, ``#W1234567``) or ``#k``, the k-th order of
+        `list_orders`; `ToolError` when there is none."""
+        pos = _POSITION.match(order_id.strip())
+        if pos:
+            keys = list(self.orders)
+            k = int(pos.group(1))
+            if not 1 <= k <= len(keys):
+                raise ToolError(f"no order {order_id.strip()[:20]!r}: this customer has orders #1 to #{len(keys)}")
+            return keys[k - 1]
         key = order_id.strip().lstrip("#").upper()
         if key not in self.orders:
             raise ToolError(f"no order {order_id[:20]!r} for this customer; see list_orders")
-        return self.orders[key]
+        return key
 
-    def list_orders(self) -> list[str]:
+    def position(self, order_id: str) -> int:
+        """The 1-based place of order `order_id` in `list_orders`."""
+        return list(self.orders).index(order_id) + 1
+
+    def list_orders(self, refs: str = "id") -> list[str]:
+        """One line per order; ``refs="position"`` starts each with ``#k`` instead of the order id."""
         out = []
-        for o in self.orders.values():
+        for k, o in enumerate(self.orders.values(), 1):
             when = (f"delivered {o.days_since_delivery} days ago" if o.status == "delivered"
                     else f"{o.status}, ordered {o.days_since_order} days ago")
-            out.append(f"{o.order_id} ({when}): " + "; ".join(it.title for it in o.items))
+            ref = f"#{k}" if refs == "position" else o.order_id
+            out.append(f"{ref} ({when}): " + "; ".join(it.title for it in o.items))
         return out
 
-    def order_lines(self, order_id: str) -> list[str]:
+    def order_lines(self, order_id: str, refs: str = "id") -> list[str]:
+        """The details page of one order; ``refs="position"`` names the order and its items by position."""
         o = self._order(order_id)
-        head = f"Order {o.order_id}: {o.status}"
+        position = refs == "position"
+        head = f"Order {'#' + str(self.position(o.order_id)) if position else o.order_id}: {o.status}"
         if o.status == "delivered":
             head += f", delivered {o.days_since_delivery} days ago"
         else:
@@ -103,15 +130,22 @@ class OrderDB:
         if o.cancel_reason:
             head += f" (reason: {o.cancel_reason})"
         lines = [head, f"Payment: {o.payment}"]
-        for it in o.items:
+        for j, it in enumerate(o.items, 1):
             opts = ", ".join(f"{k}={v}" for k, v in it.options.items())
             st = "" if it.status == "ordered" else f" [{it.status}" + (
                 f" for {it.exchanged_for}]" if it.exchanged_for else "]")
-            lines.append(f"- [{it.sku}] {it.title} ({opts}) ${it.price:.2f} [{it.product_type}]{st}")
+            ref = f"#{j}" if position else f"[{it.sku}]"
+            lines.append(f"- {ref} {it.title} ({opts}) ${it.price:.2f} [{it.product_type}]{st}")
         return lines
 
     # ---- writes ------------------------------------------------------------------------------------------
     def _item(self, o: Order, sku: str) -> Item:
+        pos = _POSITION.match(sku.strip())
+        if pos:
+            k = int(pos.group(1))
+            if not 1 <= k <= len(o.items):
+                raise ToolError(f"order {o.order_id} has items #1 to #{len(o.items)}, not {sku.strip()[:20]!r}")
+            return o.items[k - 1]
         for it in o.items:
             if it.sku.upper() == sku.strip().upper():
                 return it

@@ -298,10 +298,10 @@ def _list_orders(env) -> None:
 
 
 def _get_order(env, order_id: str) -> None:
-    env.db.order_lines(order_id)  # raises ToolError for an unknown order
+    key = env.db.order_key(order_id)  # raises ToolError for an unknown order
     env._goto("order")
-    env.order_id = order_id.strip().lstrip("#").upper()
-    env.viewed.add(env.order_id)
+    env.order_id = key
+    env.viewed.add(key)
 
 
 def _cancel_order(env, order_id: str, reason: str) -> str:
@@ -313,13 +313,24 @@ def _return_item(env, order_id: str, sku: str) -> str:
 
 
 def _exchange_item(env, order_id: str, sku: str, new_sku: str) -> str:
+    pos = re.fullmatch(r"#\s*(\d+)", new_sku.strip())
+    if pos:  # '#k': the k-th result of the results page shown, as click[#k] reads it
+        rows = env.page_rows() if env.page == "results" else []
+        k = int(pos.group(1))
+        if not 1 <= k <= len(rows):
+            raise ActionError(f"exchange_item: new_sku {new_sku.strip()!r} names a result position; "
+                              + (f"this page shows #1 to #{len(rows)}" if rows else "search first, then name a "
+                                 "result of the results page shown"))
+        new_sku = rows[k - 1][1]
     pid = env.catalog.sku_to_id(new_sku.strip().upper())
     new = None if pid is None else _product(env.catalog, pid)
     return env.db.exchange_item(order_id, sku, new)
 
 
 _SKU = "A product SKU as shown in brackets, e.g. B0ABCDEFGH."
-_ORDER = "An order id from list_orders, e.g. W1234567."
+_ORDER = "An order id from list_orders, e.g. W1234567, or '#2' for the 2nd order listed."
+_ITEM = "An item's SKU as shown in the order details, e.g. B0ABCDEFGH, or '#1' for its 1st item."
+_NEW = "The new product's SKU, e.g. B0ABCDEFGH, or '#3' for the 3rd result of the results page shown."
 
 #: the built-in tools, in the order agents see them (`tool_schemas`)
 TOOLS: dict[str, Tool] = {t.name: t for t in (
@@ -352,9 +363,9 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
          params(order_id=_ORDER, reason="Why the customer cancels (the policy lists the accepted reasons)."),
          _cancel_order, _after_sales, _NO_ORDERS),
     Tool("return_item", "Return one delivered item; the refund goes to the original payment.",
-         params(order_id=_ORDER, sku="The SKU of the item in that order."), _return_item, _after_sales, _NO_ORDERS),
+         params(order_id=_ORDER, sku=_ITEM), _return_item, _after_sales, _NO_ORDERS),
     Tool("exchange_item", "Exchange one delivered item for another product of the same type.",
-         params(order_id=_ORDER, sku="The SKU of the item in that order.", new_sku="The SKU of the new product."),
+         params(order_id=_ORDER, sku=_ITEM, new_sku=_NEW),
          _exchange_item, _after_sales, _NO_ORDERS),
     Tool("get_profile", ("Show the customer's profile: favourite brands, price sensitivity (the most they spend per "
                          "product type), size and colour preferences."), params(), _get_profile, _personalized,
