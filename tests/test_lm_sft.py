@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -54,6 +56,26 @@ def test_examples_mask_exactly_the_expert_actions(expert_trajs, mode):
                     got.append(seg)
                     seg = []
     assert got == want
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_sft_loss_without_padding_mask_equals_the_masked_loss(expert_trajs, arch):
+    """Right-padded rows of different lengths: the maskless forward (the default) gives the masked forward's loss
+    and gradient."""
+    from agents.lm.sft import sft_loss
+
+    tok = load_tokenizer()
+    rows = build_examples(expert_trajs[:6], ChatFormat(tok), mode="concat")
+    assert len({len(r[0]) for r in rows}) > 1
+    out = {}
+    for masked in (False, True):
+        model = build_model(tok, arch=arch, size="tiny", seed=0).eval()  # GPT-2's dropout off: same function
+        loss, n, _ = sft_loss(model, rows, tok.pad_token_id, obs_loss_weight=0.5, padding_mask=masked)
+        loss.backward()
+        out[masked] = (loss.item(), n, torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert out[False][1] == out[True][1]
+    assert abs(out[False][0] - out[True][0]) < 1e-5
+    assert torch.allclose(out[False][2], out[True][2], atol=1e-5, rtol=1e-4)
 
 
 def test_sft_loss_falls_on_train_and_held_out(expert_trajs, tmp_path):
@@ -203,6 +225,14 @@ def test_sft_command_runs_and_rejects_a_bad_family(tmp_path, capsys):
     assert main(["sft", "--expert-episodes", "4", "--family", "find_and_buy,nope", "--out",
                  str(tmp_path / "bad")]) == 2
     assert "nope" in capsys.readouterr().err
+    # a second stage started from the first: its manifest names the start and the start's options
+    assert main(["sft", "--init", str(tmp_path / "run" / "checkpoint"), "--expert-episodes", "4", "--family", "all",
+                 "--steps", "2", "--curriculum-steps", "0", "--eval-episodes", "4",
+                 "--out", str(tmp_path / "stage2"), "--no-progress"]) == 0
+    stage2 = json.loads((tmp_path / "stage2" / "checkpoint" / "shopsim_agent.json").read_text())
+    assert stage2["init"]["path"] == str(tmp_path / "run" / "checkpoint")
+    assert stage2["init"]["sft"]["curriculum_steps"] == 2 and stage2["init"]["sft"]["size"] == "tiny"
+    assert stage2["sft"]["families"] == [] and stage2["env_kwargs"]["order_refs"] == "position"
 
 
 def test_concat_curriculum_trains_on_each_episode_cut_after_its_first_action(expert_trajs, tmp_path):

@@ -125,6 +125,9 @@ class SFTConfig:
     expert_query: Literal["full", "span", "instruction"] = "instruction"
     """The expert's search: full = attributes, option values, type; span = '<attributes> <type>'; instruction =
     the task line up to its price clause."""
+    order_refs: Literal["id", "position"] = "position"
+    """Env ``order_refs`` and the expert's after-sales references: position names orders, order items and the
+    replacement product as ``#k`` (and the expert's answers name none of them), id copies order ids and SKUs."""
     arg_space: bool = True
     """The expert writes ``click[ x]`` / ``search[ q]``: the same action, but the argument's first word tokenizes
     as in the task line it is copied from."""
@@ -164,12 +167,14 @@ class SFTConfig:
         return {**({"numbered_results": True} if self.numbered_results else {}),
                 **({"obs_mode": self.obs_mode} if self.obs_mode != "compact" else {}),
                 **({"results_per_page": self.results_per_page} if self.results_per_page else {}),
+                **({"order_refs": self.order_refs} if self.order_refs != "id" else {}),
                 **self.env_kwargs}
 
     def expert_options(self) -> dict:
         """Options of the scripted expert (`agents.shopping_expert`) that writes the SFT data."""
         return {**({"click_by": "index"} if self.numbered_results else {}), "query": self.expert_query,
-                **({"arg_space": True} if self.arg_space else {})}
+                **({"arg_space": True} if self.arg_space else {}),
+                **({"order_refs": self.order_refs} if self.order_refs != "id" else {})}
 
 
 def expert_trajectories(env_id: str, episodes: int, *, seed: int = 0, split: str = "train", reset_options=None,
@@ -256,9 +261,14 @@ def _batches(rows, batch_size: int, rng: np.random.Generator):
                 yield [rows[i] for i in groups[g]]
 
 
-def sft_loss(model, batch, pad_id: int, obs_loss_weight: float = 0.0) -> tuple[torch.Tensor, int, float]:
+def sft_loss(model, batch, pad_id: int, obs_loss_weight: float = 0.0,
+             padding_mask: bool = False) -> tuple[torch.Tensor, int, float]:
     """Token-mean cross-entropy over the agent tokens of a right-padded batch: ``(loss, n_agent_tokens,
     agent_loss)`` (``agent_loss`` excludes the auxiliary term, for logging).
+
+    The rows are right-padded and run without a padding mask (positions ``0..S-1``), as the RL trainers' updates
+    do (`baselines.core.trainer.body_inputs`); the losses equal the masked forward's (`padding_mask=True`) up to
+    float error, since only real tokens' outputs are read.
 
     With ``obs_loss_weight > 0`` an auxiliary token-mean cross-entropy over the other (prompt/observation) tokens
     is added with that weight: plain language modelling of the pages, which teaches a small model to copy strings
@@ -276,7 +286,13 @@ def sft_loss(model, batch, pad_id: int, obs_loss_weight: float = 0.0) -> tuple[t
         lm[i, : len(mask)] = torch.tensor(mask)
     # run the body once, then the (vocabulary-sized) output layer only where there is a target: the agent
     # tokens are a few percent of the sequence, so this skips most of the output layer's cost
-    body = model.base_model(input_ids=ids, attention_mask=att, position_ids=positions(att), use_cache=False)
+    if padding_mask:
+        body = model.base_model(input_ids=ids, attention_mask=att, position_ids=positions(att), use_cache=False)
+    else:
+        # right-padded rows: causal attention never lets a real token see the padding after it, so no mask is
+        # needed and SDPA runs its causal kernel instead of dense attention under a [B, 1, S, S] mask
+        body = model.base_model(input_ids=ids, position_ids=torch.arange(width).expand(len(batch), width),
+                                use_cache=False)
     hidden = body.last_hidden_state[:, :-1]
     target, tmask = ids[:, 1:], lm[:, 1:]
     head = model.get_output_embeddings()
@@ -377,9 +393,27 @@ def _load_resume_state(out_dir: Path, config: SFTConfig, model, opt):
     return state["step"], state["tokens_seen"], list(state["history"])
 
 
+def init_record(path: str | Path) -> dict:
+    """What a checkpoint folder used as a starting point was made with: its path, and its manifest's ``sft``
+    options and own ``init`` record (the earlier stages), when it has a manifest."""
+    import json
+
+    from agents.registry import CHECKPOINT_MANIFEST
+
+    manifest = Path(path) / CHECKPOINT_MANIFEST
+    out: dict = {"path": str(path)}
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        out.update({k: m[k] for k in ("sft", "examples", "init") if k in m})
+    return out
+
+
 def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Path, tokenizer=None,
-              model=None, progress: bool = True, callback=None):
+              model=None, progress: bool = True, callback=None, init: dict | None = None):
     """Behaviour-clone `trajectories`; returns ``(agent, history)``. Writes checkpoints, metrics.csv, the plot.
+
+    `init` describes where `model` came from when it is not a fresh one (`init_record`); it is written to the
+    checkpoint manifest, so a checkpoint trained in stages names every stage's options.
 
     `callback(record)` is called after every step with that step's metrics dict. An interrupted run resumes: each
     intermediate checkpoint (every `config.eval_every` steps) also saves the optimizer state and the metrics so far,
@@ -480,7 +514,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
             rec["time_s"] = time.perf_counter() - t0
             if not last:  # latest checkpoint, so that an interrupted run still leaves a usable one
                 agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), step=step + 1,
-                           env_kwargs=dict(env_kwargs),
+                           env_kwargs=dict(env_kwargs), **({"init": init} if init else {}),
                            final_eval={k: v for k, v in rec.items() if k.startswith("eval_")})
                 write_metrics_csv(out_dir / "metrics.csv", history + [rec])
                 _save_resume_state(out_dir, config, opt, step + 1, tokens_seen, history + [rec])
@@ -495,6 +529,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
         bar.close()
     model.eval()
     ckpt = agent.save(out_dir / "checkpoint", sft=asdict(config), examples=len(rows), env_kwargs=dict(env_kwargs),
+                      **({"init": init} if init else {}),
                       final_eval={k: v for k, v in history[-1].items() if k.startswith("eval_")})
     write_metrics_csv(out_dir / "metrics.csv", history)
     (out_dir / RESUME_STATE).unlink(missing_ok=True)

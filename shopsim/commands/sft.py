@@ -94,7 +94,7 @@ def run(args) -> int:
             raise ConfigError(f"--init {args.init}: not a model folder (no config.json)")
         model, tokenizer = load_model(args.init), load_tokenizer(args.init)
     agent, history = sft.train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress, model=model,
-                                   tokenizer=tokenizer)
+                                   tokenizer=tokenizer, init=sft.init_record(args.init) if args.init else None)
     last = history[-1]
     print(f"sft: {len(trajs)} expert episodes, {cfg.steps} steps, final loss {last['loss']:.4f}, "
           f"dev success {last.get('eval_success', float('nan')):.3f} -> {agent.checkpoint}")
