@@ -27,7 +27,7 @@ ENV = "shopsim/Shopping-v0"
 FIND = {"family": "find_and_buy"}
 #: plain behaviour cloning on the default env and expert (the SFTConfig defaults are the full recipe)
 PLAIN = dict(context_mode="window", curriculum_steps=0, augment_copies=0, obs_mode="compact", numbered_results=False,
-             results_per_page=None, expert_query="full", arg_space=False, families=())
+             results_per_page=None, expert_query="full", arg_space=False, families=(), order_refs="id")
 
 
 def plain(**kw) -> SFTConfig:
@@ -121,8 +121,10 @@ def test_recipe_options_become_env_and_expert_options():
     """The default SFTConfig is the recipe: terse, numbered results 5 per page, the expert clicking by position
     and searching the task line with a blank after the bracket; `env_kwargs` go over the derived options."""
     cfg = SFTConfig()
-    assert cfg.env_options() == {"numbered_results": True, "obs_mode": "terse", "results_per_page": 5}
-    assert cfg.expert_options() == {"click_by": "index", "query": "instruction", "arg_space": True}
+    assert cfg.env_options() == {"numbered_results": True, "obs_mode": "terse", "results_per_page": 5,
+                                 "order_refs": "position"}
+    assert cfg.expert_options() == {"click_by": "index", "query": "instruction", "arg_space": True,
+                                    "order_refs": "position"}
     assert (cfg.context_mode, cfg.curriculum_steps, cfg.augment_copies, cfg.families) == \
         ("concat", 2000, 1, ("find_and_buy",))
     assert not cfg.pins_first_turn and SFTConfig(context_mode="window").pins_first_turn
@@ -212,6 +214,18 @@ def test_sft_on_several_families_collects_and_evaluates_each(tmp_path):
     _, hist = train_sft(ENV, trajs, cfg, out_dir=tmp_path, progress=False)
     assert hist[-1]["eval_episodes"] == 4
     assert {"eval_success/find_and_buy", "eval_success/clarify_and_buy"} <= set(hist[-1])
+
+
+def test_evaluation_of_all_families_takes_an_equal_share_of_each():
+    """families=() on Shopping: the first dev tasks, which interleave the four families (not the env's random
+    default mix), so that every family's success is measured on the same number of episodes."""
+    from shopsim.envs.shopping import FAMILIES
+
+    expert = agents.make("expert", ENV)
+    out = evaluate(expert, ENV, episodes=4, num_envs=4)
+    assert out["episodes"] == 4
+    assert {f"success/{f}" for f in FAMILIES} <= set(out)
+    assert all(out[f"success/{f}"] == 1.0 for f in FAMILIES)  # one task of each family, each solved
 
 
 def test_sft_command_runs_and_rejects_a_bad_family(tmp_path, capsys):

@@ -60,7 +60,7 @@ class SFTConfig:
     docstring describes (the `shopsim sft` defaults, which are built from these fields): copy-friendly expert data,
     concat context, a short-to-long curriculum and copy augmentation. Plain behaviour cloning on the expert's
     default actions is ``numbered_results=False, results_per_page=None, expert_query="full", arg_space=False,
-    curriculum_steps=0, augment_copies=0``."""
+    curriculum_steps=0, augment_copies=0, order_refs="id"``."""
 
     # optimisation
     steps: int = bounded(2900, min=1)
@@ -320,13 +320,15 @@ def heldout_loss(model, rows, pad_id: int, batch_size: int = 16) -> float:
 def evaluate(agent, env_id: str, *, episodes: int, split: str = "dev", seed: int = 10_000, num_envs: int = 16,
              reset_options=None, progress: bool = False, env_kwargs=None, families=()) -> dict:
     """Greedy rollouts on `split`: success, score, turns, invalid-action rate and success per task family.
-    With `families`: the first `episodes` tasks of `split` in those families (`shopsim.splits.eval_tasks`)."""
+    The first `episodes` tasks of `split` (`shopsim.splits.eval_tasks`), of `families` interleaved when given, so
+    that every family gets its share; episodes drawn from the env's default mix when the env has no such split or
+    `reset_options` names a family."""
     from shopsim.rollout import collect, summarize
+    from shopsim.splits import eval_tasks
 
-    if families:
-        from shopsim.splits import eval_tasks
-
-        tasks = eval_tasks(env_id, split, episodes, families=tuple(families))
+    named = (reset_options or {}).get("family")
+    tasks = eval_tasks(env_id, split, episodes, families=tuple(families)) if families or not named else None
+    if tasks:
         trajs = collect(env_id, agent, tasks=tasks, seeds=[seed + i for i in range(len(tasks))], split=split,
                         num_envs=num_envs, reset_options=reset_options, progress=progress,
                         env_kwargs=env_kwargs or None)
