@@ -79,18 +79,35 @@ def test_same_seed_same_trajectories_with_and_without_cache(tok, arch, mode):
 @pytest.mark.parametrize("mode", ["concat", "window"])
 def test_prompts_encoded_row_by_row_sample_what_one_padded_batch_samples(tok, arch, mode):
     runs = []
-    for prefill in ("rows", "batch"):
+    for prefill in ("rows", "batch", "auto"):
         agent = _agent(tok, arch, mode, kv_cache=True, pin_first_turn=True, record_hidden=True)
         agent.sampling.prefill = prefill
         runs.append(_run(agent, episodes=6))
     assert sum(t.num_turns for t in runs[0]) > 12
-    for a, b in zip(*runs, strict=True):
+    for a, b in [(x, y) for x, rest in zip(runs[0], zip(*runs[1:], strict=True), strict=True) for y in rest]:
         assert [t.action_ids for t in a.turns] == [t.action_ids for t in b.turns]
         for ta, tb in zip(a.turns, b.turns, strict=True):
             torch.testing.assert_close(torch.tensor(ta.action_logprobs), torch.tensor(tb.action_logprobs),
                                        atol=1e-5, rtol=0)
             torch.testing.assert_close(torch.tensor(ta.hidden["mean"]), torch.tensor(tb.hidden["mean"]),
                                        atol=1e-5, rtol=0)
+
+
+def test_auto_prefill_picks_rows_only_where_padding_would_cost_more(tok):
+    """`prefill_cost`: equal short prompts are one padded forward (one overhead instead of one per row); one long
+    concat context among short ones makes the padded batch pay for it in every row, so each row runs alone."""
+    from agents.lm.generation import ROW_OVERHEAD_UNITS, prefill_cost
+    from agents.lm.model import build_model
+
+    model = build_model(tok, size="mini", seed=0)
+    linear = (4 * 128 * 128 + 3 * 128 * 384) / 256
+    assert prefill_cost(model, [10, 20], [100, 50], "rows") == \
+        10 * (linear + 100) + 20 * (linear + 50) + 2 * ROW_OVERHEAD_UNITS
+    assert prefill_cost(model, [10, 20], [100, 50], "batch") == 2 * 20 * (linear + 100) + ROW_OVERHEAD_UNITS
+    equal = ([60] * 16, [400] * 16)
+    assert prefill_cost(model, *equal, "batch") < prefill_cost(model, *equal, "rows")
+    skewed = ([300] + [5] * 15, [3000] + [300] * 15)
+    assert prefill_cost(model, *skewed, "rows") < prefill_cost(model, *skewed, "batch")
 
 
 def test_concat_turn_encodes_only_what_the_env_added(tok):

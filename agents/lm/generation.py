@@ -50,16 +50,17 @@ class SamplingConfig:
     stopped (the behaviour before finished rows left the batch; benchmarks use it as their baseline)."""
     multinomial: bool = False
     """Draw with `torch.multinomial` (the previous sampler; benchmarks' baseline) instead of `categorical`."""
-    prefill: str = "rows"
+    prefill: str = "auto"
     """How the prompts' new tokens are encoded before decoding. ``"rows"``: one forward per prompt over its own new
     tokens and cached prefix, then the rows' caches are stacked for batched decoding; attention costs
     Σ new_i × context_i. ``"batch"``: one padded forward over every row, which costs rows × the longest new part ×
-    the longest context (in concat mode one long episode in the batch makes every row pay for its context).
-    The two give the same tokens and log-probs up to float rounding (tested)."""
+    the longest context (in concat mode one long episode in the batch makes every row pay for its context), but
+    pays the per-forward overhead once. ``"auto"``: whichever `prefill_cost` estimates cheaper for this call.
+    The three give the same tokens and log-probs up to float rounding (tested)."""
 
     def __post_init__(self) -> None:
-        if self.prefill not in ("rows", "batch"):
-            raise ConfigError(f"prefill must be 'rows' or 'batch', got {self.prefill!r}")
+        if self.prefill not in ("auto", "rows", "batch"):
+            raise ConfigError(f"prefill must be 'auto', 'rows' or 'batch', got {self.prefill!r}")
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}; use greedy=True for arg-max")
         if not 0 < self.top_p <= 1:
@@ -263,6 +264,26 @@ def _stack_past(model, reused: list[int], kvs: list, width: int, capacity: int):
     return cache
 
 
+#: fixed cost of one forward pass (Python, kernel launches, cache bookkeeping) in units of one query token's
+#: attention to one context token; at the 128-wide default model it is about the work of 100 prompt tokens
+ROW_OVERHEAD_UNITS = 80_000
+
+
+def prefill_cost(model, new: Sequence[int], context: Sequence[int], mode: str) -> float:
+    """Estimated cost of encoding prompts with `new` new tokens each over contexts of `context` tokens (new
+    included), in units of one query token's attention to one context token: per token the linear layers cost
+    ``linear`` units (≈ (4·h² + 3·h·f) / (2·h) for width h and feed-forward width f), attention the context length.
+    ``"rows"``: Σ new_i · (linear + context_i) + rows · `ROW_OVERHEAD_UNITS`; ``"batch"``: rows · max new ·
+    (linear + max context) + one overhead."""
+    cfg = model.config
+    h = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 128)
+    f = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * h
+    linear = (4 * h * h + 3 * h * f) / (2 * h)
+    if mode == "rows":
+        return sum(n * (linear + c) for n, c in zip(new, context, strict=True)) + len(new) * ROW_OVERHEAD_UNITS
+    return len(new) * max(new) * (linear + max(context)) + ROW_OVERHEAD_UNITS
+
+
 def _prefill_batch(model, new, reused, kvs, config, keep, cache_kw, pad_id, device, reserve):
     """One padded forward over every row's new tokens: the cached prefixes right-aligned to the longest, the new
     tokens left-padded. Returns (cache, attention mask, last positions, last logits, new tokens' states or None)."""
@@ -360,7 +381,11 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
     cache_kw = _cache_kw(model)
     # the prompt's output layer is only needed at its last position
     keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    if config.prefill == "rows" and batch > 1:
+    rows = config.prefill == "rows"
+    if config.prefill == "auto" and batch > 1:
+        sizes = ([len(x) for x in new], [n + len(x) for n, x in zip(reused, new, strict=False)])
+        rows = prefill_cost(model, *sizes, "rows") < prefill_cost(model, *sizes, "batch")
+    if rows and batch > 1:
         past, mask, last_pos, logits, new_states = _prefill_rows(model, new, reused, kvs, config, keep, cache_kw,
                                                                 device)
     else:
