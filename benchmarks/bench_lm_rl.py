@@ -47,10 +47,15 @@ Printed per path, and written as JSON (current path at the top level, baseline u
   ``iteration_speedup_every_row``: the same with ``update_s_every_row`` on both paths (conservative: it gives the
   current path no credit for skipping rows); ``*_cpu_s`` and ``iteration_speedup*_cpu``: the same in CPU time of
   the process (all its threads), which other jobs on a shared machine disturb less than the wall clock;
+  ``iteration_speedup_total_every_row``: the ratio of the paths' total every-row iteration time over all their
+  iterations (the medians take rollout and update from different iterations when episode lengths vary);
 * ``update_s[<variant>]`` (current path): the every-row update with the defaults and with one of them turned off
   or an alternative on (``ABLATIONS``: the padding mask back on, a padding limit in the length bucketing),
   interleaved with the defaults, the fastest of ``--repeats``; so each choice is measured against the other in
-  the same run.
+  the same run;
+* ``rollout_s[prefill=batch]`` (current path): the same rollouts collected again with the prompts' new tokens in
+  one padded forward instead of row by row (``SamplingConfig.prefill``); ``prefill_batch_same_actions`` says
+  whether they ended with the same actions (they should: each episode samples from its own stream).
 
 The table goes to ``docs/results/bench_lm_rl.md`` (generated; the command, commit and wall time are in it).
 """
@@ -157,6 +162,20 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
         t0, c0 = time.perf_counter(), time.process_time()
         trajs, _ = algo.collect_batch(ENV_ID, agent, it, rng, env_kwargs=env_kwargs)
         t1, c1 = time.perf_counter(), time.process_time()
+        rollout_ablations = {}
+        if fast:  # the same rollouts (same tasks, seeds and sampling streams) with the prompts in one padded forward
+            saved_prefill, agent.sampling.prefill = agent.sampling.prefill, "batch"
+            saved_stats = dict(agent.stats)
+            try:
+                t5 = time.perf_counter()
+                again, _ = algo.collect_batch(ENV_ID, agent, it, np.random.default_rng(seed + it),
+                                              env_kwargs=env_kwargs)
+                rollout_ablations["rollout_s[prefill=batch]"] = time.perf_counter() - t5
+            finally:
+                agent.sampling.prefill = saved_prefill
+                agent.stats.update(saved_stats)
+            same = [t.turns[-1].action for t in again] == [t.turns[-1].action for t in trajs]
+            rollout_ablations["prefill_batch_same_actions"] = float(same)
         batch = build_batch(trajs, pad_id=algo.pad_id)
         with torch.no_grad():
             lp, _, _ = forward_policy(agent.model, batch.input_ids, batch.attention_mask,
@@ -240,6 +259,7 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
             "logprob_max_abs_diff": diff,
             "train_success": float(np.mean([t.success for t in trajs])),
             **({f"update_s[{k}]": v for k, v in timed.items()} if fast else {}),
+            **rollout_ablations,
         })
         yield
     for k in per_it[0]:
@@ -260,6 +280,11 @@ def run_path(label: str, checkpoint: Path, *, fast: bool, seed: int, iterations:
 
 def _f(x) -> str:
     return "—" if x is None else f"{x:.2f}"
+
+
+def _total(path: dict) -> float:
+    """Rollout + every-row update time summed over a path's iterations."""
+    return sum(p["rollout_s"] + p["update_s_every_row"] for p in path["per_iteration"])
 
 
 def write_table(res: dict, path: Path, command: str) -> None:
@@ -288,6 +313,7 @@ def write_table(res: dict, path: Path, command: str) -> None:
             ("rollout success (T = 0.7)", "train_success", "{:.2f}")]
     rows += [(f"update (s), every row through the passes, {'the defaults' if k == 'defaults' else f'`{k}`'} "
               f"(fastest of {res['repeats']})", f"update_s[{k}]", "{:.2f}") for k in ABLATIONS]
+    rows += [("rollout (s), the same rollouts with `prefill=\"batch\"`", "rollout_s[prefill=batch]", "{:.2f}")]
     for d in (res, b):
         d["iteration_s"] = d["rollout_s"] + d["update_s"]
         d["iteration_s_every_row"] = d["rollout_s"] + d["update_s_every_row"]
@@ -311,7 +337,8 @@ def write_table(res: dict, path: Path, command: str) -> None:
               f"**{res['iteration_speedup_every_row']:.1f}x with every row through both updates** (update "
               f"{b['update_s_every_row'] / res['update_s_every_row']:.1f}x). In CPU time of the process (less "
               f"sensitive to other jobs on the machine): {res['iteration_speedup_cpu']:.1f}x as run, "
-              f"{res['iteration_speedup_every_row_cpu']:.1f}x with every row.", ""]
+              f"{res['iteration_speedup_every_row_cpu']:.1f}x with every row. Over the iterations' total time "
+              f"(every row): {res['iteration_speedup_total_every_row']:.1f}x.", ""]
     write_text_atomic(path, "\n".join(lines))
 
 
@@ -357,6 +384,9 @@ def main(argv=None) -> int:
            / (cur["rollout_cpu_s"] + cur["update_cpu_s"]),
            "iteration_speedup_every_row_cpu": (base["rollout_cpu_s"] + base["update_cpu_s_every_row"])
            / (cur["rollout_cpu_s"] + cur["update_cpu_s_every_row"]),
+           # the iterations' total time: the medians above take rollout and update from different iterations
+           # when their episodes differ in length
+           "iteration_speedup_total_every_row": _total(base) / _total(cur),
            "commit": _commit(), "seed": a.seed, "threads": a.threads, "repeats": a.repeats,
            "machine": f"{platform.machine()}, torch {torch.__version__}",
            "wall_s": time.perf_counter() - t0}
