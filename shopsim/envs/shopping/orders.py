@@ -45,6 +45,18 @@ class ToolError(ValueError):
     """A tool call the database rejects (unknown order, wrong status...); reported as an invalid action."""
 
 
+def position_ref(ref: str, count: int, out_of_range: str) -> int | None:
+    """The 0-based index a position reference ``#k`` names among `count` shown entries, None when `ref` is not one;
+    `ToolError(out_of_range)` when there is no k-th entry."""
+    m = _POSITION.match(ref.strip())
+    if m is None:
+        return None
+    k = int(m.group(1))
+    if not 1 <= k <= count:
+        raise ToolError(out_of_range)
+    return k - 1
+
+
 @dataclass
 class Item:
     sku: str
@@ -92,13 +104,11 @@ class OrderDB:
     def order_key(self, order_id: str) -> str:
         """The id of the order `order_id` names: an id (``W1234567``, ``#W1234567``) or ``#k``, the k-th order of
         `list_orders`; `ToolError` when there is none."""
-        pos = _POSITION.match(order_id.strip())
-        if pos:
-            keys = list(self.orders)
-            k = int(pos.group(1))
-            if not 1 <= k <= len(keys):
-                raise ToolError(f"no order {order_id.strip()[:20]!r}: this customer has orders #1 to #{len(keys)}")
-            return keys[k - 1]
+        keys = list(self.orders)
+        k = position_ref(order_id, len(keys),
+                         f"no order {order_id.strip()[:20]!r}: this customer has orders #1 to #{len(keys)}")
+        if k is not None:
+            return keys[k]
         key = order_id.strip().lstrip("#").upper()
         if key not in self.orders:
             raise ToolError(f"no order {order_id[:20]!r} for this customer; see list_orders")
@@ -140,12 +150,10 @@ class OrderDB:
 
     # ---- writes ------------------------------------------------------------------------------------------
     def _item(self, o: Order, sku: str) -> Item:
-        pos = _POSITION.match(sku.strip())
-        if pos:
-            k = int(pos.group(1))
-            if not 1 <= k <= len(o.items):
-                raise ToolError(f"order {o.order_id} has items #1 to #{len(o.items)}, not {sku.strip()[:20]!r}")
-            return o.items[k - 1]
+        k = position_ref(sku, len(o.items),
+                         f"order {o.order_id} has items #1 to #{len(o.items)}, not {sku.strip()[:20]!r}")
+        if k is not None:
+            return o.items[k]
         for it in o.items:
             if it.sku.upper() == sku.strip().upper():
                 return it

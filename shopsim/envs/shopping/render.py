@@ -80,7 +80,7 @@ def _terse_page_lines(env) -> list[str] | None:
         n_pages = max(1, -(-len(env.hits) // env.results_per_page))
         lines = [f"Results page {env.page_num + 1}/{n_pages} ({len(env.hits)} hits):"]
         # after-sales tools name the replacement by SKU (exchange_item), so those tasks keep it on result lines
-        skus = env.task is not None and env.task.family == "after_sales" and getattr(env, "order_refs", "id") == "id"
+        skus = env.task is not None and env.task.family == "after_sales" and env.order_refs == "id"
         lines += [f"#{pos} " + (f"[{sku}] " if skus else "") + f"{title} ${price:.2f}"
                   for pos, (_, sku, title, price) in enumerate(env.page_rows(), 1)]
         return lines
@@ -135,9 +135,9 @@ def page_lines(env, full: bool, terse: bool = False) -> list[str]:
                          f" ({opts})")
         return lines
     if page == "orders":
-        return ["Page: orders of " + env.db.customer] + env.db.list_orders(getattr(env, "order_refs", "id"))
+        return ["Page: orders of " + env.db.customer] + env.db.list_orders(env.order_refs)
     if page == "order":
-        return ["Page: order details"] + env.db.order_lines(env.order_id, getattr(env, "order_refs", "id"))
+        return ["Page: order details"] + env.db.order_lines(env.order_id, env.order_refs)
     raise AssertionError(page)
 
 
@@ -194,7 +194,7 @@ def valid_actions(env) -> list[str]:
         out += [f"remove_from_cart[{env._sku(pid)}]" for pid, _ in env.cart]
     elif page == "order":
         o = env.db.orders[env.order_id]
-        by_pos = getattr(env, "order_refs", "id") == "position"
+        by_pos = env.order_refs == "position"
         ref = f"#{env.db.position(o.order_id)}" if by_pos else o.order_id
         if o.status in ("pending", "processing"):
             out += [f"cancel_order[{ref}, {r}]" for r in ("no longer needed", "ordered by mistake")]
@@ -209,7 +209,7 @@ def valid_actions(env) -> list[str]:
     if fam == "after_sales":
         out.append("list_orders")
         if env.page == "orders":
-            out += [f"get_order[#{k}]" if getattr(env, "order_refs", "id") == "position" else f"get_order[{oid}]"
+            out += [f"get_order[#{k}]" if env.order_refs == "position" else f"get_order[{oid}]"
                     for k, oid in enumerate(env.db.orders, 1)]
     elif fam != "after_sales" and env.cart:
         out.append("view_cart")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shopsim.envs.shopping.cache import product as _product
-from shopsim.envs.shopping.orders import grade
+from shopsim.envs.shopping.orders import grade, position_ref
 from shopsim.errors import ConfigError
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -313,15 +313,13 @@ def _return_item(env, order_id: str, sku: str) -> str:
 
 
 def _exchange_item(env, order_id: str, sku: str, new_sku: str) -> str:
-    pos = re.fullmatch(r"#\s*(\d+)", new_sku.strip())
-    if pos:  # '#k': the k-th result of the results page shown, as click[#k] reads it
-        rows = env.page_rows() if env.page == "results" else []
-        k = int(pos.group(1))
-        if not 1 <= k <= len(rows):
-            raise ActionError(f"exchange_item: new_sku {new_sku.strip()!r} names a result position; "
-                              + (f"this page shows #1 to #{len(rows)}" if rows else "search first, then name a "
-                                 "result of the results page shown"))
-        new_sku = rows[k - 1][1]
+    rows = env.page_rows() if env.page == "results" else []
+    # '#k': the k-th result of the results page shown, as click[#k] reads it
+    k = position_ref(new_sku, len(rows), f"exchange_item: new_sku {new_sku.strip()!r} names a result position; "
+                     + (f"this page shows #1 to #{len(rows)}" if rows else
+                        "search first, then name a result of the results page shown"))
+    if k is not None:
+        new_sku = rows[k][1]
     pid = env.catalog.sku_to_id(new_sku.strip().upper())
     new = None if pid is None else _product(env.catalog, pid)
     return env.db.exchange_item(order_id, sku, new)
