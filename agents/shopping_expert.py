@@ -16,7 +16,8 @@ Typical actions per task family:
   and opening only results of the profile's brand
 * after_sales: ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write
   (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it ->
-  ``answer[<what was done / why not>]`` -> ``finish``
+  ``answer[<what was done / why not>]`` -> ``finish``; with ``order_refs="title"`` it starts with
+  ``get_order[<the item's title>]``, copied from the request
 
 It opens results judged from the result line alone (type and goal attributes in the title, price within the
 ceiling), as a language agent must, and goes back (``click[< prev]``) when the product page shows a missing option.
@@ -82,8 +83,9 @@ class ShoppingExpert(ScriptedAgent):
         if query not in ("full", "span", "instruction"):
             raise ValueError(f"query={query!r}; choose 'full' (attributes, option values, type), 'span' or "
                              "'instruction'")
-        if order_refs not in ("id", "position"):
-            raise ValueError(f"order_refs={order_refs!r}; choose 'id' or 'position' (#k, the env's order_refs)")
+        if order_refs not in ("id", "position", "title"):
+            raise ValueError(f"order_refs={order_refs!r}; choose 'id', 'position' (#k, the env's order_refs) or "
+                             "'title'")
         self.order_refs = order_refs
         self.env_id = env_id
         self.click_by, self.query, self.arg_space = click_by, query, bool(arg_space)
@@ -265,14 +267,26 @@ class ShoppingExpert(ScriptedAgent):
         """list_orders -> get_order -> (search the new product) -> the gold write or none -> answer -> finish.
 
         With ``order_refs="position"`` the order, the item and the replacement are named by position (``#k``, as
-        the env's ``order_refs="position"`` rendering shows them) and the answer names none of them."""
+        the env's ``order_refs="position"`` rendering shows them) and the answer names none of them. With
+        ``order_refs="title"`` it opens the order by the item's title (copied from the request, no ``list_orders``)
+        and names the item by that title, the order and the replacement by position."""
         kind, oid = req["kind"], req["order_id"]
-        by_pos = self.order_refs == "position"
+        by_pos = self.order_refs in ("position", "title")
         phase = st["phase"]
+        if phase == "start" and self.order_refs == "title":
+            # the product's title, copied from the request, opens the order that holds it (no order list needed)
+            cat = self._catalog(info)
+            title = cat.product(cat.sku_to_id(req["sku"])).title
+            st["phase"] = "titled"
+            return f"get_order[{title}]"
         if phase == "start":
             st["phase"] = "listed"
             return "list_orders"
         orders = info["structured"].get("orders") or []
+        if phase == "titled":  # the details page is open: name the order by the position its header shows
+            k = next(k for k, o in enumerate(orders, 1) if o["order_id"] == oid)
+            title = next(it["title"] for it in orders[k - 1]["items"] if it["sku"] == req["sku"])
+            st["refs"], phase = (f"#{k}", title), "viewed"
         if phase == "listed":
             st["phase"] = "viewed"
             if by_pos:

@@ -124,7 +124,7 @@ def test_recipe_options_become_env_and_expert_options():
     assert cfg.env_options() == {"numbered_results": True, "obs_mode": "terse", "results_per_page": 5,
                                  "order_refs": "position"}
     assert cfg.expert_options() == {"click_by": "index", "query": "instruction", "arg_space": True,
-                                    "order_refs": "position"}
+                                    "order_refs": "title"}
     assert (cfg.context_mode, cfg.curriculum_steps, cfg.augment_copies, cfg.families) == \
         ("concat", 2000, 1, ("find_and_buy",))
     assert not cfg.pins_first_turn and SFTConfig(context_mode="window").pins_first_turn
@@ -271,3 +271,27 @@ def test_concat_curriculum_trains_on_each_episode_cut_after_its_first_action(exp
     assert per_row[:4].max() <= longest_first < per_row[4:].max()
     # one action per curriculum row: agent tokens per row are one action's length
     assert all(h["agent_tokens"] / h["rows"] < 20 for h in seen[:4])
+
+
+def test_clarify_hint_names_each_slot_with_the_tokens_the_question_copies():
+    """The expert asks "Which <slot> would you like?"; the hint must spell every option slot with the same BPE
+    tokens (a leading blank, not "(color"), so that the question is a token copy of the task line."""
+    from agents.shopping_expert import _question
+    from shopsim.catalog import load_catalog
+    from shopsim.envs.shopping.tasks import make_task
+
+    tok = load_tokenizer()
+    cat = load_catalog(2000, 0)
+    checked = 0
+    for task_id in range(60):
+        task = make_task(cat, "clarify_and_buy", "train", task_id)
+        hint_ids = tok(task.instruction)["input_ids"]
+        for kind, name in task.hidden:
+            if kind != "option":
+                continue
+            slot_ids = tok(" " + name)["input_ids"]
+            question_ids = tok(" " + _question([kind, name]))["input_ids"]  # as in "ask[ Which ...]"
+            for ids in (question_ids, hint_ids):
+                assert any(ids[i:i + len(slot_ids)] == slot_ids for i in range(len(ids))), (task.instruction, name)
+            checked += 1
+    assert checked >= 20

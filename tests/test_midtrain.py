@@ -15,8 +15,8 @@ ENV = "shopsim/Shopping-v0"
 EXPERT_ENV = {"numbered_results": True, "obs_mode": "terse", "results_per_page": 5}
 
 TASK = "Task: i need a red wool scarf, and price lower than 30.00 dollars\nPage: search (use search[keywords])"
-CLARIFY = ("Task: i want a backpack, and price lower than 50.00 dollars. I have more preferences (a must-have "
-           "feature); ask me about them.\nPage: search (use search[keywords])")
+CLARIFY = ("Task: i want a backpack, and price lower than 50.00 dollars. I have more preferences: a must-have "
+           "feature; ask me about them.\nPage: search (use search[keywords])")
 RESULTS = "Results page 1/5 (50 hits):\n#1 Red Wool Scarf $12.00"
 PRODUCT = "Product: Red Wool Scarf\nPrice: $12.00"
 

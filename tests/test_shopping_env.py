@@ -19,6 +19,7 @@ from agents.random_agent import RandomTextAgent
 from agents.shopping_expert import ShoppingExpert
 from shopsim.envs.shopping import FAMILIES, ShoppingEnv
 from shopsim.envs.shopping.actions import Action
+from shopsim.envs.shopping.orders import ToolError
 from shopsim.errors import ConfigError
 
 SIZE = 2000
@@ -294,6 +295,46 @@ def test_after_sales_position_references_reach_the_same_database(kind):
     assert req["order_id"] not in pages and req["sku"] not in pages
     assert re.search(r"^#1 \(", shown, re.M)  # the orders page lists orders by position
     assert all(req["order_id"] not in a and req["sku"] not in a for a in pos_actions)
+
+
+@pytest.mark.parametrize("kind", ["cancel", "return", "exchange", "refuse_window", "refuse_type"])
+def test_after_sales_title_references_reach_the_same_database(kind):
+    """The expert's order_refs="title": the item's title, copied from the request, opens its order (no order list)
+    and names the item; the final database and grade equal those of the id references."""
+    by_id = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5)
+    by_title = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5,
+                           order_refs="position")
+    _, _, id_info = _after_sales_episode(by_id, kind, "id")
+    actions, observations, info = _after_sales_episode(by_title, kind, "title")
+    assert id_info["success"] and info["success"]
+    assert by_title.db.state_key() == by_id.db.state_key()
+    req = by_title.task.request
+    title = next(it.title for o in by_title.db.orders.values() for it in o.items if it.sku == req["sku"])
+    assert title in observations[0] and actions[0] == f"get_order[{title}]"
+    assert "list_orders" not in actions
+    if kind in ("return", "exchange"):
+        write = next(a for a in actions if a.startswith(("return_item", "exchange_item")))
+        assert write[:-1].split("[", 1)[1].split(", ")[1] == title
+    assert all(req["order_id"] not in a and req["sku"] not in a for a in actions)
+
+
+def test_after_sales_title_references_are_checked():
+    """A title names the order holding that item and the item itself, in any case and spacing; an unknown title or
+    a title from another order is an invalid action."""
+    env = ShoppingEnv(catalog_size=SIZE, order_refs="position")
+    _, info = env.reset(seed=0, options={"family": "after_sales", "task_id": 3})
+    orders = list(env.db.orders.values())
+    last = orders[-1]
+    item = last.items[-1]
+    _, _, _, _, info = env.step(f"get_order[  {item.title.upper()} ]")
+    assert info["invalid_action"] is None and info["structured"]["order_id"] == last.order_id
+    assert env.db.order_key(item.title.lower()) == last.order_id
+    assert env.db._item(last, " ".join(item.title.split())).sku == item.sku
+    _, _, _, _, info = env.step("get_order[No Such Product Title]")
+    assert "no order" in info["invalid_action"] and "title" in info["invalid_action"]
+    other = orders[0].items[0].title
+    with pytest.raises(ToolError, match="has no item"):
+        env.db._item(last, other)
 
 
 def test_after_sales_position_references_are_checked():

@@ -125,9 +125,11 @@ class SFTConfig:
     expert_query: Literal["full", "span", "instruction"] = "instruction"
     """The expert's search: full = attributes, option values, type; span = '<attributes> <type>'; instruction =
     the task line up to its price clause."""
-    order_refs: Literal["id", "position"] = "position"
+    order_refs: Literal["id", "position", "title"] = "title"
     """Env ``order_refs`` and the expert's after-sales references: position names orders, order items and the
-    replacement product as ``#k`` (and the expert's answers name none of them), id copies order ids and SKUs."""
+    replacement product as ``#k`` (and the expert's answers name none of them), id copies order ids and SKUs;
+    title is the position rendering with the expert opening the order by the item's title and naming the item by
+    it, both copied from the customer's request (a copy instead of matching the request against the order list)."""
     arg_space: bool = True
     """The expert writes ``click[ x]`` / ``search[ q]``: the same action, but the argument's first word tokenizes
     as in the task line it is copied from."""
@@ -167,7 +169,7 @@ class SFTConfig:
         return {**({"numbered_results": True} if self.numbered_results else {}),
                 **({"obs_mode": self.obs_mode} if self.obs_mode != "compact" else {}),
                 **({"results_per_page": self.results_per_page} if self.results_per_page else {}),
-                **({"order_refs": self.order_refs} if self.order_refs != "id" else {}),
+                **({"order_refs": "position"} if self.order_refs != "id" else {}),
                 **self.env_kwargs}
 
     def expert_options(self) -> dict:

@@ -15,7 +15,9 @@ the agent both opened the request's order (``get_order``) and sent at least one 
 Position references. Besides ids, every tool takes ``#k`` for an order (the k-th line of ``list_orders``) and for
 an item (the k-th item line of its order's details), as WebShop-style agents click results by position; the
 ``order_refs="position"`` rendering (`ShoppingEnv`) shows those positions instead of the ids, so an agent never has
-to copy a 10-character code.
+to copy a 10-character code. A product's title (as the customer wrote it, any case) names the item and, where an
+order is expected, the order that holds it: the titles of one customer's items are distinct, so an agent can copy
+the product out of the request instead of matching it against the order list.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ POLICY_FULL = (
 
 class ToolError(ValueError):
     """A tool call the database rejects (unknown order, wrong status...); reported as an invalid action."""
+
+
+def _title_key(text: str) -> str:
+    return " ".join(text.lower().split())
 
 
 def position_ref(ref: str, count: int, out_of_range: str) -> int | None:
@@ -102,17 +108,22 @@ class OrderDB:
         return self.orders[self.order_key(order_id)]
 
     def order_key(self, order_id: str) -> str:
-        """The id of the order `order_id` names: an id (``W1234567``, ``#W1234567``) or ``#k``, the k-th order of
-        `list_orders`; `ToolError` when there is none."""
+        """The id of the order `order_id` names: an id (``W1234567``, ``#W1234567``), ``#k``, the k-th order of
+        `list_orders`, or the title of one of its items; `ToolError` when there is none."""
         keys = list(self.orders)
         k = position_ref(order_id, len(keys),
                          f"no order {order_id.strip()[:20]!r}: this customer has orders #1 to #{len(keys)}")
         if k is not None:
             return keys[k]
         key = order_id.strip().lstrip("#").upper()
-        if key not in self.orders:
-            raise ToolError(f"no order {order_id[:20]!r} for this customer; see list_orders")
-        return key
+        if key in self.orders:
+            return key
+        title = _title_key(order_id)
+        for o in self.orders.values():
+            if any(_title_key(it.title) == title for it in o.items):
+                return o.order_id
+        raise ToolError(f"no order {order_id[:20]!r} for this customer (an order id, #k or an item's title); "
+                        "see list_orders")
 
     def position(self, order_id: str) -> int:
         """The 1-based place of order `order_id` in `list_orders`."""
@@ -154,10 +165,11 @@ class OrderDB:
                          f"order {o.order_id} has items #1 to #{len(o.items)}, not {sku.strip()[:20]!r}")
         if k is not None:
             return o.items[k]
+        title = _title_key(sku)
         for it in o.items:
-            if it.sku.upper() == sku.strip().upper():
+            if it.sku.upper() == sku.strip().upper() or _title_key(it.title) == title:
                 return it
-        raise ToolError(f"order {o.order_id} has no item {sku[:20]!r}")
+        raise ToolError(f"order {o.order_id} has no item {sku[:20]!r} (a SKU, #k or the item's title)")
 
     def cancel_order(self, order_id: str, reason: str) -> str:
         o = self._order(order_id)

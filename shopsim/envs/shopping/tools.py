@@ -326,8 +326,10 @@ def _exchange_item(env, order_id: str, sku: str, new_sku: str) -> str:
 
 
 _SKU = "A product SKU as shown in brackets, e.g. B0ABCDEFGH."
-_ORDER = "An order id from list_orders, e.g. W1234567, or '#2' for the 2nd order listed."
-_ITEM = "An item's SKU as shown in the order details, e.g. B0ABCDEFGH, or '#1' for its 1st item."
+_ORDER = ("An order id from list_orders, e.g. W1234567, '#2' for the 2nd order listed, or the title of a product in "
+          "the order.")
+_ITEM = ("An item's SKU as shown in the order details, e.g. B0ABCDEFGH, '#1' for its 1st item, or the product's "
+         "title.")
 _NEW = "The new product's SKU, e.g. B0ABCDEFGH, or '#3' for the 3rd result of the results page shown."
 
 #: the built-in tools, in the order agents see them (`tool_schemas`)
