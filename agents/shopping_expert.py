@@ -17,7 +17,7 @@ Typical actions per task family:
 * after_sales: ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write
   (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it ->
   ``answer[<what was done / why not>]`` -> ``finish``; with ``order_refs="title"`` it starts with
-  ``get_order[<the item's title>]``, copied from the request
+  ``get_order["<the item's title>"]``, copied with its quotes from the request
 
 It opens results judged from the result line alone (type and goal attributes in the title, price within the
 ceiling), as a language agent must, and goes back (``click[< prev]``) when the product page shows a missing option.
@@ -278,7 +278,7 @@ class ShoppingExpert(ScriptedAgent):
             cat = self._catalog(info)
             title = cat.product(cat.sku_to_id(req["sku"])).title
             st["phase"] = "titled"
-            return f"get_order[{title}]"
+            return f'get_order["{title}"]'
         if phase == "start":
             st["phase"] = "listed"
             return "list_orders"
@@ -286,7 +286,7 @@ class ShoppingExpert(ScriptedAgent):
         if phase == "titled":  # the details page is open: name the order by the position its header shows
             k = next(k for k, o in enumerate(orders, 1) if o["order_id"] == oid)
             title = next(it["title"] for it in orders[k - 1]["items"] if it["sku"] == req["sku"])
-            st["refs"], phase = (f"#{k}", title), "viewed"
+            st["refs"], phase = (f"#{k}", f'"{title}"'), "viewed"
         if phase == "listed":
             st["phase"] = "viewed"
             if by_pos:

@@ -310,23 +310,23 @@ def test_after_sales_title_references_reach_the_same_database(kind):
     assert by_title.db.state_key() == by_id.db.state_key()
     req = by_title.task.request
     title = next(it.title for o in by_title.db.orders.values() for it in o.items if it.sku == req["sku"])
-    assert title in observations[0] and actions[0] == f"get_order[{title}]"
+    assert f'"{title}"' in observations[0] and actions[0] == f'get_order["{title}"]'
     assert "list_orders" not in actions
     if kind in ("return", "exchange"):
         write = next(a for a in actions if a.startswith(("return_item", "exchange_item")))
-        assert write[:-1].split("[", 1)[1].split(", ")[1] == title
+        assert write[:-1].split("[", 1)[1].split(", ")[1] == f'"{title}"'
     assert all(req["order_id"] not in a and req["sku"] not in a for a in actions)
 
 
 def test_after_sales_title_references_are_checked():
-    """A title names the order holding that item and the item itself, in any case and spacing; an unknown title or
-    a title from another order is an invalid action."""
+    """A title names the order holding that item and the item itself, quoted or not, in any case and spacing; an
+    unknown title or a title from another order is an invalid action."""
     env = ShoppingEnv(catalog_size=SIZE, order_refs="position")
     _, info = env.reset(seed=0, options={"family": "after_sales", "task_id": 3})
     orders = list(env.db.orders.values())
     last = orders[-1]
     item = last.items[-1]
-    _, _, _, _, info = env.step(f"get_order[  {item.title.upper()} ]")
+    _, _, _, _, info = env.step(f'get_order[  "{item.title.upper()}" ]')
     assert info["invalid_action"] is None and info["structured"]["order_id"] == last.order_id
     assert env.db.order_key(item.title.lower()) == last.order_id
     assert env.db._item(last, " ".join(item.title.split())).sku == item.sku
