@@ -360,13 +360,14 @@ def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
         reason = CANCEL_REASONS[int(rng.integers(2))]
         request["reason"] = reason
         reason_text = tpl["cancel_reason_text"][reason][int(rng.integers(2))]
-        text = pick("cancel_request").format(title=item.title, reason_text=reason_text)
+        text = pick("cancel_request").format(title=item.title.lower(), reason_text=reason_text)
     elif kind in ("return", "refuse_window"):
-        text = pick("return_request").format(title=item.title)
+        text = pick("return_request").format(title=item.title.lower())
     else:
         new = _exchange_target(catalog, rng, pool, item, same_type=(kind == "exchange"))
         request["new_id"], request["new_sku"] = int(new.product_id), new.sku
-        text = pick("exchange_request").format(title=item.title, new_title=new.title)
+        # customers write product names in lower case, as every other task line is written
+        text = pick("exchange_request").format(title=item.title.lower(), new_title=new.title.lower())
     db = OrderDB(name, orders)
     return Task("after_sales", split, task_id, f"{greet} {text}", [], customer=name, request=request,
                 orders=db, patience=3)
