@@ -273,18 +273,24 @@ def _after_sales_episode(env, kind, refs):
             return actions, observations, info
 
 
+def _same_database_as_ids(kind, refs):
+    """The expert's episode of request `kind` with references `refs` on the position rendering, checked against
+    the id references: both succeed on the same task and leave the same database. (env, actions, observations)"""
+    by_id = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5)
+    env = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5,
+                      order_refs="position")
+    _, _, id_info = _after_sales_episode(by_id, kind, "id")
+    actions, observations, info = _after_sales_episode(env, kind, refs)
+    assert id_info["success"] and info["success"]
+    assert env.db.state_key() == by_id.db.state_key() and env.task.task_id == by_id.task.task_id
+    return env, actions, observations
+
+
 @pytest.mark.parametrize("kind", ["cancel", "return", "exchange", "refuse_window", "refuse_type"])
 def test_after_sales_position_references_reach_the_same_database(kind):
     """order_refs="position": orders, items and the replacement named as #k give the same final database (and
     grade) as the ids, and the pages show positions instead of order ids and SKUs."""
-    by_id = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5)
-    by_pos = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5,
-                         order_refs="position")
-    id_actions, _, id_info = _after_sales_episode(by_id, kind, "id")
-    pos_actions, pos_obs, pos_info = _after_sales_episode(by_pos, kind, "position")
-    assert id_info["success"] and pos_info["success"]
-    assert by_pos.db.state_key() == by_id.db.state_key()
-    assert by_pos.task.task_id == by_id.task.task_id
+    by_pos, pos_actions, pos_obs = _same_database_as_ids(kind, "position")
     writes = [a for a in pos_actions if a.split("[")[0] in ("get_order", "cancel_order", "return_item",
                                                              "exchange_item")]
     assert writes and all(re.fullmatch(r"\w+\[#\d+(, (#\d+|no longer needed|ordered by mistake))*\]", a)
@@ -301,13 +307,7 @@ def test_after_sales_position_references_reach_the_same_database(kind):
 def test_after_sales_title_references_reach_the_same_database(kind):
     """The expert's order_refs="title": the item's title, copied from the request, opens its order (no order list)
     and names the item; the final database and grade equal those of the id references."""
-    by_id = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5)
-    by_title = ShoppingEnv(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5,
-                           order_refs="position")
-    _, _, id_info = _after_sales_episode(by_id, kind, "id")
-    actions, observations, info = _after_sales_episode(by_title, kind, "title")
-    assert id_info["success"] and info["success"]
-    assert by_title.db.state_key() == by_id.db.state_key()
+    by_title, actions, observations = _same_database_as_ids(kind, "title")
     req = by_title.task.request
     title = next(it.title for o in by_title.db.orders.values() for it in o.items if it.sku == req["sku"])
     title = title.lower()  # as the request writes it
