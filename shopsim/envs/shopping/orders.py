@@ -15,9 +15,9 @@ the agent both opened the request's order (``get_order``) and sent at least one 
 Position references. Besides ids, every tool takes ``#k`` for an order (the k-th line of ``list_orders``) and for
 an item (the k-th item line of its order's details), as WebShop-style agents click results by position; the
 ``order_refs="position"`` rendering (`ShoppingEnv`) shows those positions instead of the ids, so an agent never has
-to copy a 10-character code. A product's title (as the customer wrote it, in quotes or not, any case) names the item and, where an
-order is expected, the order that holds it: the titles of one customer's items are distinct, so an agent can copy
-the product out of the request instead of matching it against the order list.
+to copy a 10-character code. A product's title (as the customer wrote it, in quotes or not, any case) names the
+item and, where an order is expected, the order that holds it: the titles of one customer's items are distinct, so
+an agent can copy the product out of the request instead of matching it against the order list.
 """
 
 from __future__ import annotations
