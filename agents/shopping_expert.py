@@ -276,17 +276,16 @@ class ShoppingExpert(ScriptedAgent):
         if phase == "start" and self.order_refs == "title":
             # the product's title, copied from the request, opens the order that holds it (no order list needed)
             cat = self._catalog(info)
-            title = cat.product(cat.sku_to_id(req["sku"])).title.lower()  # as the request writes it
+            st["title"] = f'"{cat.product(cat.sku_to_id(req["sku"])).title.lower()}"'  # as the request quotes it
             st["phase"] = "titled"
-            return f'get_order["{title}"]'
+            return f"get_order[{st['title']}]"
         if phase == "start":
             st["phase"] = "listed"
             return "list_orders"
         orders = info["structured"].get("orders") or []
         if phase == "titled":  # the details page is open: name the order by the position its header shows
             k = next(k for k, o in enumerate(orders, 1) if o["order_id"] == oid)
-            title = next(it["title"] for it in orders[k - 1]["items"] if it["sku"] == req["sku"])
-            st["refs"], phase = (f"#{k}", f'"{title.lower()}"'), "viewed"
+            st["refs"], phase = (f"#{k}", st["title"]), "viewed"
         if phase == "listed":
             st["phase"] = "viewed"
             if by_pos:
