@@ -17,7 +17,8 @@ Typical actions per task family:
 * after_sales: ``list_orders`` -> ``get_order[<id>]`` -> (exchange: ``search[<new title>]``) -> the write
   (``cancel_order`` / ``return_item`` / ``exchange_item``), or none when the policy forbids it ->
   ``answer[<what was done / why not>]`` -> ``finish``; with ``order_refs="title"`` it starts with
-  ``get_order["<the item's title>"]``, copied with its quotes from the request
+  ``get_order["<the item's title>"]`` and an exchange searches ``search["<new title>"]``, both copied with their
+  quotes from the request
 
 It opens results judged from the result line alone (type and goal attributes in the title, price within the
 ceiling), as a language agent must, and goes back (``click[< prev]``) when the product page shows a missing option.
@@ -50,9 +51,11 @@ MAX_VIEWS = 6  # product pages that turned out wrong before the expert falls bac
 
 
 def _bundle_items(instruction: str) -> list[str]:
-    """The item requests of a bundle task line, "... dollars: (1) a x, with size s; (2) a y. Put them ..."."""
+    """The item requests of a bundle task line, "... dollars: (1) a x, with size s; (2) a y. Put them ...", each
+    with its number: ["(1) a x, with size s", "(2) a y"]. The number starts the query copied from it, so that a
+    language agent finds the next clause by its number rather than by the place of its own previous query."""
     body = instruction.split(". Put them")[0]
-    parts = re.split(r"\(\d+\) ", body)[1:]
+    parts = re.split(r"(?=\(\d+\) )", body)[1:]
     return [p.strip().rstrip(";").strip() for p in parts]
 
 
@@ -297,8 +300,10 @@ class ShoppingExpert(ScriptedAgent):
         if phase == "viewed":
             if kind == "exchange":
                 st["phase"] = "searched"
-                title = self._catalog(info).product(req["new_id"]).title
-                return f"search[{title.lower()}]"
+                title = self._catalog(info).product(req["new_id"]).title.lower()
+                # title mode copies the new title with the quotes the request puts around it: then its first word
+                # is the same token as in the request (a bare word after the bracket would tokenize differently)
+                return f'search["{title}"]' if self.order_refs == "title" else f"search[{title}]"
             st["phase"] = "written"
             if kind == "cancel":
                 return f"cancel_order[{order}, {req['reason']}]"

@@ -316,6 +316,9 @@ def test_after_sales_title_references_reach_the_same_database(kind):
     if kind in ("return", "exchange"):
         write = next(a for a in actions if a.startswith(("return_item", "exchange_item")))
         assert write[:-1].split("[", 1)[1].split(", ")[1] == f'"{title}"'
+    if kind == "exchange":  # the new product's title, quoted as in the request, so its words tokenize the same
+        new = by_title.catalog.product(req["new_id"]).title.lower()
+        assert f'"{new}"' in observations[0] and f'search["{new}"]' in actions
     assert all(req["order_id"] not in a and req["sku"] not in a for a in actions)
 
 
