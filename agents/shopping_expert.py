@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import re
 
-from agents.base import ScriptedAgent
+import numpy as np
+
+from agents.base import Decision, ScriptedAgent
 from shopsim.envs.shopping.grading import Goal, best_options, satisfies, score_purchase
 
 MAX_PAGES = 2
@@ -80,7 +82,9 @@ class ShoppingExpert(ScriptedAgent):
 
     def __init__(self, env_id: str = "shopsim/Shopping-v0", catalog_size: int | None = None,
                  catalog_seed: int | None = None, click_by: str = "sku", query: str = "full",
-                 arg_space: bool = False, order_refs: str = "id"):
+                 arg_space: bool = False, order_refs: str = "id", noise: float = 0.0):
+        if not 0.0 <= noise < 1.0:
+            raise ValueError(f"noise={noise!r}; give the share of perturbed clicks, in [0, 1)")
         if click_by not in ("sku", "index"):
             raise ValueError(f"click_by={click_by!r}; choose 'sku' or 'index'")
         if query not in ("full", "span", "instruction"):
@@ -93,7 +97,56 @@ class ShoppingExpert(ScriptedAgent):
         self.env_id = env_id
         self.click_by, self.query, self.arg_space = click_by, query, bool(arg_space)
         self.catalog_size, self.catalog_seed = catalog_size, catalog_seed
+        self.noise = float(noise)
         self.state: dict[int, dict] = {}
+        self._episode_rng: dict[int, np.random.Generator] = {}
+        self._last_wrong: dict[int, bool] = {}
+
+    def seed_episode(self, slot, seed) -> None:
+        self._episode_rng[slot] = np.random.default_rng(seed)
+        self._last_wrong[slot] = False
+
+    def act(self, observations, infos, slots) -> list[Decision]:
+        out = []
+        for obs, info, slot in zip(observations, infos, slots, strict=True):
+            action = self.act_one(slot, obs, info)
+            # never twice in a row: each mistake is followed by the expert's recovery
+            wrong = self._perturb(slot, action, info) if self.noise > 0 and not self._last_wrong.get(slot) else None
+            self._last_wrong[slot] = wrong is not None
+            out.append(Decision(action) if wrong is None else Decision(wrong, extra={"perturbed": True}))
+        return out
+
+    def _perturb(self, slot, action, info) -> str | None:
+        """With probability `noise`, a wrong click in place of the expert's result or option click (DART, Laskey
+        et al. 2017, "DART: Noise Injection for Robust Imitation Learning"): another result, another value of
+        the option, or the click's argument garbled by one dropped character (an invalid action). The expert's
+        next actions recover from it (back to the results, the right option, the click again), so the SFT data
+        shows recovery from the states a learner's own mistakes lead to; the perturbed action itself is
+        flagged ``turn.extra["perturbed"]`` and is not trained on (`agents.lm.sft.build_examples`). Only clicks
+        are perturbed, never two turns in a row: they leave the expert's episode state as it was, and
+        after-sales episodes are left alone."""
+        m = re.fullmatch(r"click\[( ?)(.+)\]", action) if isinstance(action, str) else None
+        s = info.get("structured", {})
+        if m is None or info["oracle"]["family"] == "after_sales" or s.get("page") not in ("results", "item"):
+            return None
+        rng = self._episode_rng.get(slot, self.rng)
+        if rng.random() >= self.noise:
+            return None
+        pad, arg = m.groups()
+        alternatives = []
+        if s["page"] == "results" and re.fullmatch(r"#\d+", arg):
+            alternatives = [f"#{k + 1}" for k in range(len(s["results"])) if f"#{k + 1}" != arg]
+        elif s["page"] == "item":
+            for name, values in s["product"]["options"].items():
+                if any(self._label(s["product"], name, v) == arg for v in values):
+                    alternatives = [self._label(s["product"], name, v) for v in values
+                                    if self._label(s["product"], name, v) != arg]
+        if not alternatives or rng.random() < 0.3:
+            if len(arg) < 3:
+                return None
+            cut = int(rng.integers(0, len(arg)))
+            return f"click[{pad}{arg[:cut] + arg[cut + 1:]}]"
+        return f"click[{pad}{alternatives[int(rng.integers(len(alternatives)))]}]"
 
     def begin_episode(self, slot, observation, info) -> None:
         self.state[slot] = {"asked": 0, "goal": 0, "pages": 0, "fallback": False, "confirmed": False,

@@ -58,6 +58,35 @@ def test_examples_mask_exactly_the_expert_actions(expert_trajs, mode):
     assert got == want
 
 
+@pytest.mark.parametrize("mode", ["window", "concat"])
+def test_examples_leave_perturbed_actions_unlearnt(mode):
+    """The expert's injected wrong clicks (``extra["perturbed"]``) stay in the context but get no loss: the learnt
+    actions are exactly the unflagged ones, in order."""
+    cfg = SFTConfig(expert_noise=0.4, families=("clarify_and_buy",))
+    trajs = expert_trajectories(ENV, 4, seed=2, split="dev", reset_options={"family": "clarify_and_buy"},
+                                progress=False, num_envs=4, env_kwargs=cfg.env_options(),
+                                expert_kwargs=cfg.expert_options())
+    assert any(t.extra.get("perturbed") for x in trajs for t in x.turns)
+    tok = load_tokenizer()
+    rows = build_examples(trajs, ChatFormat(tok), mode=mode, history=1, pin_first_turn=True)
+    want = [tok(str(t.action), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            for x in trajs for t in x.turns if not t.extra.get("perturbed")]
+    got = []
+    for ids, mask in rows:
+        seg: list[int] = []
+        for i, m in zip(ids, mask, strict=False):
+            if m:
+                seg.append(i)
+                if i == tok.eos_token_id:
+                    got.append(seg)
+                    seg = []
+    assert got == want
+    if mode == "concat":  # the wrong clicks are still in the context the later actions are learnt from
+        wrong = next(t for x in trajs for t in x.turns if t.extra.get("perturbed"))
+        text = [tok.decode(ids) for ids, _ in rows]
+        assert any(str(wrong.action) in t for t in text)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_sft_loss_without_padding_mask_equals_the_masked_loss(expert_trajs, arch):
     """Right-padded rows of different lengths: the maskless forward (the default) gives the masked forward's loss

@@ -197,3 +197,37 @@ def test_expert_arg_space_writes_the_same_actions_with_a_blank():
     assert pages0 == pages1
     assert [a.replace("[ ", "[") for a in spaced] == plain
     assert all("[ " in a and "[  " not in a for a in spaced if "[" in a)
+
+
+@pytest.mark.parametrize("family", ["find_and_buy", "clarify_and_buy", "bundle"])
+def test_expert_noise_injects_flagged_wrong_clicks_and_recovers(family):
+    """DART noise: some result/option clicks are replaced by another result, another option value or a garbled
+    click, flagged ``extra["perturbed"]``; the expert recovers and still succeeds; the same seed gives the same
+    episodes; after-sales episodes and non-click actions are never perturbed."""
+    from shopsim.rollout import collect
+
+    kw = dict(env_id=ENV_ID, click_by="index", query="instruction", arg_space=True)
+    run_kw = dict(episodes=12, split="dev", num_envs=3, reset_options={"family": family}, progress=False,
+                  env_kwargs={"catalog_size": SIZE, "numbered_results": True, "results_per_page": 5})
+    noisy = collect(ENV_ID, ShoppingExpert(**kw, noise=0.3), seed=3, **run_kw)
+    again = collect(ENV_ID, ShoppingExpert(**kw, noise=0.3), seed=3, **run_kw)
+    clean = collect(ENV_ID, ShoppingExpert(**kw), seed=3, **run_kw)
+    assert [[t.action for t in x.turns] for x in noisy] == [[t.action for t in x.turns] for x in again]
+    assert not any(t.extra.get("perturbed") for x in clean for t in x.turns)
+    perturbed = [(x, k) for x in noisy for k, t in enumerate(x.turns) if t.extra.get("perturbed")]
+    assert len(perturbed) >= 3
+    assert not any(x.turns[k + 1].extra.get("perturbed") for x, k in perturbed if k + 1 < len(x.turns))
+    for x, k in perturbed:
+        turn = x.turns[k]
+        assert turn.action.startswith("click[")
+        # the expert's next own action differs from the wrong one (it goes back, fixes the option or clicks again)
+        after = [t for t in x.turns[k + 1:] if not t.extra.get("perturbed")]
+        assert after and after[0].action != turn.action
+    assert np.mean([x.success for x in noisy]) >= 0.9
+    # a wrong click moved the episode off the clean path somewhere
+    assert [len(x.turns) for x in noisy] != [len(x.turns) for x in clean]
+    sales = collect(ENV_ID, ShoppingExpert(env_id=ENV_ID, order_refs="title", noise=0.5), seed=3,
+                    **{**run_kw, "reset_options": {"family": "after_sales"}})
+    assert not any(t.extra.get("perturbed") for x in sales for t in x.turns)
+    with pytest.raises(ValueError, match="noise"):
+        ShoppingExpert(env_id=ENV_ID, noise=1.0)

@@ -133,6 +133,9 @@ class SFTConfig:
     arg_space: bool = True
     """The expert writes ``click[ x]`` / ``search[ q]``: the same action, but the argument's first word tokenizes
     as in the task line it is copied from."""
+    expert_noise: float = bounded(0.0, min=0, lt=1)
+    """Share of the expert's result and option clicks replaced by a wrong or garbled click, which the expert then
+    recovers from (DART noise injection; the wrong clicks are not trained on). 0: off."""
     families: tuple[str, ...] = ("find_and_buy",)
     """Task families of the expert episodes and of the dev evaluation (the first dev tasks of these families,
     `baselines.core.tasks.eval_tasks`, the same lists the RL trainers use); empty: all, `reset_options` decide."""
@@ -176,7 +179,8 @@ class SFTConfig:
         """Options of the scripted expert (`agents.shopping_expert`) that writes the SFT data."""
         return {**({"click_by": "index"} if self.numbered_results else {}), "query": self.expert_query,
                 **({"arg_space": True} if self.arg_space else {}),
-                **({"order_refs": self.order_refs} if self.order_refs != "id" else {})}
+                **({"order_refs": self.order_refs} if self.order_refs != "id" else {}),
+                **({"noise": self.expert_noise} if self.expert_noise else {})}
 
 
 def expert_trajectories(env_id: str, episodes: int, *, seed: int = 0, split: str = "train", reset_options=None,
@@ -214,7 +218,9 @@ def sft_expert_data(env_id: str, episodes: int, config: SFTConfig | None = None,
 def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", history: int = 2,
                    history_obs_chars: int | None = 160, max_tokens: int = 4096, only_success: bool = True,
                    pin_first_turn: bool = False):
-    """(ids, loss_mask) rows from trajectories; the mask is True on the agent's tokens (actions + stop token)."""
+    """(ids, loss_mask) rows from trajectories; the mask is True on the agent's tokens (actions + stop token),
+    except on the actions of turns flagged ``extra["perturbed"]`` (the expert's injected mistakes, see
+    `agents.shopping_expert.ShoppingExpert`'s `noise`): they stay in the context but are not learnt."""
     stop = min(fmt.stop_ids) if fmt.tokenizer.eos_token_id is None else fmt.tokenizer.eos_token_id
     rows: list[tuple[list[int], list[bool]]] = []
     for traj in trajectories:
@@ -232,11 +238,13 @@ def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", histo
                 ctx.step(turns[-1]["action_ids"], turn.observation)
             action_ids = fmt.encode(str(turn.action)) + [stop]
             turns.append({"prompt_ids": ctx.prompt(), "action_ids": action_ids})
+        learnt = [not (turn.extra or {}).get("perturbed") for turn in traj.turns]
         if mode == "window":
-            rows += [(t["prompt_ids"] + t["action_ids"], [False] * len(t["prompt_ids"]) + [True] * len(t["action_ids"]))
-                     for t in turns]
+            rows += [(t["prompt_ids"] + t["action_ids"], [False] * len(t["prompt_ids"]) + [ok] * len(t["action_ids"]))
+                     for t, ok in zip(turns, learnt, strict=True) if ok]
         else:
-            ids, gen, _ = concat_layout(turns)
+            ids, gen, turn_of = concat_layout(turns)
+            gen = [g and learnt[k] for g, k in zip(gen, turn_of, strict=True)]
             rows.append((ids[:max_tokens], gen[:max_tokens]))
     return rows
 
