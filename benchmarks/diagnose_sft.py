@@ -55,7 +55,7 @@ def diagnose(checkpoint: Path, families, episodes: int, seed: int) -> dict:
 
     from agents.lm.agent import LMAgent
     from agents.lm.prompts import EpisodeContext, concat_layout
-    from agents.lm.sft import expert_trajectories
+    from agents.lm.sft import encode_turns, expert_trajectories
 
     agent = LMAgent(env_id=ENV_ID, checkpoint=checkpoint)
     model, fmt = agent.model.eval(), agent.fmt
@@ -67,14 +67,7 @@ def diagnose(checkpoint: Path, families, episodes: int, seed: int) -> dict:
                                     env_kwargs=config.env_options(), expert_kwargs=config.expert_options())
         per_kind = defaultdict(lambda: {"n": 0, "tokens": 0, "loss": 0.0, "confident": 0})
         for traj in trajs:
-            ctx = EpisodeContext(fmt, mode="concat", max_prompt_tokens=1 << 30)
-            turns = []
-            for k, turn in enumerate(traj.turns):
-                if k == 0:
-                    ctx.start(turn.observation)
-                else:
-                    ctx.step(turns[-1]["action_ids"], turn.observation)
-                turns.append({"prompt_ids": ctx.prompt(), "action_ids": fmt.encode(str(turn.action)) + [stop]})
+            turns = encode_turns(traj, EpisodeContext(fmt, mode="concat", max_prompt_tokens=1 << 30), fmt, stop)
             ids, _, turn_of = concat_layout(turns)
             with torch.no_grad():
                 logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()

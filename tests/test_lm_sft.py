@@ -39,6 +39,20 @@ def expert_trajs():
     return expert_trajectories(ENV, 40, reset_options=FIND, progress=False, num_envs=8)
 
 
+def learnt_actions(rows, eos: int) -> list[list[int]]:
+    """The runs of loss-masked ids of SFT rows, one per learnt action (each ends at the eos token)."""
+    got = []
+    for ids, mask in rows:
+        seg: list[int] = []
+        for i, m in zip(ids, mask, strict=False):
+            if m:
+                seg.append(i)
+                if i == eos:
+                    got.append(seg)
+                    seg = []
+    return got
+
+
 @pytest.mark.parametrize("mode", ["window", "concat"])
 def test_examples_mask_exactly_the_expert_actions(expert_trajs, mode):
     tok = load_tokenizer()
@@ -46,16 +60,7 @@ def test_examples_mask_exactly_the_expert_actions(expert_trajs, mode):
     rows = build_examples(expert_trajs[:3], fmt, mode=mode)
     want = [tok(str(t.action), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             for traj in expert_trajs[:3] for t in traj.turns]
-    got = []
-    for ids, mask in rows:
-        seg: list[int] = []
-        for i, m in zip(ids, mask, strict=False):
-            if m:
-                seg.append(i)
-                if i == tok.eos_token_id:
-                    got.append(seg)
-                    seg = []
-    assert got == want
+    assert learnt_actions(rows, tok.eos_token_id) == want
 
 
 @pytest.mark.parametrize("mode", ["window", "concat"])
@@ -71,16 +76,7 @@ def test_examples_leave_perturbed_actions_unlearnt(mode):
     rows = build_examples(trajs, ChatFormat(tok), mode=mode, history=1, pin_first_turn=True)
     want = [tok(str(t.action), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             for x in trajs for t in x.turns if not t.extra.get("perturbed")]
-    got = []
-    for ids, mask in rows:
-        seg: list[int] = []
-        for i, m in zip(ids, mask, strict=False):
-            if m:
-                seg.append(i)
-                if i == tok.eos_token_id:
-                    got.append(seg)
-                    seg = []
-    assert got == want
+    assert learnt_actions(rows, tok.eos_token_id) == want
     if mode == "concat":  # the wrong clicks are still in the context the later actions are learnt from
         wrong = next(t for x in trajs for t in x.turns if t.extra.get("perturbed"))
         text = [tok.decode(ids) for ids, _ in rows]

@@ -215,6 +215,19 @@ def sft_expert_data(env_id: str, episodes: int, config: SFTConfig | None = None,
                                expert_kwargs=config.expert_options())
 
 
+def encode_turns(traj, ctx: EpisodeContext, fmt: ChatFormat, stop: int) -> list[dict]:
+    """An episode's recorded text re-encoded turn by turn: ``{"prompt_ids", "action_ids"}`` per turn, the prompt
+    from `ctx` (a fresh `EpisodeContext`), the action's ids followed by the `stop` token."""
+    turns: list[dict] = []
+    for k, turn in enumerate(traj.turns):
+        if k == 0:
+            ctx.start(turn.observation)
+        else:
+            ctx.step(turns[-1]["action_ids"], turn.observation)
+        turns.append({"prompt_ids": ctx.prompt(), "action_ids": fmt.encode(str(turn.action)) + [stop]})
+    return turns
+
+
 def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", history: int = 2,
                    history_obs_chars: int | None = 160, max_tokens: int = 4096, only_success: bool = True,
                    pin_first_turn: bool = False):
@@ -230,14 +243,7 @@ def build_examples(trajectories, fmt: ChatFormat, *, mode: str = "window", histo
         ctx = EpisodeContext(fmt, mode=mode, history=history, history_obs_chars=history_obs_chars,
                              max_prompt_tokens=max_tokens if mode == "window" else 1 << 30,
                              pin_first_turn=pin_first_turn)
-        turns = []
-        for k, turn in enumerate(traj.turns):
-            if k == 0:
-                ctx.start(turn.observation)
-            else:
-                ctx.step(turns[-1]["action_ids"], turn.observation)
-            action_ids = fmt.encode(str(turn.action)) + [stop]
-            turns.append({"prompt_ids": ctx.prompt(), "action_ids": action_ids})
+        turns = encode_turns(traj, ctx, fmt, stop)
         learnt = [not (turn.extra or {}).get("perturbed") for turn in traj.turns]
         if mode == "window":
             rows += [(t["prompt_ids"] + t["action_ids"], [False] * len(t["prompt_ids"]) + [ok] * len(t["action_ids"]))
