@@ -138,9 +138,9 @@ class ShoppingExpert(ScriptedAgent):
             alternatives = [f"#{k + 1}" for k in range(len(s["results"])) if f"#{k + 1}" != arg]
         elif s["page"] == "item":
             for name, values in s["product"]["options"].items():
-                if any(self._label(s["product"], name, v) == arg for v in values):
-                    alternatives = [self._label(s["product"], name, v) for v in values
-                                    if self._label(s["product"], name, v) != arg]
+                labels = [self._label(s["product"], name, v) for v in values]
+                if arg in labels:
+                    alternatives = [x for x in labels if x != arg]
         if not alternatives or rng.random() < 0.3:
             if len(arg) < 3:
                 return None

@@ -1,8 +1,8 @@
 """Where an LM agent's copies fail: teacher-forced accuracy of each kind of action on scripted-expert episodes.
 
-For each task family, the expert that writes the SFT data plays ``--episodes`` dev episodes (its options, the env
-rendering and the context mode are the ones the checkpoint's manifest records). Each episode is scored in one
-forward pass as the concat-mode row SFT trains on (`agents.lm.prompts.concat_layout`), and every expert action is
+For each task family, the expert that writes the SFT data plays ``--episodes`` dev episodes (its options and the
+env rendering are the ones the checkpoint's manifest records, without noise injection). Each episode is scored in
+one forward pass as the concat-mode row SFT trains on (`agents.lm.prompts.concat_layout`), and every expert action is
 classed by kind: ``search1``, ``search2``, ... (the k-th search of the episode: in a bundle, the k-th item's),
 ``click#`` (a result by position), ``click-opt`` (an option value), ``click-btn`` (buy now, add to cart, paging),
 or the tool name (``ask``, ``get_order``, ``answer``, ...). For each kind it reports the token-mean loss and the
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -40,12 +41,14 @@ def action_kind(action: str, searches_before: int) -> str:
 
 
 def sft_config_of(checkpoint: Path, families):
-    """The checkpoint's SFT options (its manifest), with the families to diagnose."""
+    """The checkpoint's SFT options (its manifest), with the families to diagnose and no expert noise: the
+    diagnosis scores the expert's own actions only."""
     from agents.lm.sft import SFTConfig
 
     manifest = json.loads((checkpoint / "shopsim_agent.json").read_text())
     known = {k: v for k, v in manifest.get("sft", {}).items() if k in SFTConfig.__dataclass_fields__}
     known["families"] = tuple(families)
+    known["expert_noise"] = 0.0
     return SFTConfig(**known)
 
 
@@ -82,7 +85,7 @@ def diagnose(checkpoint: Path, families, episodes: int, seed: int) -> dict:
                 row["n"] += 1
                 row["tokens"] += len(seg)
                 row["loss"] += float(seg.sum())
-                row["confident"] += bool(float(seg.max()) < -torch.log(torch.tensor(CONFIDENT)))
+                row["confident"] += bool(float(seg.max()) < -math.log(CONFIDENT))
         out[family] = {kind: {"n": r["n"], "loss_per_token": r["loss"] / max(r["tokens"], 1),
                               "confident": r["confident"] / r["n"]}
                        for kind, r in sorted(per_kind.items())}

@@ -29,3 +29,16 @@ def test_diagnose_counts_every_expert_action_once():
     assert result["search1"]["n"] == 3
     assert all(math.isfinite(r["loss_per_token"]) and 0 <= r["confident"] <= 1 for r in result.values())
     assert result["search1"]["confident"] == 1.0
+
+
+def test_diagnosis_expert_injects_no_noise(tmp_path):
+    """A checkpoint trained on noisy expert data is diagnosed on the expert's own actions: the manifest's
+    expert_noise is dropped, its other options kept."""
+    import json
+
+    from benchmarks.diagnose_sft import sft_config_of
+
+    (tmp_path / "shopsim_agent.json").write_text(json.dumps({"sft": {"expert_noise": 0.3, "order_refs": "title"}}))
+    cfg = sft_config_of(tmp_path, ["clarify_and_buy"])
+    assert "noise" not in cfg.expert_options() and cfg.expert_options()["order_refs"] == "title"
+    assert cfg.families == ("clarify_and_buy",)
