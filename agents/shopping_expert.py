@@ -28,7 +28,10 @@ episodes on the 10k catalog). Options for SFT data that a small LM copies more e
 a result by its position (``click[#3]``, see the env's ``numbered_results``) instead of its SKU; ``query="span"``
 searches ``<attributes> <type>`` only (a contiguous phrase of the instruction) instead of also the option values;
 ``query="instruction"`` searches the task line itself up to its price clause or clarify hint (a prefix copy; in a
-bundle, the current item's ``(k) <request>`` clause; plus a must-have feature the customer named when asked);
+bundle, the current item's ``(k) <request>`` clause; plus the features and option values the customer named when
+asked); ``price_clause=True`` ends every search but a bundle's with the price clause ``, and price lower than X
+dollars`` (as the task line words it, or with the budget the customer named) that the env's search turns into a
+price filter;
 ``arg_space=True`` writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env
 strips argument blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word
 the same token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``,
@@ -82,7 +85,7 @@ class ShoppingExpert(ScriptedAgent):
 
     def __init__(self, env_id: str = "shopsim/Shopping-v0", catalog_size: int | None = None,
                  catalog_seed: int | None = None, click_by: str = "sku", query: str = "full",
-                 arg_space: bool = False, order_refs: str = "id", noise: float = 0.0):
+                 arg_space: bool = False, order_refs: str = "id", noise: float = 0.0, price_clause: bool = False):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise={noise!r}; give the share of perturbed clicks, in [0, 1)")
         if click_by not in ("sku", "index"):
@@ -97,7 +100,7 @@ class ShoppingExpert(ScriptedAgent):
         self.env_id = env_id
         self.click_by, self.query, self.arg_space = click_by, query, bool(arg_space)
         self.catalog_size, self.catalog_seed = catalog_size, catalog_seed
-        self.noise = float(noise)
+        self.noise, self.price_clause = float(noise), bool(price_clause)
         self.state: dict[int, dict] = {}
         self._episode_rng: dict[int, np.random.Generator] = {}
         self._last_wrong: dict[int, bool] = {}
@@ -268,14 +271,25 @@ class ShoppingExpert(ScriptedAgent):
             items = _bundle_items(st["instruction"]) if bundle else []
             # a bundle's task line lists its items as "(k) <request>"; search the current item's own request
             query = items[gi] if gi < len(items) else st["instruction"]
-            # a must-have feature the customer named when asked (clarify_and_buy) goes into the query too
+            # what the customer named when asked (clarify_and_buy) goes into the query too: a must-have feature,
+            # an option value (the index holds option values, so products offering it rank higher)
             told = [a for a in goal.attributes if a not in query]
             if goal.brand:  # personalized_buy: the profile's brand and options are not in the task line
                 told = [goal.brand, *told, *(v for _, v in goal.options)]
-            return f"search[{' '.join([query, *told])}]"
+            else:
+                told += [v for _, v in goal.options if v not in query]
+            return f"search[{' '.join([query, *told])}{self._price(goal, bundle)}]"
         opts = [v for _, v in goal.options] if self.query == "full" else []
         words = [*([goal.brand] if goal.brand else []), *goal.attributes, *opts, goal.product_type]
-        return f"search[{' '.join(words)}]"
+        return f"search[{' '.join(words)}{self._price(goal, bundle)}]"
+
+    def _price(self, goal: Goal, bundle: bool) -> str:
+        """With `price_clause`, the task line's own price clause (or the budget the customer named): the env's search
+        keeps only results within it, so the first fitting result is usually #1 instead of one found by comparing
+        prices. A bundle's budget is for the whole cart, so its searches have none."""
+        if not self.price_clause or bundle or goal.price_ceiling is None:
+            return ""
+        return f", and price lower than {goal.price_ceiling:.2f} dollars"
 
     def _candidate(self, goal: Goal, s: dict, st: dict, cat, goals, gi, bundle, skip: int = 0) -> str | None:
         """The result to open, judged only from what the result line shows (title and price), as an LM must:

@@ -49,6 +49,8 @@ def sft_config_of(checkpoint: Path, families):
     known = {k: v for k, v in manifest.get("sft", {}).items() if k in SFTConfig.__dataclass_fields__}
     known["families"] = tuple(families)
     known["expert_noise"] = 0.0
+    # a manifest from before the option existed was trained on searches without the price clause
+    known.setdefault("expert_price_clause", False)
     return SFTConfig(**known)
 
 

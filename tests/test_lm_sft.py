@@ -27,7 +27,8 @@ ENV = "shopsim/Shopping-v0"
 FIND = {"family": "find_and_buy"}
 #: plain behaviour cloning on the default env and expert (the SFTConfig defaults are the full recipe)
 PLAIN = dict(context_mode="window", curriculum_steps=0, augment_copies=0, obs_mode="compact", numbered_results=False,
-             results_per_page=None, expert_query="full", arg_space=False, families=(), order_refs="id")
+             results_per_page=None, expert_query="full", arg_space=False, expert_price_clause=False, families=(),
+             order_refs="id")
 
 
 def plain(**kw) -> SFTConfig:
@@ -144,12 +145,13 @@ def test_sft_data_options_reach_the_expert_env_and_manifest(tmp_path):
 
 def test_recipe_options_become_env_and_expert_options():
     """The default SFTConfig is the recipe: terse, numbered results 5 per page, the expert clicking by position
-    and searching the task line with a blank after the bracket; `env_kwargs` go over the derived options."""
+    and searching the task line with a blank after the bracket and the price clause; `env_kwargs` go over the derived
+    options."""
     cfg = SFTConfig()
     assert cfg.env_options() == {"numbered_results": True, "obs_mode": "terse", "results_per_page": 5,
                                  "order_refs": "position"}
     assert cfg.expert_options() == {"click_by": "index", "query": "instruction", "arg_space": True,
-                                    "order_refs": "title"}
+                                    "price_clause": True, "order_refs": "title"}
     assert (cfg.context_mode, cfg.curriculum_steps, cfg.augment_copies, cfg.families) == \
         ("concat", 2000, 1, ("find_and_buy",))
     assert not cfg.pins_first_turn and SFTConfig(context_mode="window").pins_first_turn

@@ -8,6 +8,7 @@ import pytest
 from agents.random_agent import RandomTextAgent
 from agents.shopping_expert import ShoppingExpert
 from shopsim.envs.shopping import FAMILIES, ShoppingEnv
+from shopsim.envs.shopping.cache import split_price
 from shopsim.envs.shopping.tasks import split_ids
 
 SIZE = 2000
@@ -142,10 +143,10 @@ def test_expert_sft_options_click_by_index_and_copyable_query(query):
 @pytest.mark.parametrize("family", ["bundle", "clarify_and_buy"])
 def test_expert_instruction_queries_are_copies_of_what_the_agent_was_told(family):
     """query="instruction" in a bundle searches each item's "(k) <request>" clause of the task line in turn, its
-    number included; in clarify_and_buy the task line plus the must-have feature the customer named. Only the rare
-    title fallback searches words the agent was never shown."""
+    number included; in clarify_and_buy the task line plus what the customer named, and the price clause with the
+    budget the customer named. Only the rare title fallback searches words the agent was never shown."""
     env = ShoppingEnv(catalog_size=SIZE, numbered_results=True, results_per_page=5, obs_mode="terse")
-    expert = ShoppingExpert(env_id=ENV_ID, click_by="index", query="instruction")
+    expert = ShoppingExpert(env_id=ENV_ID, click_by="index", query="instruction", price_clause=True)
     expert.reset(1, 0)
     copied = searches = successes = 0
     ids = list(split_ids("test"))[:20]
@@ -161,7 +162,10 @@ def test_expert_instruction_queries_are_copies_of_what_the_agent_was_told(family
             if a.startswith("search["):
                 q = a[len("search["):-1].lower()
                 searches += 1
-                copied += all(w in seen for w in q.replace(",", " ").split())
+                # the price clause is a fixed phrase; its number is the budget the agent was told
+                words, ceiling = split_price(q)
+                copied += all(w in seen for w in words.replace(",", " ").split()) and (
+                    ceiling is None or f"{ceiling:.2f}" in seen)
                 first_search = first_search or q
             obs, _, term, trunc, info = env.step(a)
             seen += "\n" + obs.lower()

@@ -22,7 +22,8 @@ before it learns to copy (after 15 CPU-minutes it writes well-formed but wrong q
 find_and_buy success). Four changes, each measured (docs/agents.md, "Language-model agent"):
 
 1. copy-light data: the expert opens results by position (``click[#1]``, env ``numbered_results``, 5 results per
-   page) instead of by a 10-character SKU, and searches the task line itself (``query="instruction"``);
+   page) instead of by a 10-character SKU, and searches the task line itself (``query="instruction"``), price
+   clause included (``expert_price_clause``: the env's search then filters by price);
 2. ``arg_space``: the expert writes ``click[ medium]``, so the argument's first word is the same BPE token
    (``Ġmedium``) as in the task line it is copied from;
 3. a short-to-long curriculum (`SFTConfig.curriculum_steps`): the first steps train on the shortest rows only, the
@@ -60,7 +61,7 @@ class SFTConfig:
     docstring describes (the `shopsim sft` defaults, which are built from these fields): copy-friendly expert data,
     concat context, a short-to-long curriculum and copy augmentation. Plain behaviour cloning on the expert's
     default actions is ``numbered_results=False, results_per_page=None, expert_query="full", arg_space=False,
-    curriculum_steps=0, augment_copies=0, order_refs="id"``."""
+    expert_price_clause=False, curriculum_steps=0, augment_copies=0, order_refs="id"``."""
 
     # optimisation
     steps: int = bounded(2900, min=1)
@@ -125,6 +126,10 @@ class SFTConfig:
     expert_query: Literal["full", "span", "instruction"] = "instruction"
     """The expert's search: full = attributes, option values, type; span = '<attributes> <type>'; instruction =
     the task line up to its price clause."""
+    expert_price_clause: bool = True
+    """The expert's search ends with the price clause ``, and price lower than X dollars`` (the task line's own, or
+    the budget the customer named), which the env's search turns into a price filter: the first result then fits
+    the budget in most episodes, instead of one the model must find by comparing prices."""
     order_refs: Literal["id", "position", "title"] = "title"
     """Env ``order_refs`` and the expert's after-sales references: position names orders, order items and the
     replacement product as ``#k`` (and the expert's answers name none of them), id copies order ids and SKUs;
@@ -179,6 +184,7 @@ class SFTConfig:
         """Options of the scripted expert (`agents.shopping_expert`) that writes the SFT data."""
         return {**({"click_by": "index"} if self.numbered_results else {}), "query": self.expert_query,
                 **({"arg_space": True} if self.arg_space else {}),
+                **({"price_clause": True} if self.expert_price_clause else {}),
                 **({"order_refs": self.order_refs} if self.order_refs != "id" else {}),
                 **({"noise": self.expert_noise} if self.expert_noise else {})}
 

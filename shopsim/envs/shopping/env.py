@@ -11,6 +11,7 @@ from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, Actio
 from shopsim.envs.shopping.cache import product as _product
 from shopsim.envs.shopping.cache import row as _row
 from shopsim.envs.shopping.cache import search as _search
+from shopsim.envs.shopping.cache import search_priced, split_price
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
 from shopsim.envs.shopping.orders import ToolError, apply_gold
@@ -431,7 +432,10 @@ class ShoppingEnv(gym.Env):
             self.feedback.append(result)
 
     def _search(self, query: str) -> None:
-        hits = _search(self.index, query, self.max_results)  # a shared, immutable tuple
+        keywords, ceiling = split_price(query)
+        # shared, immutable tuples; a price clause ("price lower than 20.00 dollars") filters instead of matching
+        hits = (_search(self.index, query, self.max_results) if ceiling is None
+                else search_priced(self.index, self.catalog, keywords, ceiling, self.max_results))
         self._goto("results")
         self.query, self.hits, self.page_num = query, hits, 0
         if not self.hits:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import re
 
+from shopsim.envs.shopping.cache import split_price
+
 _NOT_PRINTABLE = re.compile(r"[^\x20-\x7e\n]")
 _QUERY_WORD = re.compile(r"[a-z0-9]+")
 OBS_CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n"
@@ -74,11 +76,17 @@ def buttons(env) -> list[str]:
     return []
 
 
+def _priced(env) -> str:
+    """The price filter a query's price clause set (`cache.split_price`), as the results header states it."""
+    ceiling = split_price(env.query)[1]
+    return "" if ceiling is None else f" at most ${ceiling:.2f}"
+
+
 def _terse_page_lines(env) -> list[str] | None:
     page = env.page
     if page == "results":
         n_pages = max(1, -(-len(env.hits) // env.results_per_page))
-        lines = [f"Results page {env.page_num + 1}/{n_pages} ({len(env.hits)} hits):"]
+        lines = [f"Results page {env.page_num + 1}/{n_pages} ({len(env.hits)} hits{_priced(env)}):"]
         # after-sales tools name the replacement by SKU (exchange_item), so those tasks keep it on result lines
         skus = env.task is not None and env.task.family == "after_sales" and env.order_refs == "id"
         lines += [f"#{pos} " + (f"[{sku}] " if skus else "") + f"{title} ${price:.2f}"
@@ -106,7 +114,7 @@ def page_lines(env, full: bool, terse: bool = False) -> list[str]:
     if page == "results":
         n_pages = max(1, -(-len(env.hits) // env.results_per_page))
         lines = [(f'Page: results for "{clean(_short(env.query, 80))}" (page {env.page_num + 1} of {n_pages}, '
-                  f"{len(env.hits)} results)")]
+                  f"{len(env.hits)} results{_priced(env)})")]
         for pos, (pid, sku, title, price) in enumerate(env.page_rows(), 1):
             line = f"[{sku}] {_short(title, TITLE_CHARS if not full else 200)} ${price:.2f}"
             if getattr(env, "numbered_results", False):

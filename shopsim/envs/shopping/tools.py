@@ -334,8 +334,9 @@ _NEW = "The new product's SKU, e.g. B0ABCDEFGH, or '#3' for the 3rd result of th
 
 #: the built-in tools, in the order agents see them (`tool_schemas`)
 TOOLS: dict[str, Tool] = {t.name: t for t in (
-    Tool("search", "Search the catalog with keywords; shows the first page of results.",
-         params(query="Keywords to search for."), _search),
+    Tool("search", ("Search the catalog with keywords; shows the first page of results. A price clause in the query "
+                    "('price lower than 20.00 dollars', 'under $20') keeps only products priced at most that."),
+         params(query="Keywords to search for, optionally with a price clause."), _search),
     Tool("click", ("Click a product SKU (or '#3' for the 3rd result shown), an option value or a button shown on the "
                    "current page ('buy now', 'add to cart', 'description', 'next >', '< prev', 'back to search', "
                    "'checkout')."),
