@@ -29,9 +29,9 @@ a result by its position (``click[#3]``, see the env's ``numbered_results``) ins
 searches ``<attributes> <type>`` only (a contiguous phrase of the instruction) instead of also the option values;
 ``query="instruction"`` searches the task line itself up to its price clause or clarify hint (a prefix copy; in a
 bundle, the current item's ``(k) <request>`` clause; plus the features and option values the customer named when
-asked); ``price_clause=True`` ends every search but a bundle's with the price clause ``, and price lower than X
-dollars`` (as the task line words it, or with the budget the customer named) that the env's search turns into a
-price filter;
+asked); ``price_clause=True`` ends every search with the price clause ``, and price lower than X dollars`` (as the
+task line words it, with the budget the customer named, or in a bundle with the whole budget) that the env's search
+turns into a price filter;
 ``arg_space=True`` writes a blank after the opening bracket (``click[ medium]``, ``search[ i need a ...]``; the env
 strips argument blanks, so the action is the same), which with a byte-level BPE tokenizer makes the first argument word
 the same token (``Ġmedium``) as in the task line the agent copies it from, instead of a different split (``m``,
@@ -278,18 +278,20 @@ class ShoppingExpert(ScriptedAgent):
                 told = [goal.brand, *told, *(v for _, v in goal.options)]
             else:
                 told += [v for _, v in goal.options if v not in query]
-            return f"search[{' '.join([query, *told])}{self._price(goal, bundle)}]"
+            return f"search[{' '.join([query, *told])}{self._price(goal, s.get('budget') if bundle else None)}]"
         opts = [v for _, v in goal.options] if self.query == "full" else []
         words = [*([goal.brand] if goal.brand else []), *goal.attributes, *opts, goal.product_type]
-        return f"search[{' '.join(words)}{self._price(goal, bundle)}]"
+        return f"search[{' '.join(words)}{self._price(goal, s.get('budget') if bundle else None)}]"
 
-    def _price(self, goal: Goal, bundle: bool) -> str:
+    def _price(self, goal: Goal, budget: float | None) -> str:
         """With `price_clause`, the task line's own price clause (or the budget the customer named): the env's search
         keeps only results within it, so the first fitting result is usually #1 instead of one found by comparing
-        prices. A bundle's budget is for the whole cart, so its searches have none."""
-        if not self.price_clause or bundle or goal.price_ceiling is None:
+        prices. A bundle's item gets the whole cart's `budget`, a copy of the task line's number: it drops the
+        products that alone would break the budget."""
+        ceiling = budget if budget is not None else goal.price_ceiling
+        if not self.price_clause or ceiling is None:
             return ""
-        return f", and price lower than {goal.price_ceiling:.2f} dollars"
+        return f", and price lower than {ceiling:.2f} dollars"
 
     def _candidate(self, goal: Goal, s: dict, st: dict, cat, goals, gi, bundle, skip: int = 0) -> str | None:
         """The result to open, judged only from what the result line shows (title and price), as an LM must:

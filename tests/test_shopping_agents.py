@@ -143,8 +143,9 @@ def test_expert_sft_options_click_by_index_and_copyable_query(query):
 @pytest.mark.parametrize("family", ["bundle", "clarify_and_buy"])
 def test_expert_instruction_queries_are_copies_of_what_the_agent_was_told(family):
     """query="instruction" in a bundle searches each item's "(k) <request>" clause of the task line in turn, its
-    number included; in clarify_and_buy the task line plus what the customer named, and the price clause with the
-    budget the customer named. Only the rare title fallback searches words the agent was never shown."""
+    number included, and the whole budget as its price clause; in clarify_and_buy the task line plus what the
+    customer named, and the price clause with the budget the customer named. Only the rare title fallback searches
+    words the agent was never shown."""
     env = ShoppingEnv(catalog_size=SIZE, numbered_results=True, results_per_page=5, obs_mode="terse")
     expert = ShoppingExpert(env_id=ENV_ID, click_by="index", query="instruction", price_clause=True)
     expert.reset(1, 0)
@@ -173,7 +174,9 @@ def test_expert_instruction_queries_are_copies_of_what_the_agent_was_told(family
         if family == "bundle":
             # the clause with its number, so that the agent finds the next one by number
             assert first_search.split()[:2] in (["(1)", "a"], ["(1)", "an"]) and len(items) >= 2
-            assert first_search in seen.split("\n")[0]  # the first item's clause, verbatim
+            words, ceiling = split_price(first_search)
+            assert words in seen.split("\n")[0]  # the first item's clause, verbatim
+            assert ceiling == info["oracle"]["budget"]  # with the whole budget as its price clause
     assert successes >= 0.9 * len(ids)
     assert copied >= 0.85 * searches
 

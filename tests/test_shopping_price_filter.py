@@ -115,7 +115,7 @@ def test_the_sft_expert_searches_with_the_price_clause(family):
     assert first_clicks.count("click[#1]") >= 0.6 * n
 
 
-def test_price_clause_is_off_by_default_and_never_in_a_bundle_search():
+def test_price_clause_is_off_by_default_and_a_bundle_searches_under_its_whole_budget():
     env = ShoppingEnv(catalog_size=SIZE, numbered_results=True, results_per_page=5, obs_mode="terse")
     for kwargs, family in (({}, "find_and_buy"), ({"price_clause": True}, "bundle")):
         expert = ShoppingExpert(env_id=ENV_ID, click_by="index", query="instruction", **kwargs)
@@ -123,8 +123,12 @@ def test_price_clause_is_off_by_default_and_never_in_a_bundle_search():
         obs, info = env.reset(seed=3, options={"family": family})
         expert.begin_episode(0, obs, info)
         term = trunc = False
+        searches = []
         while not (term or trunc):
             a = expert.act_one(0, obs, info)
-            assert not (a.startswith("search[") and split_price(a)[1] is not None), a
+            if a.startswith("search["):
+                searches.append(split_price(a[7:-1])[1])
             obs, _, term, trunc, info = env.step(a)
         assert info["episode_metrics"]["success"] == 1.0
+        want = [None] * len(searches) if not kwargs else [info["oracle"]["budget"]] * len(searches)
+        assert searches == want and len(searches) >= (2 if family == "bundle" else 1)

@@ -127,9 +127,9 @@ class SFTConfig:
     """The expert's search: full = attributes, option values, type; span = '<attributes> <type>'; instruction =
     the task line up to its price clause."""
     expert_price_clause: bool = True
-    """The expert's search ends with the price clause ``, and price lower than X dollars`` (the task line's own, or
-    the budget the customer named), which the env's search turns into a price filter: the first result then fits
-    the budget in most episodes, instead of one the model must find by comparing prices."""
+    """The expert's search ends with the price clause ``, and price lower than X dollars`` (the task line's own, the
+    budget the customer named, or a bundle's whole budget), which the env's search turns into a price filter: the
+    first result then fits the budget in most episodes, instead of one the model must find by comparing prices."""
     order_refs: Literal["id", "position", "title"] = "title"
     """Env ``order_refs`` and the expert's after-sales references: position names orders, order items and the
     replacement product as ``#k`` (and the expert's answers name none of them), id copies order ids and SKUs;
