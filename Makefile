@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint setup bench wheel-check clean
+.PHONY: run test lint setup bench wheel-check lm-agent clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -36,6 +36,16 @@ bench: setup
 # Build the wheel, install it without -e into a fresh venv and run `shopsim eval` from an empty folder.
 wheel-check: setup
 	PYTHON=$(PYTHON) .ci/wheel-check $(PY)
+
+# The shipped LM agent data/lm/sft, remade from scratch in three resumable stages (about 2.5 h on 2 cores; see
+# docs/lm-agent.md): find_and_buy from a fresh model, a continuation on new episodes, then all four families.
+lm-agent: setup
+	$(VENV)/bin/shopsim sft --expert-episodes 1000 --threads 2 --no-progress --out runs/lm-agent/1-find
+	$(VENV)/bin/shopsim sft --init runs/lm-agent/1-find/checkpoint --expert-episodes 2000 --seed 1 \
+	    --curriculum-steps 0 --steps 800 --lr 1e-3 --threads 2 --no-progress --out runs/lm-agent/2-find-ft
+	$(VENV)/bin/shopsim sft --init runs/lm-agent/2-find-ft/checkpoint --family all --expert-episodes 4000 \
+	    --curriculum-steps 600 --steps 2800 --batch-size 8 --lr 1e-3 --eval-every 400 --eval-episodes 40 \
+	    --threads 2 --no-progress --out runs/lm-agent/3-all
 
 clean:
 	rm -rf runs .pytest_cache

@@ -17,7 +17,7 @@ def test_action_kinds():
 
 def test_diagnose_counts_every_expert_action_once():
     """Every action of the expert episodes lands in one kind, with a finite loss and a share in [0, 1]; the
-    shipped find_and_buy checkpoint writes its first search (a copy of the task line) with confidence."""
+    shipped checkpoint writes its first search (a copy of the task line) with confidence."""
     result = diagnose(data_dir() / "lm" / "sft", ["find_and_buy"], episodes=3, seed=5)["find_and_buy"]
     from agents.lm.sft import expert_trajectories
     from benchmarks.diagnose_sft import ENV_ID, sft_config_of
