@@ -267,6 +267,7 @@ class ShoppingExpert(ScriptedAgent):
             return f"search[{goal.product_type}]"
         st["phase"] = "searched"
         st["pages"] = 0
+        price = self._price(goal, s.get("budget") if bundle else None)
         if self.query == "instruction" and st.get("instruction"):
             items = _bundle_items(st["instruction"]) if bundle else []
             # a bundle's task line lists its items as "(k) <request>"; search the current item's own request
@@ -278,10 +279,10 @@ class ShoppingExpert(ScriptedAgent):
                 told = [goal.brand, *told, *(v for _, v in goal.options)]
             else:
                 told += [v for _, v in goal.options if v not in query]
-            return f"search[{' '.join([query, *told])}{self._price(goal, s.get('budget') if bundle else None)}]"
+            return f"search[{' '.join([query, *told])}{price}]"
         opts = [v for _, v in goal.options] if self.query == "full" else []
         words = [*([goal.brand] if goal.brand else []), *goal.attributes, *opts, goal.product_type]
-        return f"search[{' '.join(words)}{self._price(goal, s.get('budget') if bundle else None)}]"
+        return f"search[{' '.join(words)}{price}]"
 
     def _price(self, goal: Goal, budget: float | None) -> str:
         """With `price_clause`, the task line's own price clause (or the budget the customer named): the env's search

@@ -8,8 +8,7 @@ The training options are the fields of `agents.lm.sft.SFTConfig`, one ``--field-
 1.4M-parameter model reach the find_and_buy target on two CPU cores (copy-friendly expert data, a short-to-long
 curriculum and prior-breaking copy augmentation, see the `agents.lm.sft` module docstring).
 ``--no-numbered-results --results-per-page none --expert-query full --no-arg-space --no-expert-price-clause
---curriculum-steps 0
---augment-copies 0 --order-refs id`` is plain behaviour cloning on the expert's default actions.
+--curriculum-steps 0 --augment-copies 0 --order-refs id`` is plain behaviour cloning on the expert's default actions.
 
 Writes OUT/checkpoint (a save_pretrained folder + shopsim manifest: `shopsim eval --checkpoint OUT/checkpoint`),
 OUT/metrics.csv and OUT/sft_curve.png.

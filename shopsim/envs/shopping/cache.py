@@ -25,14 +25,15 @@ def search(index, query: str, k: int) -> tuple[int, ...]:
     return tuple(pid for pid, _ in index.search(query, k=k))
 
 
-_NUM = r"\$?(\d+(?:\.\d+)?)"
+_NUM = r"(\d+(?:\.\d+)?)"
 #: a price clause in a query: "price lower than 20.00 dollars", "price under $20", "under 20 dollars", "below $20";
 #: a bare "under 5" is left as keywords ("toys for kids under 5")
 PRICE_CLAUSE = re.compile(
-    rf"[,;]?\s*(?:\band\s+)?(?:\bprice\s+(?:lower than|less than|under|below|at most)\s+{_NUM}(?:\s*dollars?\b)?"
-    rf"|\b(?:under|below|less than)\s+(?:\$(\d+(?:\.\d+)?)|(\d+(?:\.\d+)?)\s*dollars?\b))", re.IGNORECASE)
+    rf"[,;]?\s*(?:\band\s+)?(?:\bprice\s+(?:lower than|less than|under|below|at most)\s+\$?{_NUM}(?:\s*dollars?\b)?"
+    rf"|\b(?:under|below|less than)\s+(?:\${_NUM}|{_NUM}\s*dollars?\b))", re.IGNORECASE)
 
 
+@lru_cache(maxsize=4096)  # called per search and per rendered results page
 def split_price(query: str) -> tuple[str, float | None]:
     """(the query's keywords, its price ceiling or None). The last price clause wins; every clause is removed, so
     its words do not count as keywords."""
