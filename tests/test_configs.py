@@ -294,7 +294,7 @@ def test_sft_cli_trains_what_a_default_python_call_trains(tmp_path, monkeypatch)
     (_, args, kw), (_, _, trained) = cli
     assert args == ("shopsim/Shopping-v0", 12) and trained == cfg
     assert kw["env_kwargs"] == {"numbered_results": True, "obs_mode": "terse", "results_per_page": 5,
-                                "order_refs": "position"}
+                                "order_refs": "position", "task_reminder": True}
     assert kw["expert_kwargs"] == {"click_by": "index", "query": "instruction", "arg_space": True, "price_clause": True,
                                    "order_refs": "title"}
     assert kw["families"] == ("find_and_buy",) and kw["seed"] == 0

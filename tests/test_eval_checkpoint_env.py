@@ -59,7 +59,8 @@ def test_lm_checkpoint_carries_its_env_options_to_trainers_and_the_leaderboard(t
                           eval_episodes=1, num_envs=2)
     res = algo.train(shop, iterations=1, seed=0, out_dir=tmp_path / "rl", init=tmp_path / "sft", progress=False)
     assert algo._env_kwargs == kw and manifest_env_kwargs(res.checkpoint) == kw
-    assert presentation_kwargs(shop) == {"numbered_results", "results_per_page", "obs_mode", "order_refs"}
+    assert presentation_kwargs(shop) == {"numbered_results", "results_per_page", "obs_mode", "order_refs",
+                                        "task_reminder"}
     proto = load_protocol(shop)
     used = agent_env_kwargs(back, proto)
     assert used == {**proto.env_kwargs, "numbered_results": True, "results_per_page": 5}

@@ -144,12 +144,16 @@ def test_sft_data_options_reach_the_expert_env_and_manifest(tmp_path):
 
 
 def test_recipe_options_become_env_and_expert_options():
-    """The default SFTConfig is the recipe: terse, numbered results 5 per page, the expert clicking by position
+    """The default SFTConfig is the recipe: terse with the task restated after cart changes, numbered results 5 per
+    page, the expert clicking by position
     and searching the task line with a blank after the bracket and the price clause; `env_kwargs` go over the derived
     options."""
     cfg = SFTConfig()
     assert cfg.env_options() == {"numbered_results": True, "obs_mode": "terse", "results_per_page": 5,
-                                 "order_refs": "position"}
+                                 "order_refs": "position", "task_reminder": True}
+    # the reminder is a terse-mode option: the other modes state the task on every page
+    assert "task_reminder" not in SFTConfig(obs_mode="compact").env_options()
+    assert "task_reminder" not in SFTConfig(task_reminder=False).env_options()
     assert cfg.expert_options() == {"click_by": "index", "query": "instruction", "arg_space": True,
                                     "price_clause": True, "order_refs": "title"}
     assert (cfg.context_mode, cfg.curriculum_steps, cfg.augment_copies, cfg.families) == \

@@ -653,3 +653,35 @@ def test_terse_is_a_presentation_option():
     from shopsim.envs import presentation_kwargs
 
     assert "obs_mode" in presentation_kwargs(ENV_ID)
+
+
+def test_task_reminder_restates_the_task_after_each_cart_change():
+    """task_reminder=True (terse): the task line again exactly in the observations after an add-to-cart or a
+    removal; off, or in compact mode, the observations are those of the env without the option."""
+    from shopsim.envs import presentation_kwargs
+
+    assert "task_reminder" in presentation_kwargs(ENV_ID)
+    kw = dict(catalog_size=SIZE, obs_mode="terse", numbered_results=True, results_per_page=5)
+    remind, plain = ShoppingEnv(**kw, task_reminder=True), ShoppingEnv(**kw)
+    tid = 2_000_000 + FAMILIES.index("bundle")
+    steps, again = run_expert(remind, "bundle", tid), run_expert(plain, "bundle", tid)
+    assert [s[1] for s in steps] == [s[1] for s in again]
+    task_line = "Task: " + remind.task.instruction
+    adds = 0
+    for k, ((obs, action, _, _), (pobs, *_)) in enumerate(zip(steps, again, strict=True)):
+        changed = action is not None and action.replace(" ", "") == "click[addtocart]"
+        adds += changed
+        assert (task_line in obs) == (k == 0 or changed)
+        assert obs == (pobs if k == 0 or not changed else task_line + "\n" + pobs)
+    assert adds == len(remind.task.goals) >= 2
+    # a removal changes the cart too; a failed removal (invalid action) does not
+    obs, *_ = remind.reset(seed=0, options={"family": "bundle", "task_id": tid, "split": "test"})
+    remind.step("search[tent]")
+    remind.step("click[#1]")
+    assert remind.step("click[add to cart]")[0].startswith("Task: " + remind.task.instruction + "\n")
+    sku = remind._sku(remind.cart[0][0])
+    assert remind.step(f"remove_from_cart[{sku}]")[0].startswith("Task: " + remind.task.instruction + "\n")
+    assert not remind.step("remove_from_cart[B000000000]")[0].startswith("Task: ")
+    compact = [ShoppingEnv(catalog_size=SIZE, task_reminder=flag) for flag in (True, False)]
+    a, b = (run_expert(e, "bundle", tid) for e in compact)
+    assert [s[0] for s in a] == [s[0] for s in b]

@@ -61,7 +61,7 @@ class SFTConfig:
     docstring describes (the `shopsim sft` defaults, which are built from these fields): copy-friendly expert data,
     concat context, a short-to-long curriculum and copy augmentation. Plain behaviour cloning on the expert's
     default actions is ``numbered_results=False, results_per_page=None, expert_query="full", arg_space=False,
-    expert_price_clause=False, curriculum_steps=0, augment_copies=0, order_refs="id"``."""
+    expert_price_clause=False, curriculum_steps=0, augment_copies=0, order_refs="id", task_reminder=False``."""
 
     # optimisation
     steps: int = bounded(2900, min=1)
@@ -92,6 +92,10 @@ class SFTConfig:
     with ``obs_mode="terse"``."""
     obs_mode: Literal["compact", "terse", "full"] = "terse"
     """Env ``obs_mode`` the agent is trained and evaluated on; terse states the task once per episode."""
+    task_reminder: bool = True
+    """Env ``task_reminder`` (terse mode): the task line again in the observation after each cart change. A bundle's
+    later items are otherwise copied from a task line a thousand or more tokens back, which the small model gets
+    wrong (a clause of another item, a miscounted item number)."""
     max_new_tokens: int = bounded(48, min=1)
     """Per-turn generation limit of the trained agent."""
     # model
@@ -178,6 +182,7 @@ class SFTConfig:
                 **({"obs_mode": self.obs_mode} if self.obs_mode != "compact" else {}),
                 **({"results_per_page": self.results_per_page} if self.results_per_page else {}),
                 **({"order_refs": "position"} if self.order_refs != "id" else {}),
+                **({"task_reminder": True} if self.task_reminder and self.obs_mode == "terse" else {}),
                 **self.env_kwargs}
 
     def expert_options(self) -> dict:

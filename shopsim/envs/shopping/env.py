@@ -115,6 +115,9 @@ class ShoppingEnv(gym.Env):
     instead of copying a 10-character SKU; positional clicks are accepted either way), ``order_refs="id"|"position"``
     (after-sales pages: position shows orders, order items and after-sales result lines as ``#k`` instead of their
     order ids and SKUs, for agents that name them by position; the tools take ``#k`` either way, `orders`),
+    ``task_reminder=False`` (terse mode: the observation after each cart change states the task line again, so an
+    agent that keeps the episode in context finds a multi-item request near where it writes the next search;
+    the other modes state the task on every page anyway),
     ``style_bias=0.0`` (see
     Rewards), ``reward_scheme="loose"|"strict"`` (see Rewards), ``instruction_style="template"|"paraphrase"``
     (template: WebShop-style lines stating every value verbatim; paraphrase: a seeded rewording with synonyms,
@@ -135,7 +138,8 @@ class ShoppingEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     #: options that change only the rendering (`shopsim.envs.presentation_kwargs`): an agent evaluated on the
     #: leaderboard may use the ones it was trained with
-    PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page", "obs_mode", "order_refs"})
+    PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page", "obs_mode", "order_refs",
+                                     "task_reminder"})
 
     def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
@@ -143,7 +147,7 @@ class ShoppingEnv(gym.Env):
                  max_turns: int = 60, render_mode: str | None = None, customer=None,
                  numbered_results: bool = False, style_bias: float = 0.0, reward_scheme: str = "loose",
                  instruction_style: str = "template", near_duplicates: int = 0, customer_model: str | None = None,
-                 order_refs: str = "id"):
+                 order_refs: str = "id", task_reminder: bool = False):
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode={obs_mode!r}; choose one of {', '.join(OBS_MODES)}")
         if family is not None and family not in ALL_FAMILIES:
@@ -173,6 +177,7 @@ class ShoppingEnv(gym.Env):
         if order_refs not in ("id", "position"):
             raise ConfigError(f"order_refs={order_refs!r}; choose 'id' (order ids and SKUs) or 'position' (#k)")
         self.order_refs = order_refs
+        self.task_reminder = bool(task_reminder)
         self.catalog_size, self.catalog_seed = int(catalog_size), int(catalog_seed)
         self.obs_mode, self.family = obs_mode, family
         self.invalid_penalty, self.max_invalid = float(invalid_penalty), int(max_invalid)
@@ -284,6 +289,7 @@ class ShoppingEnv(gym.Env):
         self.order_id = None
         self.feedback: list[str] = []
         self.turns = self.invalid_total = self.invalid_run = 0
+        self.cart_changed = False
         self.first_answer_turn, self.chars_before_answer = None, 0
         self.answered, self.viewed = False, set()
         self.done, self.end_reason, self.score, self.parts = False, None, 0.0, {}
@@ -296,6 +302,7 @@ class ShoppingEnv(gym.Env):
             raise RuntimeError("the episode has ended; call reset()")
         self.turns += 1
         self.feedback = []
+        self.cart_changed = False
         invalid, invalid_kind, reward = None, None, 0.0
         text = action if isinstance(action, str) else repr(action)
         # a parse failure (format) and a failed tool call (execution) are told apart in info["invalid_kind"]
@@ -528,6 +535,7 @@ class ShoppingEnv(gym.Env):
             if len(others) >= MAX_CART_LINES:
                 raise ActionError(f"the cart holds at most {MAX_CART_LINES} products")
             self.cart = [*others, (pid, chosen)]
+            self.cart_changed = True
             self.feedback.append(f"Added {self.product.sku} to the cart ({len(self.cart)} items, "
                                  f"${self.cart_total():.2f}).")
         elif name == "remove_from_cart":
@@ -535,6 +543,7 @@ class ShoppingEnv(gym.Env):
             if not any(self._sku(p) == sku for p, _ in self.cart):
                 raise ActionError(f"{args[0][:20]!r} is not in the cart")
             self.cart = [(p, c) for p, c in self.cart if self._sku(p) != sku]
+            self.cart_changed = True
             self.feedback.append(f"Removed {sku} from the cart.")
         elif name == "view_cart":
             if self.page != "cart":

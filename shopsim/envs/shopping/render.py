@@ -17,7 +17,8 @@ Full mode adds the product description, ratings on result lines, the full writte
 and the list of valid actions.
 
 Terse mode (``obs_mode="terse"``, for language agents that keep the whole episode in context) states the task,
-strategy and policy once, in the first observation of the episode, and shortens the page: result lines are
+strategy and policy once, in the first observation of the episode (with ``task_reminder=True`` the task line
+again in the observation after each cart change), and shortens the page: result lines are
 ``#<position> <title> $<price>`` (full title, no SKU: the agent clicks by position; after-sales tasks keep the
 ``[<sku>]``, since ``exchange_item`` takes it), the product page is
 ``Product: <title>`` / ``$<price>`` / ``Features: ...`` / option lines, and the product page's fixed buttons are
@@ -155,7 +156,9 @@ def observation(env) -> str:
     task = env.task
     # terse: what never changes during an episode is said once, in the first observation
     header = not terse or env.turns == 0
-    lines = ["Task: " + task.instruction] if header else []
+    # task_reminder: the task line again after a cart change (a multi-item request's next item is then near)
+    remind = terse and env.task_reminder and env.cart_changed
+    lines = ["Task: " + task.instruction] if header or remind else []
     if env.strategy and header:
         lines.append("Strategy: " + env.strategy_text)
     if task.family == "after_sales" and header:
