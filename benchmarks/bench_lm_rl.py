@@ -50,14 +50,15 @@ Printed per path, and written as JSON (current path at the top level, baseline u
   ``iteration_speedup_total_every_row``: the ratio of the paths' total every-row iteration time over all their
   iterations (the medians take rollout and update from different iterations when episode lengths vary);
 * ``update_s[<variant>]`` (current path): the every-row update with the defaults and with one of them turned off
-  or an alternative on (``ABLATIONS``: the padding mask back on, a padding limit in the length bucketing),
+  or an alternative on (``ABLATIONS``: the padding mask back on, no padding limit in the length bucketing),
   interleaved with the defaults, the fastest of ``--repeats``; so each choice is measured against the other in
   the same run;
 * ``rollout_s[prefill=batch]`` (current path): the same rollouts collected again with the prompts' new tokens in
   one padded forward instead of row by row (``SamplingConfig.prefill``); ``prefill_batch_same_actions`` says
   whether they ended with the same actions (they should: each episode samples from its own stream).
 
-The table goes to ``docs/results/bench_lm_rl.md`` (generated; the command, commit and wall time are in it).
+The table goes to ``docs/results/bench_lm_rl.md`` and the figures to ``docs/results/bench_lm_rl.json`` beside it
+(generated; the command, commit and wall time are in both); ``--json PATH`` writes the figures to a further file.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def _grpo(fast: bool, seed: int):
 #: the current path's update run again on the same batch and weights with every row through the passes: with its
 #: defaults, and with one of them turned off
 ABLATIONS = {"defaults": {}, "padding_mask=True": {"padding_mask": True},
-             "micro_batch_padding=0.125": {"micro_batch_padding": 0.125}}
+             "micro_batch_padding=None": {"micro_batch_padding": None}}
 
 
 def packed_reference(model, batch, temperature: float, repeats: int = 3, max_tokens: int = 16384,
@@ -355,7 +356,7 @@ def main(argv=None) -> int:
     p.add_argument("--baseline-checkpoint", default=str(ROOT / "data" / "lm" / "sft-window"))
     p.add_argument("--checkpoint", default=str(ROOT / "data" / "lm" / "sft"))
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
-    p.add_argument("--no-table", action="store_true", help=f"do not rewrite {RESULTS.relative_to(ROOT)}")
+    p.add_argument("--no-table", action="store_true", help=f"do not rewrite {RESULTS.relative_to(ROOT)} and its .json")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     iterations = a.iterations or (1 if a.quick else 3)
@@ -399,11 +400,13 @@ def main(argv=None) -> int:
           f"current {cur['rollout_s'] + cur['update_s']:.1f}s); tokens encoded per turn "
           f"{base['tokens_encoded_per_turn']:.0f} -> {cur['tokens_encoded_per_turn']:.0f}; update efficiency "
           f"{_f(base['update_efficiency'])} -> {_f(cur['update_efficiency'])}; wall {res['wall_s']:.0f}s")
-    if not a.no_table:
-        write_table(res, RESULTS, res["command"])
-    if a.json:
-        from shopsim.paths import write_text_atomic
+    from shopsim.paths import write_text_atomic
 
+    if not a.no_table:
+        # the table and its figures are one result: write both, so the JSON never lags the table
+        write_table(res, RESULTS, res["command"])
+        write_text_atomic(RESULTS.with_suffix(".json"), json.dumps(res, indent=2, default=str))
+    if a.json:
         write_text_atomic(a.json, json.dumps(res, indent=2, default=str))
     return 0
 

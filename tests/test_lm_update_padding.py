@@ -121,6 +121,6 @@ def test_micro_batches_keep_rows_of_very_different_lengths_apart():
     for ch in chunks:
         real = int(lengths[ch].sum())
         assert int(lengths[ch].max()) * len(ch) - real <= 0.125 * real
-    # with no padding limit (the default) the token budget alone decides: short and long rows share a micro-batch
-    loose = baselines.make("grpo", env_id=ENV, micro_batch_tokens=8192)
+    # with no padding limit the token budget alone decides: short and long rows share a micro-batch
+    loose = baselines.make("grpo", env_id=ENV, micro_batch_tokens=8192, micro_batch_padding=None)
     assert len(loose.micro_batches(fake, torch.arange(len(lengths)))) == 1

@@ -56,11 +56,12 @@ class LMConfig:
     """Length bucketing: a step's rows are sorted by length and cut into micro-batches of at most this many
     padded tokens, each trimmed to its own longest row, so padding costs almost nothing (0: one micro-batch of
     the whole minibatch, every row padded to the batch's longest). The gradient does not depend on it."""
-    micro_batch_padding: float | None = bounded(None, min=0)
+    micro_batch_padding: float | None = bounded(0.125, min=0)
     """Length bucketing: the most padding a micro-batch may carry, as a share of its real tokens; a row that would
     pad its micro-batch beyond this starts the next one (rows are sorted by length, so only rows of very different
-    lengths are kept apart). None: the token budget alone decides. A limit trades padding for more, smaller
-    micro-batches; `benchmarks/bench_lm_rl.py` times the update with it as an ablation."""
+    lengths, such as a short and a long concat-mode episode, are kept apart). None: the token budget alone decides.
+    The limit trades padding for more, smaller micro-batches; `benchmarks/bench_lm_rl.py` times the update without
+    it as an ablation."""
     padding_mask: bool = False
     """Hand the padding mask to the model in the trainer's forward passes (π_old, π_ref, the update). False: the
     rows are right-padded, so causal attention never lets a real token see the padding after it and the model runs
