@@ -13,10 +13,10 @@ Protocol:
    ``--target`` success (default 0.30) on dev tasks of ``--families``, by interpolating its weights toward a random
    initialisation of the same architecture, θ = (1 − α)·θ_SFT + α·θ_rand, with α found by bisection
    (``--start init``: the checkpoint as it is). The start is saved once in ``OUT/start`` and shared by every run.
-   The default family is find_and_buy: the shipped SFT agent succeeds on no test task of the other families, and
-   outcome rewards give a group of rollouts that all fail no gradient, so those episodes would only add evaluation
-   noise to every algorithm's gain. Weakening rather than an early SFT checkpoint keeps the start one function of
-   the shipped checkpoint and a target success.
+   The default family is find_and_buy (``--families all`` for the four): outcome rewards give a group of rollouts
+   that all fail no gradient, so a family the weakened start rarely solves mostly adds evaluation noise to every
+   algorithm's gain. Weakening rather than an early SFT checkpoint keeps the start one function of the shipped
+   checkpoint and a target success.
 2. Every algorithm gets the same budget: ``--iterations`` × ``--rollouts`` rollouts per iteration (group methods:
    G rollouts × rollouts/G tasks; ppo, mpo, basis and reinforce(batch_mean): one rollout per task), the same
    learning rate, rollout temperature, per-turn token limit, env settings and update schedule (``--minibatches``
@@ -417,7 +417,7 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--jobs", type=int, default=1, help="(algorithm, seed) runs in parallel processes")
     p.add_argument("--families", default="find_and_buy",
-                   help="task families trained and evaluated, comma-separated (default %(default)s)")
+                   help="task families trained and evaluated, comma-separated, or 'all' (default %(default)s)")
     p.add_argument("--start", choices=("weaken", "init"), default="weaken",
                    help="weaken: interpolate --init toward a random model until dev success ≈ --target; "
                         "init: start from --init as it is")
@@ -433,8 +433,9 @@ def main(argv=None) -> int:
     if a.quick:
         a.algos, a.seeds, a.iterations, a.rollouts, a.group_size = ["grpo", "mpo"], [0], 3, 8, 4
         a.eval_episodes, a.eval_every, a.calib, a.bisect_steps, a.max_turns = 12, 1, 12, 4, 10
-    a.families = [f for f in str(a.families).split(",") if f]
     from shopsim.envs.shopping import FAMILIES as ALL_FAMILIES
+
+    a.families = list(ALL_FAMILIES) if a.families == "all" else [f for f in str(a.families).split(",") if f]
 
     bad = [f for f in a.families if f not in ALL_FAMILIES]
     if bad or not a.families:

@@ -53,3 +53,18 @@ def test_write_results_records_the_protocol(tmp_path):
     assert [r["algo"] for r in data["rows"]] == ["grpo", "mpo"]
     md = (tmp_path / "learning_lm.md").read_text()
     assert "--iterations 2" in md and "2.1 min" in md and "| mpo | 2 |" in md
+
+
+@pytest.mark.parametrize(("given", "families"), [
+    ("all", ["find_and_buy", "clarify_and_buy", "bundle", "after_sales"]),
+    ("bundle,find_and_buy", ["bundle", "find_and_buy"]),
+])
+def test_families_option(monkeypatch, given, families):
+    import benchmarks.learning_lm as lm
+
+    seen = []
+    monkeypatch.setattr(lm, "run", lambda a, argv=None: seen.append(a.families))
+    lm.main(["--families", given])
+    assert seen == [families]
+    with pytest.raises(SystemExit):
+        lm.main(["--families", "bundle,nope"])
