@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 import baselines
 from agents.registry import manifest_env_kwargs
@@ -85,3 +86,45 @@ def test_eval_env_kwargs_keep_the_checkpoints_rendering(tmp_path):
                  "--no-progress"]) == 0
     used = json.loads(out.read_text())["config"]["env_kwargs"]
     assert used == {"obs_mode": "terse", "results_per_page": 5, "family": "find_and_buy", "max_turns": 2}
+
+
+def test_eval_greedy_decodes_an_lm_checkpoint_by_arg_max(tmp_path, capsys):
+    """`shopsim eval --greedy`: the LM agent decodes greedily, so the tries of a find_and_buy task (whose episode the
+    reset seed does not change) are the same episode, and the results file records the decoding; without it the
+    loaded checkpoint samples and a non-LM agent is refused with the option named."""
+    from agents.lm.agent import LMAgent
+    from agents.lm.model import build_model
+    from agents.lm.tokenizer import load_tokenizer
+
+    shop = "shopsim/Shopping-v0"
+    tok = load_tokenizer()
+    torch.manual_seed(0)
+    lm = LMAgent(env_id=shop, model=build_model(tok, size="tiny"), tokenizer=tok, max_new_tokens=6,
+                 context_mode="concat")
+    lm.save(tmp_path / "sft", env_kwargs={"obs_mode": "terse", "results_per_page": 5})
+    seen = []
+    import shopsim.leaderboard.evaluate as ev_mod
+
+    real = ev_mod.evaluate
+
+    def spy(agent, protocol, **kw):
+        ev = real(agent, protocol, keep_trajectories=True, **{k: v for k, v in kw.items() if k != "collect"})
+        seen.append((agent.sampling.greedy, [[str(t.action) for t in tr.turns] for tr in ev.trajectories]))
+        return ev
+
+    args = ["eval", "--env", shop, "--checkpoint", str(tmp_path / "sft"), "--tasks", "1", "--seeds", "0",
+            "--tries", "3", "--env-kwargs", '{"family": "find_and_buy", "max_turns": 3}', "--no-progress"]
+    import unittest.mock as mock
+
+    with mock.patch.object(ev_mod, "evaluate", spy):
+        assert main([*args, "--greedy", "--out", str(tmp_path / "g.json")]) == 0
+        assert main([*args, "--out", str(tmp_path / "s.json")]) == 0
+    (g_flag, g_eps), (s_flag, s_eps) = seen
+    assert g_flag and not s_flag
+    assert len(g_eps) == 3 and g_eps[0] == g_eps[1] == g_eps[2]
+    assert len({tuple(e) for e in s_eps}) > 1  # sampling at T = 1 from a random tiny model differs between tries
+    assert json.loads((tmp_path / "g.json").read_text())["config"]["decoding"] == "greedy"
+    assert "decoding" not in json.loads((tmp_path / "s.json").read_text())["config"]
+    assert main(["eval", "--env", shop, "--agent", "random", "--tasks", "1", "--tries", "1", "--greedy",
+                 "--out", str(tmp_path / "r.json"), "--no-progress"]) == 2
+    assert "--greedy" in capsys.readouterr().err and not (tmp_path / "r.json").exists()

@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
                    help='env constructor options as JSON, e.g. \'{"k": 20}\' (default: those recorded in the '
                         "checkpoint's manifest, else the env's defaults; the checkpoint's presentation options, e.g. "
                         "Shopping's obs_mode, always apply)")
+    p.add_argument("--greedy", action="store_true",
+                   help="decode an LM agent greedily (arg-max) instead of with its own sampling (a loaded LM "
+                        "checkpoint samples at temperature 1); the tries of a task then differ only where the env's "
+                        "reset seed changes the episode. Recorded as config.decoding in the results file")
     p.add_argument("--out", required=True, help="results JSON to write")
     add_scale_arguments(p)
     p.add_argument("--no-progress", action="store_true")
@@ -80,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")
         config = {"agent": args.agent}
         algorithm = budget = None
+    if args.greedy:
+        sampling = getattr(agent, "sampling", None)
+        if not hasattr(sampling, "greedy"):
+            from shopsim.errors import ConfigError
+
+            raise ConfigError(f"--greedy: {type(agent).__name__} has no greedy decoding to switch on (LM agents "
+                              "have); drop --greedy for this agent")
+        sampling.greedy = True
+        config["decoding"] = "greedy"
     if env_kwargs:
         from dataclasses import replace
 
