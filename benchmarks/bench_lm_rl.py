@@ -402,12 +402,13 @@ def main(argv=None) -> int:
           f"{_f(base['update_efficiency'])} -> {_f(cur['update_efficiency'])}; wall {res['wall_s']:.0f}s")
     from shopsim.paths import write_text_atomic
 
+    figures = json.dumps(res, indent=2, default=str)
     if not a.no_table:
         # the table and its figures are one result: write both, so the JSON never lags the table
         write_table(res, RESULTS, res["command"])
-        write_text_atomic(RESULTS.with_suffix(".json"), json.dumps(res, indent=2, default=str))
+        write_text_atomic(RESULTS.with_suffix(".json"), figures)
     if a.json:
-        write_text_atomic(a.json, json.dumps(res, indent=2, default=str))
+        write_text_atomic(a.json, figures)
     return 0
 
 
