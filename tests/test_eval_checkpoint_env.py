@@ -88,10 +88,11 @@ def test_eval_env_kwargs_keep_the_checkpoints_rendering(tmp_path):
     assert used == {"obs_mode": "terse", "results_per_page": 5, "family": "find_and_buy", "max_turns": 2}
 
 
-def test_eval_greedy_decodes_an_lm_checkpoint_by_arg_max(tmp_path, capsys):
-    """`shopsim eval --greedy`: the LM agent decodes greedily, so the tries of a find_and_buy task (whose episode the
-    reset seed does not change) are the same episode, and the results file records the decoding; without it the
-    loaded checkpoint samples and a non-LM agent is refused with the option named."""
+def test_eval_decodes_an_lm_checkpoint_greedily_unless_asked_to_sample(tmp_path):
+    """`shopsim eval` runs the leaderboard protocol's greedy decoding: the tries of a find_and_buy task (whose
+    episode the reset seed does not change) are the same episode, although the loaded checkpoint samples at T = 1
+    by itself; `--decoding sample` keeps the agent's sampling, is recorded in the results file and changes the
+    protocol hash, so sampled results never share a table with greedy ones."""
     from agents.lm.agent import LMAgent
     from agents.lm.model import build_model
     from agents.lm.tokenizer import load_tokenizer
@@ -117,14 +118,12 @@ def test_eval_greedy_decodes_an_lm_checkpoint_by_arg_max(tmp_path, capsys):
     import unittest.mock as mock
 
     with mock.patch.object(ev_mod, "evaluate", spy):
-        assert main([*args, "--greedy", "--out", str(tmp_path / "g.json")]) == 0
-        assert main([*args, "--out", str(tmp_path / "s.json")]) == 0
+        assert main([*args, "--out", str(tmp_path / "g.json")]) == 0
+        assert main([*args, "--decoding", "sample", "--out", str(tmp_path / "s.json")]) == 0
     (g_flag, g_eps), (s_flag, s_eps) = seen
-    assert g_flag and not s_flag
+    assert not g_flag and not s_flag  # the agent's own setting is back after the evaluation
     assert len(g_eps) == 3 and g_eps[0] == g_eps[1] == g_eps[2]
     assert len({tuple(e) for e in s_eps}) > 1  # sampling at T = 1 from a random tiny model differs between tries
-    assert json.loads((tmp_path / "g.json").read_text())["config"]["decoding"] == "greedy"
-    assert "decoding" not in json.loads((tmp_path / "s.json").read_text())["config"]
-    assert main(["eval", "--env", shop, "--agent", "random", "--tasks", "1", "--tries", "1", "--greedy",
-                 "--out", str(tmp_path / "r.json"), "--no-progress"]) == 2
-    assert "--greedy" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+    g, s = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("g", "s"))
+    assert "decoding" not in g and s["decoding"] == "sample"
+    assert g["protocol_hash"] != s["protocol_hash"]

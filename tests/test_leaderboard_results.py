@@ -125,6 +125,37 @@ def test_evaluate_expert_beats_random_and_is_deterministic(toy_world):
     assert m["turns"]["mean"] == 2.0 and m["episodes"]["mean"] == 24 * 3  # all eval seeds
 
 
+class _Sampling(CoinPolicy):
+    """A coin player with an LM agent's decoding switch: arg-max (always 1, q > 0.5) when ``sampling.greedy``."""
+
+    def __init__(self, **kw):
+        super().__init__(q=0.7, **kw)
+        self.sampling = type("Sampling", (), {"greedy": False})()
+
+    def act_one(self, slot, observation, info):
+        return 1 if self.sampling.greedy else super().act_one(slot, observation, info)
+
+
+def test_evaluate_decodes_greedily_unless_the_protocol_samples(toy_world):
+    """The protocol's decoding, not the agent's own setting, decides: greedy (the default) makes every try of a
+    task play 1, `decoding="sample"` keeps the agent's sampling; either way the agent's setting is restored."""
+    from dataclasses import replace
+
+    p = load_protocol(TOY_ID)
+    agent = _Sampling()
+    greedy = evaluate(agent, p)
+    assert agent.sampling.greedy is False
+    assert greedy.metrics == evaluate(CoinPolicy(q=1.0), p).metrics  # arg-max plays the coin's best face
+    sampled = evaluate(agent, replace(p, decoding="sample"))
+    assert sampled.metrics == evaluate(CoinPolicy(q=0.7), p).metrics  # the agent's own q, same seeded episodes
+    assert sampled.metrics["success_rate"]["mean"] != greedy.metrics["success_rate"]["mean"]
+    assert replace(p, decoding="sample").hash != p.hash
+    assert make_results(protocol=replace(p, decoding="sample"), entry="s", kind="agent", metrics={})["decoding"] \
+        == "sample" and "decoding" not in make_results(protocol=p, entry="g", kind="agent", metrics={})
+    with pytest.raises(ConfigError, match="decoding must be one of greedy, sample"):
+        replace(p, decoding="beam")
+
+
 class _Failing(CoinExpert):
     def act_one(self, slot, observation, info):
         raise RuntimeError("this reference always fails")

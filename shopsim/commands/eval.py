@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from shopsim.commands import positive_int, writable_output
@@ -35,10 +36,12 @@ def add_parser(sub) -> None:
                    help='env constructor options as JSON, e.g. \'{"k": 20}\' (default: those recorded in the '
                         "checkpoint's manifest, else the env's defaults; the checkpoint's presentation options, e.g. "
                         "Shopping's obs_mode, always apply)")
-    p.add_argument("--greedy", action="store_true",
-                   help="decode an LM agent greedily (arg-max) instead of with its own sampling (a loaded LM "
-                        "checkpoint samples at temperature 1); the tries of a task then differ only where the env's "
-                        "reset seed changes the episode. Recorded as config.decoding in the results file")
+    p.add_argument("--decoding", choices=["greedy", "sample"], default="greedy",
+                   help="how an LM agent decodes its actions: greedy (arg-max, the leaderboard protocol's; a task's "
+                        "tries then differ only where the env's reset seed changes the episode) or sample (the "
+                        "agent's own sampling: a loaded LM checkpoint samples at temperature 1). Agents that do not "
+                        "decode from a language model act as they always do. Recorded in the results file as "
+                        "'decoding' when not greedy; it is part of the protocol hash")
     p.add_argument("--out", required=True, help="results JSON to write")
     add_scale_arguments(p)
     p.add_argument("--no-progress", action="store_true")
@@ -66,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     tries = args.tries or default.tries
     tasks = args.tasks if args.episodes is None else max(1, args.episodes // tries)
     # --tasks may reach past the default size: the first N tasks of the whole split
-    protocol = whole.limited(tasks=tasks or len(default.task_ids), seeds=args.seeds or list(default.seeds),
-                             tries=tries)
+    protocol = replace(whole.limited(tasks=tasks or len(default.task_ids), seeds=args.seeds or list(default.seeds),
+                                     tries=tries), decoding=args.decoding)
     env_kwargs = _parse_env_kwargs(args.env_kwargs)
     if args.checkpoint:
         agent = agents.load_checkpoint(args.checkpoint, env_id=args.env)
@@ -84,18 +87,7 @@ def run(args: argparse.Namespace) -> int:
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")
         config = {"agent": args.agent}
         algorithm = budget = None
-    if args.greedy:
-        sampling = getattr(agent, "sampling", None)
-        if not hasattr(sampling, "greedy"):
-            from shopsim.errors import ConfigError
-
-            raise ConfigError(f"--greedy: {type(agent).__name__} has no greedy decoding to switch on (LM agents "
-                              "have); drop --greedy for this agent")
-        sampling.greedy = True
-        config["decoding"] = "greedy"
     if env_kwargs:
-        from dataclasses import replace
-
         protocol = replace(protocol, env_kwargs={**protocol.env_kwargs, **env_kwargs})
     used = agent_env_kwargs(agent, protocol)  # what `evaluate` runs on: the agent's rendering stays
     if used:

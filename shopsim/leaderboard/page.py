@@ -186,6 +186,8 @@ def reproduce_command(r: dict) -> str:
         parts.append(f"--tasks {len(r['task_ids'])}")
     if r.get("tries"):
         parts.append(f"--tries {r['tries']}")
+    if r.get("decoding", "greedy") != "greedy":
+        parts.append(f"--decoding {r['decoding']}")
     parts.append(f"--seeds {' '.join(map(str, r['seeds']))} --out results/{r['entry']}.json")
     return " ".join(parts)
 

@@ -75,6 +75,9 @@ SCENARIOS: dict[str, dict[str, dict]] = {
 }
 SCENARIO_SEP = ":"
 
+#: `Protocol.decoding` values: arg-max decoding, or the agent's own sampling
+DECODINGS = ("greedy", "sample")
+
 
 def split_key(key: str) -> tuple[str, str | None]:
     """(env id, scenario name or None) of a leaderboard key ``<env id>`` or ``<env id>:<scenario>``; raises
@@ -126,6 +129,11 @@ class Protocol:
     env_kwargs: dict = field(default_factory=dict, compare=False, hash=False)
     scenario: str | None = field(default=None, compare=False, hash=False)
     """The `SCENARIOS` name whose options `env_kwargs` holds (None: the env's defaults)."""
+    decoding: str = "greedy"
+    """How an agent that samples its actions from a language model decodes them (`DECODINGS`): ``greedy``
+    (arg-max, the default: every entry of a board is measured at the same decoding, whatever temperature it was
+    trained or saved with) or ``sample`` (the agent's own sampling settings). Agents without a ``sampling.greedy``
+    switch (scripted experts, numeric policies) act as they always do."""
 
     def __post_init__(self) -> None:
         if not self.task_ids:
@@ -135,6 +143,8 @@ class Protocol:
             raise ConfigError(f"tries must be >= 1 (pass^k needs tries >= k), got {self.tries}")
         if not self.seeds:
             raise ConfigError("give at least one eval seed")
+        if self.decoding not in DECODINGS:
+            raise ConfigError(f"decoding must be one of {', '.join(DECODINGS)}, got {self.decoding!r}")
         if len(self.task_ids) * self.tries > SEED_STRIDE:
             raise ConfigError(f"{len(self.task_ids)} tasks x {self.tries} tries exceeds {SEED_STRIDE} episodes "
                               "per seed; use fewer tasks or tries")
@@ -182,20 +192,24 @@ class Protocol:
     def to_dict(self) -> dict:
         out = {"env_id": self.env_id, "family": self.family, "split": self.split, "task_ids": list(self.task_ids),
                "seeds": list(self.seeds), "tries": self.tries, "metrics": list(self.metrics),
-               "reference": self.reference}
+               "reference": self.reference, "decoding": self.decoding}
         if self.scenario:
             out.update(scenario=self.scenario, env_kwargs=dict(self.env_kwargs))
         return out
 
     @property
     def hash(self) -> str:
-        """16 hex digits naming the episodes (env, split, task ids, eval seeds, tries, env options, reference):
-        results with the same protocol hash were measured on the same episodes and may be ranked together."""
+        """16 hex digits naming the episodes (env, split, task ids, eval seeds, tries, env options, reference) and
+        a decoding other than greedy: results with the same protocol hash were measured on the same episodes, the
+        same way, and may be ranked together."""
         from shopsim.leaderboard.results import config_hash
 
-        return config_hash({"env_id": self.env_id, "split": self.split, "task_ids": list(self.task_ids),
-                            "seeds": list(self.seeds), "tries": self.tries, "reference": self.reference,
-                            "env_kwargs": dict(sorted(self.env_kwargs.items()))})
+        named = {"env_id": self.env_id, "split": self.split, "task_ids": list(self.task_ids),
+                 "seeds": list(self.seeds), "tries": self.tries, "reference": self.reference,
+                 "env_kwargs": dict(sorted(self.env_kwargs.items()))}
+        if self.decoding != "greedy":  # greedy protocols keep the hash they had before decoding was recorded
+            named["decoding"] = self.decoding
+        return config_hash(named)
 
 
 def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None = None,

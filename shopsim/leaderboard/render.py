@@ -157,8 +157,10 @@ LEGEND = ("Values are means over the protocol's episodes with their 95% interval
           "`[lo, hi]` when not. Rates (success) use the Wilson interval; other metrics a seeded bootstrap over "
           "tasks; entries trained with several seeds ('xN runs') a bootstrap over training runs and tasks. The "
           "'per run' column lists the first metric per training seed and their sample std (ddof = 1). pass^k is "
-          "the τ-bench estimator (all k tries of a task succeed). Lower is better for cost, gap and turns. Rows "
-          "share a table only when measured on the same episodes (protocol hash).")
+          "the τ-bench estimator (all k tries of a task succeed). LM agents decode greedily, whatever temperature "
+          "they were trained at, so a task's tries differ only where the env's reset seed changes the episode (the "
+          "simulated customer's replies). Lower is better for cost, gap and turns. Rows share a table only when "
+          "measured on the same episodes and decoding (protocol hash).")
 
 
 def _per_run_cell(r: dict, metric: str | None) -> str:

@@ -19,6 +19,7 @@ Schema (``schema_version`` = `SCHEMA_VERSION`)::
      "curve": {"metric": "cost", "x": [iterations...], "per_seed": [[values...], ...]} | null,
      "command": "shopsim bench --tier standard --envs Replenishment-v0" | null,
      "scenario": "seasonal", "env_kwargs": {...}  (only on a scenario's rows, `protocols.SCENARIOS`),
+     "decoding": "sample"  (only when LM agents sampled; absent: greedy, `Protocol.decoding`),
      "train_seeds": [0, 1, 2] | null,
      "package_version": "0.1.0", "git_commit": "abc123..." | "unknown", "created": "2026-...Z", "wall_s": 12.3}
 
@@ -104,6 +105,8 @@ def make_results(*, protocol, entry: str, kind: str, metrics: dict, agent: str |
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_s": None if wall_s is None else round(float(wall_s), 3),
     }
+    if getattr(protocol, "decoding", "greedy") != "greedy":  # greedy, the protocol default, goes unrecorded
+        data["decoding"] = protocol.decoding
     if getattr(protocol, "scenario", None):  # a scenario's rows: its name and env options (its own table)
         data.update(scenario=protocol.scenario, env_kwargs=dict(protocol.env_kwargs))
     if extra:
