@@ -33,9 +33,13 @@ rollout of the weakened start fails on a mis-sampled query token, so outcome rew
 
 Outputs in OUT: ``<algo>/seed<S>/metrics.csv`` (from the trainer), ``curves.csv`` (algo, seed, iteration,
 dev/test success), ``summary.json`` + ``summary.md`` (gains with intervals, rollouts used), ``curves.png``;
-with ``--results DIR`` also ``DIR/learning_lm.md`` and ``DIR/learning_lm.json`` (command, commit, seeds, wall
-time). The start and its evaluation are reused when OUT already holds them, and the summary covers every run found
-under OUT. What to expect: docs/training.md ("Learning benchmark").
+with ``--results DIR`` also ``DIR/learning_lm.md``, ``DIR/learning_lm.json`` (command, commit, seeds, wall
+time, the sha256 of the start's source weights) and ``DIR/learning_lm_curves.csv`` (every evaluation of every run).
+The start and its evaluation are reused when OUT already holds them, and the summary covers every run found under
+OUT. With ``--results``, the finished runs recorded there are reused too, when they were measured under the same
+protocol from the same source weights and the start (rebuilt deterministically) evaluates the same: a long
+benchmark can be run in pieces (``--algos``, ``--seeds``) on machines that do not share ``OUT``.
+What to expect: docs/training.md ("Learning benchmark").
 """
 
 from __future__ import annotations
@@ -200,9 +204,16 @@ def run(args, argv=None) -> None:
                           if f"{split}_success/{f}" in m})
         start_file.write_text(json.dumps(start))
     print(f"start: dev {start['dev']:.2f}, test {start['test']:.2f} ({args.eval_episodes} episodes each)")
+    digest = init_digest(init)
+    recorded, why = recorded_curves(Path(args.results), args, start, digest) if args.results else ([], "")
+    if args.results:
+        print(f"reuse: {why}")
+    here = {(c["algo"], c["seed"]) for c in _curves(out, start, args.families)}
+    recorded = [c for c in recorded if (c["algo"], c["seed"]) not in here]  # a run in OUT is the newer copy
+    finished = {(c["algo"], c["seed"]) for c in recorded if c["iteration"] == args.iterations}
     parent = os.getpid() if args.jobs > 1 else None
     jobs = [] if args.report_only else [(name, seed, args, env_kwargs, out, parent)
-                                        for seed in args.seeds for name in args.algos]
+                                        for seed in args.seeds for name in args.algos if (name, seed) not in finished]
     if args.jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -215,13 +226,15 @@ def run(args, argv=None) -> None:
         print(f"{name} seed {seed}: test {start['test']:.2f} -> {history[-1].get('test_success', float('nan')):.2f}"
               f", dev {start['dev']:.2f} -> {history[-1].get('dev_success', float('nan')):.2f}"
               f" ({sum(int(r.get('rollouts', 0)) for r in history)} rollouts, {secs:.0f}s)")
-    rows = _write(out, _curves(out, start, args.families), start, args)
+    curves = _curves(out, start, args.families) + recorded
+    rows = _write(out, curves, start, args)
     if args.results and rows:
         import shlex
         import sys
 
         command = "python -m benchmarks.learning_lm " + shlex.join(sys.argv[1:] if argv is None else argv)
-        write_results(Path(args.results), rows, start, args, time.perf_counter() - t0, command, out)
+        write_results(Path(args.results), rows, start, args, time.perf_counter() - t0, command, out, curves=curves,
+                      digest=digest)
         print(f"wrote {Path(args.results) / 'learning_lm.md'} and learning_lm.json")
 
 
@@ -229,13 +242,15 @@ def _curves(out: Path, start: dict, families=FAMILIES) -> list[dict]:
     """Every finished evaluation of every run under `out` (runs of earlier invocations included)."""
     per_family = [f"test_success/{f}" for f in families]
     curves = [{"algo": "start", "seed": -1, "iteration": 0, "dev_success": start["dev"], "test_success": start["test"],
-               **{k: start.get(k.replace("_success", "")) for k in per_family}, "rollouts": 0}]
+               **{k: start.get(k.replace("_success", "")) for k in per_family}, "rollouts": 0,
+               "train_s": 0.0}]
     for name in ALGOS:
         for path in sorted((out / name).glob("seed*/metrics.csv")):
-            used = 0
+            used, secs = 0, 0.0
             with path.open() as f:
                 for row in csv.DictReader(f):
                     used += int(float(row.get("rollouts") or 0))
+                    secs += sum(float(row.get(k) or 0) for k in ("rollout_s", "update_s"))
                     if row.get("dev_success") not in (None, ""):
                         curves.append({"algo": name, "seed": int(path.parent.name[4:]),
                                        "iteration": int(row["iteration"]),
@@ -243,7 +258,7 @@ def _curves(out: Path, start: dict, families=FAMILIES) -> list[dict]:
                                        "test_success": float(row["test_success"]),
                                        **{k: float(row[k]) if row.get(k) not in (None, "") else None
                                           for k in per_family},
-                                       "rollouts": used})
+                                       "rollouts": used, "train_s": round(secs, 1)})
     return curves
 
 
@@ -302,6 +317,49 @@ def summary_table(rows: list[dict], families=FAMILIES) -> list[str]:
 
 
 
+#: the options that define a run of the protocol; runs recorded under other values are never reused
+PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
+                 "temperature", "max_new_tokens", "max_turns", "eval_episodes")
+
+
+def protocol_of(args) -> dict:
+    return {k: getattr(args, k) for k in PROTOCOL_KEYS}
+
+
+def init_digest(init: Path) -> str:
+    """sha256 (16 hex digits) of the start's source weights: recorded runs are reused only from the same ones."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(Path(init).glob("*.safetensors")) or sorted(Path(init).glob("*.bin")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def recorded_curves(directory: Path, args, start: dict, digest: str) -> tuple[list[dict], str]:
+    """The curve rows of the runs recorded in ``directory/learning_lm_curves.csv`` by an earlier invocation with
+    ``--results directory`` (its runs' folders may be gone: another machine, a cleaned ``runs/``), and why none are
+    reused when the protocol, the start's source weights or the start's evaluation differ."""
+    meta_path, curves_path = directory / "learning_lm.json", directory / "learning_lm_curves.csv"
+    if not (meta_path.is_file() and curves_path.is_file()):
+        return [], "no recorded runs"
+    meta = json.loads(meta_path.read_text())
+    if {k: meta.get("protocol", {}).get(k) for k in PROTOCOL_KEYS} != json.loads(json.dumps(protocol_of(args))):
+        return [], f"{meta_path} was measured under another protocol"
+    if meta.get("init_sha256") != digest:
+        return [], f"{meta_path} was measured from other start weights"
+    if meta.get("start") != start:
+        return [], f"the start evaluates differently from {meta_path}'s ({meta.get('start')} vs {start})"
+    rows = []
+    with curves_path.open() as f:
+        for row in csv.DictReader(f):
+            if row["algo"] == "start":
+                continue
+            rows.append({k: (None if v == "" else v if k == "algo" else int(float(v))
+                             if k in ("seed", "iteration", "rollouts") else float(v)) for k, v in row.items()})
+    return rows, f"{len({(r['algo'], r['seed']) for r in rows})} runs recorded in {curves_path}"
+
+
 def _train_seconds(out: Path) -> float:
     """Rollout + update seconds of every run under `out`, summed from their metrics.csv (evaluations excluded)."""
     total = 0.0
@@ -313,25 +371,37 @@ def _train_seconds(out: Path) -> float:
 
 
 def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: float, command: str,
-                  directory_runs: Path | None = None) -> None:
+                  directory_runs: Path | None = None, curves: list[dict] | None = None,
+                  digest: str | None = None) -> None:
     """``learning_lm.md`` and ``learning_lm.json`` in `directory` (atomic writes): the gains table, the protocol,
-    the command, commit, seeds and wall time."""
+    the command, commit, seeds and wall time; with `curves`, also ``learning_lm_curves.csv`` (every evaluation of
+    every run), from which a later invocation with the same protocol and start reuses the finished runs."""
     from shopsim.paths import write_text_atomic
 
     directory.mkdir(parents=True, exist_ok=True)
-    protocol = {k: getattr(args, k) for k in ("families", "start", "target", "iterations", "rollouts", "group_size",
-                                               "minibatches", "lr", "temperature", "max_new_tokens", "max_turns",
-                                               "eval_episodes", "seeds")}
+    protocol = {**protocol_of(args), "seeds": args.seeds}
     seeds = sorted({sd for r in rows for sd in r["seeds"]})
+    train_s = sum(float(c.get("train_s") or 0) for c in curves or [] if c["algo"] != "start"
+                  and c["iteration"] == args.iterations)
     meta = {"command": command, "commit": git_commit(), "seeds": seeds, "wall_s": round(wall_s, 1),
-            "train_s_total": round(_train_seconds(directory_runs), 1) if directory_runs else None,
-            "init": str(args.init or "data/lm/sft"), "protocol": protocol, "start": start}
+            "train_s_total": round(train_s or (_train_seconds(directory_runs) if directory_runs else 0), 1) or None,
+            "init": str(args.init or "data/lm/sft"), "init_sha256": digest, "protocol": protocol, "start": start}
+    if curves:
+        import io
+
+        buf = io.StringIO()
+        fields = list(dict.fromkeys(k for c in curves for k in c))
+        w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        w.writerows(curves)
+        write_text_atomic(directory / "learning_lm_curves.csv", buf.getvalue())
     write_text_atomic(directory / "learning_lm.json", json.dumps({**meta, "rows": rows}, indent=2, default=float))
     fam = ", ".join(args.families)
     md = ["# Learning benchmark: Shopping LM algorithms", "",
           "Generated by `benchmarks/learning_lm.py`; do not edit by hand.", "",
           f"- command: `{command}`", f"- commit: `{meta['commit']}`", f"- seeds: {', '.join(map(str, seeds))}",
-          f"- wall time: {wall_s / 60:.1f} min (this invocation; runs found finished in the output folder are reused)"
+          f"- wall time: {wall_s / 60:.1f} min (this invocation; finished runs found in the output folder or "
+          "recorded in learning_lm_curves.csv are reused)"
           + (f"; rollout + update time of all runs: {meta['train_s_total'] / 60:.0f} min"
              if meta["train_s_total"] else ""),
           f"- machine: {os.cpu_count()} CPU cores, shared by the runs that ran at the same time (times are "

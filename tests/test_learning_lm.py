@@ -68,3 +68,83 @@ def test_families_option(monkeypatch, given, families):
     assert seen == [families]
     with pytest.raises(SystemExit):
         lm.main(["--families", "bundle,nope"])
+
+
+def _args(tmp_path, **over):
+    from benchmarks.learning_lm import main
+
+    seen = {}
+
+    def capture(a, argv=None):
+        seen["a"] = a
+
+    import benchmarks.learning_lm as lm
+
+    real = lm.run
+    lm.run = capture
+    try:
+        main(["--iterations", "2", "--families", ",".join(FAMS), "--out", str(tmp_path / "out"),
+              "--results", str(tmp_path / "results"), "--init", str(tmp_path / "init"), "--algos", "grpo", "mpo",
+              "--seeds", "0", "1"])
+    finally:
+        lm.run = real
+    for k, v in over.items():
+        setattr(seen["a"], k, v)
+    return seen["a"]
+
+
+def test_runs_recorded_in_the_results_folder_are_reused_under_the_same_protocol_and_start(tmp_path, monkeypatch):
+    """A second invocation that lost OUT (another machine, a cleaned runs/) trains only the runs the results
+    folder does not record, and its table still has every run; another protocol, other start weights or a start
+    that evaluates differently reuse nothing."""
+    import benchmarks.learning_lm as lm
+
+    (tmp_path / "init").mkdir()
+    (tmp_path / "init" / "config.json").write_text("{}")
+    (tmp_path / "init" / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.setattr(lm, "weaken", lambda *a, **k: {"alpha": 0.5, "calib_success": 0.3, "sft_success": 0.8,
+                                                      "families": list(FAMS), "start": "weaken"})
+    trained = []
+
+    def fake_train(job):
+        name, seed, args, env_kwargs, out, parent = job
+        trained.append((name, seed))
+        d = out / name / f"seed{seed}"
+        d.mkdir(parents=True, exist_ok=True)
+        test = 0.3 + 0.1 * seed + (0.05 if name == "grpo" else 0.0)
+        (d / "metrics.csv").write_text(
+            "iteration,rollouts,rollout_s,update_s,dev_success,test_success,test_success/find_and_buy,"
+            "test_success/clarify_and_buy\n1,32,2.0,1.0,,,,\n"
+            f"2,32,2.0,1.0,0.4,{test},{test},{test}\n")
+        return name, seed, [{"test_success": test, "dev_success": 0.4, "rollouts": 32}], 6.0
+
+    monkeypatch.setattr(lm, "_train_one", fake_train)
+
+    def invoke(args):
+        (args_out := tmp_path / "out" / "start").mkdir(parents=True, exist_ok=True)
+        (args_out / f"eval-{args.eval_episodes}.json").write_text(json.dumps(START))
+        lm.run(args, ["--test"])
+
+    invoke(_args(tmp_path, seeds=[0]))
+    assert trained == [("grpo", 0), ("mpo", 0)]
+    import shutil
+
+    shutil.rmtree(tmp_path / "out")
+    invoke(_args(tmp_path))
+    assert trained[2:] == [("grpo", 1), ("mpo", 1)]  # seed 0 came from the results folder
+    data = json.loads((tmp_path / "results" / "learning_lm.json").read_text())
+    assert {r["algo"]: r["seeds"] for r in data["rows"]} == {"grpo": [0, 1], "mpo": [0, 1]}
+    assert data["train_s_total"] == pytest.approx(4 * 6.0)
+    grpo = next(r for r in data["rows"] if r["algo"] == "grpo")
+    assert grpo["gain_test"]["per_seed"] == pytest.approx([0.15, 0.25])
+
+    shutil.rmtree(tmp_path / "out")
+    invoke(_args(tmp_path, lr=2e-4))  # another protocol: everything again
+    assert len(trained) == 8
+    shutil.rmtree(tmp_path / "out")
+    (tmp_path / "init" / "model.safetensors").write_bytes(b"other weights")
+    invoke(_args(tmp_path, lr=2e-4))
+    assert len(trained) == 12
+    rows, why = lm.recorded_curves(tmp_path / "results", _args(tmp_path, lr=2e-4), {**START, "dev": 0.31},
+                                   lm.init_digest(tmp_path / "init"))
+    assert rows == [] and "evaluates differently" in why
