@@ -39,6 +39,16 @@ def data_dir() -> Path:
 DATA_DIR = data_dir()
 
 
+def portable_path(path: str | Path) -> str:
+    """`path` as a results file records it: ``data/<path inside the shipped data folder>`` for a shipped file (so
+    the record, and its config hash, are the same on every machine and install), else `path` as given."""
+    try:
+        inside = Path(path).resolve().relative_to(data_dir().resolve())
+    except ValueError:
+        return str(path)
+    return str(Path("data") / inside)
+
+
 def cache_dir() -> Path:
     path = Path(os.environ.get("SHOPSIM_CACHE_DIR", Path.home() / ".cache" / "shopsim"))
     path.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,21 @@ def test_plan_and_budget_table(tmp_path):
     assert all(e.skip_reason is None for e in entries)
 
 
+def test_a_shipped_checkpoint_row_records_a_path_every_machine_shares(toy_world, tmp_path):
+    """A checkpoint under the shipped data folder is recorded as ``data/...``, not by the absolute path of the
+    machine that ran the bench, so its config hash and reproduce command are the same on every machine."""
+    from shopsim.leaderboard.bench import Entry, run_entry
+    from shopsim.leaderboard.protocols import load_protocol
+    from shopsim.paths import portable_path
+    from tests.fixtures.leaderboard_toy import CoinPolicy
+
+    ckpt = CoinPolicy(q=1.0).save(toy_world / "lm" / "coin")
+    rec = run_entry(Entry(TOY_ID, "coin", "checkpoint", checkpoint=ckpt), load_protocol(TOY_ID).limited(tasks=1),
+                    tmp_path / "out", budget=TABLE["quick"][TOY_ID], mode="quick", log=lambda _: None)
+    assert rec["status"] == "ok" and rec["config"]["checkpoint"] == "data/lm/coin"
+    assert portable_path(tmp_path / "mine") == str(tmp_path / "mine")  # a user's own folder stays as given
+
+
 @pytest.mark.slow
 def test_real_quick_bench_end_to_end_on_tiny_budget(tmp_path):
     """The main job, every registered env, on the tiny budget (CI: `pytest -m slow tests/test_bench.py`)."""

@@ -53,6 +53,7 @@ from shopsim.leaderboard.protocols import (
     split_key,
 )
 from shopsim.leaderboard.results import find_results, make_results, write_results
+from shopsim.paths import portable_path
 
 
 @dataclass(frozen=True)
@@ -404,7 +405,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             else:  # a plain Hugging Face folder: the LM agent loads the shipped SFT model by default
                 agent = agents.make("lm", entry.env_id)
             info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
-            info["config"] = {"checkpoint": str(entry.checkpoint)}
+            info["config"] = {"checkpoint": portable_path(entry.checkpoint)}
             if entry.shipped_entry:
                 meta["shipped_entry"] = entry.shipped_entry
         else:
