@@ -37,15 +37,20 @@ bench: setup
 wheel-check: setup
 	PYTHON=$(PYTHON) .ci/wheel-check $(PY)
 
-# The shipped LM agent data/lm/sft, remade from scratch in three resumable stages (about 2.5 h on 2 cores; see
-# docs/lm-agent.md): find_and_buy from a fresh model, a continuation on new episodes, then all four families.
+# The shipped LM agent data/lm/sft, remade from scratch in four resumable stages (about 4.5 h on 2 cores; see
+# docs/agents.md): find_and_buy from a fresh model, a continuation on new episodes, all four families, then all four
+# with the task line restated after each cart change (task_reminder) and bundle at two shares in five.
 lm-agent: setup
 	$(VENV)/bin/shopsim sft --expert-episodes 1000 --threads 2 --no-progress --out runs/lm-agent/1-find
 	$(VENV)/bin/shopsim sft --init runs/lm-agent/1-find/checkpoint --expert-episodes 2000 --seed 1 \
 	    --curriculum-steps 0 --steps 800 --lr 1e-3 --threads 2 --no-progress --out runs/lm-agent/2-find-ft
 	$(VENV)/bin/shopsim sft --init runs/lm-agent/2-find-ft/checkpoint --family all --expert-episodes 4000 \
 	    --curriculum-steps 600 --steps 2800 --batch-size 8 --lr 1e-3 --eval-every 400 --eval-episodes 40 \
-	    --threads 2 --no-progress --out runs/lm-agent/3-all
+	    --no-task-reminder --threads 2 --no-progress --out runs/lm-agent/3-all
+	$(VENV)/bin/shopsim sft --init runs/lm-agent/3-all/checkpoint \
+	    --family bundle,bundle,clarify_and_buy,after_sales,find_and_buy --expert-episodes 4000 --seed 200000 \
+	    --curriculum-steps 0 --steps 1200 --batch-size 8 --lr 5e-4 --eval-every 400 --eval-episodes 20 \
+	    --threads 2 --no-progress --out runs/lm-agent/4-remind
 
 clean:
 	rm -rf runs .pytest_cache
