@@ -70,6 +70,23 @@ def agent_env_kwargs(agent, protocol: Protocol) -> dict:
     return {**protocol.env_kwargs, **{k: v for k, v in mine.items() if k in allowed}}
 
 
+@contextmanager
+def decoding(agent, mode: str):
+    """Within the block, an agent with a ``sampling.greedy`` switch (the LM agents) decodes as `mode` says
+    (`Protocol.decoding`): ``greedy`` switches arg-max on and restores the agent's own setting after; ``sample``
+    leaves the agent as it is."""
+    sampling = getattr(agent, "sampling", None)
+    if mode != "greedy" or not hasattr(sampling, "greedy"):
+        yield
+        return
+    saved = sampling.greedy
+    sampling.greedy = True
+    try:
+        yield
+    finally:
+        sampling.greedy = saved
+
+
 def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: int = 8,
               collect: Callable | None = None, keep: bool = False,
               with_records: bool = False) -> tuple[list[dict], list] | tuple[list[dict], list, list[dict]]:
@@ -89,16 +106,17 @@ def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: in
         tasks += t
         seeds += s
         bounds.append(len(tasks))
-    if is_pettingzoo(protocol.env_id):
-        trajs = []
-        records = parallel_records(agent, protocol.env_id, tasks=tasks, seeds=seeds, split=protocol.split,
-                                   env_kwargs=env_kwargs, num_envs=num_envs, progress=progress,
-                                   agent_seed=int(protocol.seeds[0]))
-    else:
-        trajs = collect(protocol.env_id, agent, tasks=tasks, seeds=seeds, split=protocol.split, group_size=1,
-                        num_envs=num_envs, env_kwargs=env_kwargs, progress=progress,
-                        agent_seed=int(protocol.seeds[0]))
-        records = [episode_record(t) for t in trajs]
+    with decoding(agent, protocol.decoding):
+        if is_pettingzoo(protocol.env_id):
+            trajs = []
+            records = parallel_records(agent, protocol.env_id, tasks=tasks, seeds=seeds, split=protocol.split,
+                                       env_kwargs=env_kwargs, num_envs=num_envs, progress=progress,
+                                       agent_seed=int(protocol.seeds[0]))
+        else:
+            trajs = collect(protocol.env_id, agent, tasks=tasks, seeds=seeds, split=protocol.split, group_size=1,
+                            num_envs=num_envs, env_kwargs=env_kwargs, progress=progress,
+                            agent_seed=int(protocol.seeds[0]))
+            records = [episode_record(t) for t in trajs]
     for rec, task in zip(records, tasks, strict=False):
         rec["task_id"] = task  # group tries by the protocol's task id whatever the env echoes back
     summaries = []
@@ -241,55 +259,37 @@ def _is_reference(agent, reference) -> bool:
     return getattr(agent, "name", None) == getattr(reference, "name", None) and not getattr(agent, "learns", False)
 
 
-@contextmanager
-def decoding(agent, mode: str):
-    """Within the block, an agent with a ``sampling.greedy`` switch (the LM agents) decodes as `mode` says
-    (`Protocol.decoding`): ``greedy`` switches arg-max on and restores the agent's own setting after; ``sample``
-    leaves the agent as it is."""
-    sampling = getattr(agent, "sampling", None)
-    if mode != "greedy" or not hasattr(sampling, "greedy"):
-        yield
-        return
-    saved = sampling.greedy
-    sampling.greedy = True
-    try:
-        yield
-    finally:
-        sampling.greedy = saved
-
-
 def evaluate(agent, protocol: Protocol, *, reference=None, progress: bool = False, num_envs: int = 8,
              collect: Callable | None = None, keep_trajectories: bool = False) -> Evaluation:
     """Evaluate `agent` (an `agents.Agent`) on every episode of `protocol`; see module docstring.
 
     `reference`: the agent named by ``protocol.reference`` (built by the caller), for the gap metric; without it a
     protocol that names a reference gets a note instead of the gap. An LM agent decodes as ``protocol.decoding``
-    says (`decoding`; greedy by default) and gets its own sampling setting back afterwards."""
+    says (`decoding`, applied in `run_seeds`; greedy by default) and gets its own sampling setting back afterwards."""
     t0 = time.perf_counter()
     notes: list[str] = []
     ref_records = None
-    with decoding(agent, protocol.decoding):
-        if protocol.reference and reference is not None and _is_reference(agent, reference):
-            # the agent is the reference: run it once, as the reference run every other entry also reuses
-            summaries, records = reference_run(reference, protocol, progress=progress, collect=collect)
-            trajs: list = []
-            if keep_trajectories:  # trajectories are not memoised; run again only when they are asked for
-                summaries, trajs, records = run_seeds(agent, protocol, progress=progress, num_envs=num_envs,
-                                                      collect=collect, keep=True, with_records=True)
-            ref_summaries, ref_records = [dict(s) for s in summaries], records
-            add_gap(summaries, ref_summaries)
-        else:
+    if protocol.reference and reference is not None and _is_reference(agent, reference):
+        # the agent is the reference: run it once, as the reference run every other entry also reuses
+        summaries, records = reference_run(reference, protocol, progress=progress, collect=collect)
+        trajs: list = []
+        if keep_trajectories:  # trajectories are not memoised; run again only when they are asked for
             summaries, trajs, records = run_seeds(agent, protocol, progress=progress, num_envs=num_envs,
-                                                  collect=collect, keep=keep_trajectories, with_records=True)
-            if protocol.reference and reference is None:
-                notes.append(f"no gap to {protocol.reference}: no reference agent was given to evaluate()")
-            elif protocol.reference:
-                try:
-                    ref_summaries, ref_records = reference_run(reference, protocol, progress=progress, collect=collect)
-                except Exception as exc:  # noqa: BLE001 - a broken reference must not lose the entry's own metrics
-                    notes.append(f"no gap to {protocol.reference}: the reference failed ({type(exc).__name__}: {exc})")
-                else:
-                    add_gap(summaries, ref_summaries)
+                                                  collect=collect, keep=True, with_records=True)
+        ref_summaries, ref_records = [dict(s) for s in summaries], records
+        add_gap(summaries, ref_summaries)
+    else:
+        summaries, trajs, records = run_seeds(agent, protocol, progress=progress, num_envs=num_envs,
+                                              collect=collect, keep=keep_trajectories, with_records=True)
+        if protocol.reference and reference is None:
+            notes.append(f"no gap to {protocol.reference}: no reference agent was given to evaluate()")
+        elif protocol.reference:
+            try:
+                ref_summaries, ref_records = reference_run(reference, protocol, progress=progress, collect=collect)
+            except Exception as exc:  # noqa: BLE001 - a broken reference must not lose the entry's own metrics
+                notes.append(f"no gap to {protocol.reference}: the reference failed ({type(exc).__name__}: {exc})")
+            else:
+                add_gap(summaries, ref_summaries)
     metrics = summarize(records, per_seed=summaries, reference=ref_records, tries=protocol.tries)
     return Evaluation(metrics=metrics, per_seed=summaries, wall_s=time.perf_counter() - t0,
                       trajectories=trajs, notes=notes, records=records, reference_records=ref_records)
