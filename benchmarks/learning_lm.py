@@ -480,7 +480,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/learning_lm")
     p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--rollouts", type=int, default=32, help="rollouts per iteration (the budget unit)")
     p.add_argument("--group-size", type=int, default=8)
     add_protocol_arguments(p)

@@ -222,3 +222,37 @@ def test_skipping_zero_advantage_rows_does_not_change_the_update():
         assert torch.allclose(p, q, atol=1e-4)
     moved = [not torch.equal(p, q) for p, q in zip(out[True][1], agent.model.parameters(), strict=True)]
     assert any(moved)
+
+
+def test_minibatches_keep_rollout_groups_whole():
+    from baselines.core.batch import build_batch
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent()
+    trajs = collect("toy", agent, seeds=[1, 2, 3, 4], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
+    for i, t in enumerate(trajs):  # distinct rewards inside every group: every row has a nonzero advantage
+        for turn in t.turns:
+            turn.reward = float(i % 4) / 4
+    batch = build_batch(trajs)
+    algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", group_size=4, minibatches=2)
+    algo.setup(agent)
+    parts = algo.minibatch_rows(batch, torch.Generator().manual_seed(0))
+    group_of = batch.group_ids[batch.row_traj]
+    assert sorted(torch.cat(parts).tolist()) == list(range(batch.num_rows))  # every row once
+    assert len(parts) == 2
+    for rows in parts:  # two whole groups per step: no group is split between steps
+        groups = set(group_of[rows].tolist())
+        assert len(groups) == 2 and all(int((group_of == g).sum()) == len([r for r in rows if group_of[r] == g])
+                                         for g in groups)
+    # hence each step's GRPO advantages sum to zero (a group's failures never reach a step without its successes)
+    adv = algo.compute_advantages(batch, algo.prepare(batch)).adv
+    first = torch.stack([adv[r][batch.gen_mask[r]][0] for r in range(batch.num_rows)])
+    for rows in parts:
+        assert float(first[rows].sum()) == pytest.approx(0.0, abs=1e-5)
+    # "row" is the plain row permutation, under which a step does take part of a group
+    row_algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", group_size=4, minibatches=2, minibatch_unit="row")
+    row_algo.setup(agent)
+    row_parts = row_algo.minibatch_rows(batch, torch.Generator().manual_seed(0))
+    perm = torch.randperm(batch.num_rows, generator=torch.Generator().manual_seed(0))
+    assert [p.tolist() for p in row_parts] == [p.sort().values.tolist() for p in torch.tensor_split(perm, 2)]
+    assert any(abs(float(first[rows].sum())) > 1e-3 for rows in row_parts)

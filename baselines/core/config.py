@@ -48,7 +48,13 @@ class LMConfig:
     update_epochs: int = bounded(1, min=1)
     """Passes over each iteration's batch."""
     minibatches: int = bounded(1, min=1)
-    """Optimizer steps per epoch (the batch's rows are shuffled and split into this many parts)."""
+    """Optimizer steps per epoch (the batch's `minibatch_unit`s are shuffled and split into this many parts)."""
+    minibatch_unit: Literal["group", "row"] = "group"
+    """What a minibatch is made of. "group": whole rollout groups (the rows of every trajectory that shares a group
+    id, else of one trajectory), as verl and the cards count mini-batches in prompts: a group's advantages sum to
+    zero, so tokens that all its rollouts share (the first turn's prefix) get no net push, and a step never sees a
+    group's failures without its successes. "row": rows shuffled one by one (a group's rollouts can land in
+    different steps; with Adam's momentum the first step's part of a group then steers the later ones)."""
     micro_batch_rows: int = bounded(0, min=0)
     """Most rows per forward/backward inside one optimizer step (gradient accumulation; 0 = no row limit).
     Normalisers are computed over the whole step, so the gradient does not depend on this value."""

@@ -355,19 +355,32 @@ class LMAlgorithm(LoopAlgorithm):
         if advs.returns is not None and ctx.values is not None:
             vm = gen if advs.value_mask is None else advs.value_mask.float()
             metrics["explained_variance"] = explained_variance(ctx.values, advs.returns, vm)
-        R = batch.num_rows
         acc: dict[str, list[float]] = {}
         for _ in range(c.update_epochs):
-            perm = torch.randperm(R, generator=generator)
-            for rows in torch.tensor_split(perm, min(c.minibatches, R)):
-                if rows.numel() == 0:
-                    continue
-                rows = rows.sort().values.to(c.device)
+            for rows in self.minibatch_rows(batch, generator):
                 m = self._minibatch_step(batch, rows, ctx, advs, adv, tok_mask)
                 for k, v in m.items():
                     acc.setdefault(k, []).append(v)
         metrics.update({k: float(np.mean(v)) for k, v in acc.items()})
         return metrics
+
+    def minibatch_rows(self, batch: Batch, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+        """One epoch's minibatches as sorted row indices: the batch's units (`minibatch_unit`: whole groups, or
+        single rows) in a random order from `generator`, split into `minibatches` parts of nearly equal unit count.
+        With "row" the draw is the plain row permutation (``torch.randperm(R)``)."""
+        c = self.config
+        R = batch.num_rows
+        if c.minibatch_unit == "row":
+            unit = torch.arange(R)
+        else:  # a trajectory without a group has a group id of its own (build_batch)
+            unit = batch.group_ids.cpu()[batch.row_traj.cpu()]
+        ids = torch.unique(unit)
+        perm = ids[torch.randperm(len(ids), generator=generator)]
+        out = []
+        for part in torch.tensor_split(perm, min(c.minibatches, len(ids))):
+            if part.numel():
+                out.append(torch.nonzero(torch.isin(unit, part)).flatten().to(c.device))
+        return out
 
     def _minibatch_step(self, batch: Batch, rows, ctx: Ctx, advs: Advantages, adv, tok_mask) -> dict:
         """One optimizer step on `rows`, in micro-batches of `micro_batch_rows` with step-wide normalisers."""
