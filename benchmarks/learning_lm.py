@@ -86,7 +86,9 @@ def _algo(name: str, args, env_kwargs: dict, **over):
                   temperature=args.temperature,
                   task_families=tuple(getattr(args, "families", FAMILIES)), eval_split="dev,test",
                   eval_episodes=args.eval_episodes,
-                  eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=8, checkpoint_every=0)
+                  eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=8,
+                  # state after every iteration: a run the session stops (TrOPD, VAPO: long) resumes where it was
+                  checkpoint_every=1)
     return baselines.make(name, env_id=ENV, **{**common, **per, **over})
 
 

@@ -188,6 +188,18 @@ def test_a_folder_of_another_config_is_refused(tmp_path):
     assert fresh.resumed_from == 0 and len(fresh.history) == 1
 
 
+def test_a_different_checkpoint_cadence_still_resumes(tmp_path):
+    """`checkpoint_every` says how often state is written, not what the run computes: a run started with state only
+    at its end extends with state after every iteration, to the curve of one uninterrupted run."""
+    full = _train("lm_ppo", tmp_path / "full")
+    assert full.resumed_from == 0
+    _train("lm_ppo", tmp_path / "part", iterations=CRASH_AT, checkpoint_every=0)
+    resumed = _train("lm_ppo", tmp_path / "part", checkpoint_every=1)
+    assert resumed.resumed_from == CRASH_AT
+    timing = CASES["lm_ppo"][4]
+    assert _curve(tmp_path / "part", timing) == _curve(tmp_path / "full", timing)
+
+
 def test_unknown_train_argument_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="unknown argument"):
         CAPG(**CAPG_CFG).train(CAPG_ENV, iterations=1, out_dir=tmp_path, progress=False, env_fns=[])

@@ -48,6 +48,9 @@ from shopsim.errors import ConfigError
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
+#: config fields that only say how often the run is saved, not what it computes: a run may be resumed with another
+#: value (e.g. a run started with state only at its end, continued with a state after every iteration)
+RESUME_FREE_FIELDS = frozenset({"checkpoint_every"})
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
 STATE_FORMAT = 2
 
@@ -232,6 +235,12 @@ class LoopAlgorithm(Algorithm):
             raise ConfigError(f"{path} was written by another version of shopsim; delete it (or use another "
                               "--out) to start the run again")
         saved = state["identity"]
+
+        def strip(ident: dict) -> dict:
+            return {**ident, "config": {k: v for k, v in ident.get("config", {}).items()
+                                        if k not in RESUME_FREE_FIELDS}}
+
+        saved, identity = strip(saved), strip(identity)
         if saved != identity:
             diff = [k for k in identity if saved.get(k) != identity[k]]
             if "config" in diff:
