@@ -578,39 +578,50 @@ class LMAlgorithm(LoopAlgorithm):
             b = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length).to(c.device)
             zeros = torch.zeros_like(b.old_logp)
             _, ret = token_gae_for_batch(b, zeros, gamma=1.0, lam=1.0)
-            hid = None
+            # length-bucketed micro-batches, each cut to its longest row, as in the update: a bundle episode's
+            # ~3000-token rows no longer pad every short row of the batch to their width
+            mbs = self.micro_batches(b, torch.arange(b.num_rows, device=b.input_ids.device))
+            hids = [None] * len(mbs)
             if self.critic.shared:
                 with torch.no_grad():
-                    _, _, hid = self._rows_forward(self.model, b.input_ids, b.attention_mask, need_hidden=True,
-                                                   positions=torch.zeros_like(b.gen_mask))
-            data.append((b, ret, hid))
+                    hids = [self._trimmed(lambda i, a, g: self._rows_forward(
+                        self.model, i, a, need_hidden=True, positions=torch.zeros_like(g)), b, r, b.gen_mask[r])[2]
+                        for r in mbs]
+            data.append((b, ret, mbs, hids))
         held = data.pop()
 
-        def held_ev() -> float:
-            with torch.no_grad():
-                b, ret, hid = held
-                return explained_variance(self.critic(b.input_ids, b.attention_mask, hidden=hid), ret, b.gen_mask)
+        def critic_rows(b, r, hid):
+            return self._trimmed(lambda i, a, h: self.critic(i, a, hidden=h), b, r, hid)
 
-        ev_before = held_ev()
+        @torch.no_grad()
+        def ev_of(d) -> float:
+            b, ret, mbs, hids = d
+            v = torch.zeros_like(ret)
+            for r, hid in zip(mbs, hids, strict=True):
+                v[r] = critic_rows(b, r, hid)
+            return explained_variance(v, ret, b.gen_mask)
+
+        ev_before = ev_of(held)
         params = [p for p in (self.critic.head.parameters() if self.critic.shared else self.critic.parameters())]
         opt = torch.optim.AdamW(params, lr=c.critic_lr)
         losses = []
         for s in range(steps):
-            b, ret, hid = data[s % len(data)]
-            v = self.critic(b.input_ids, b.attention_mask, hidden=hid)
-            vl = aggregate(value_loss(v, None, ret)[0], b.gen_mask, "token-mean")
+            b, ret, mbs, hids = data[s % len(data)]
+            n_tok = b.gen_mask.sum().clamp_min(1)  # the token-mean over the whole batch, accumulated
             opt.zero_grad(set_to_none=True)
-            vl.backward()
+            total = 0.0
+            for r, hid in zip(mbs, hids, strict=True):
+                vl = aggregate(value_loss(critic_rows(b, r, hid), None, ret[r])[0], b.gen_mask[r], "token-mean",
+                               num_tokens=n_tok)
+                vl.backward()
+                total += float(vl.detach())
             torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
             opt.step()
-            losses.append(float(vl.detach()))
-        with torch.no_grad():
-            b, ret, hid = data[0]
-            ev = explained_variance(self.critic(b.input_ids, b.attention_mask, hidden=hid), ret, b.gen_mask)
+            losses.append(total)
         return {"pretrain_steps": steps, "pretrain_value_loss_first": losses[0] if losses else float("nan"),
                 "pretrain_value_loss_last": losses[-1] if losses else float("nan"),
-                "pretrain_explained_variance": ev, "pretrain_heldout_ev_before": ev_before,
-                "pretrain_heldout_ev_after": held_ev()}
+                "pretrain_explained_variance": ev_of(data[0]), "pretrain_heldout_ev_before": ev_before,
+                "pretrain_heldout_ev_after": ev_of(held)}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, directory: Path, env_id: str | None = None) -> Path:
