@@ -293,7 +293,8 @@ class BASIS(LMAlgorithm):
             if (old.get("format") == TABLE_FORMAT and old.get("pool") == pool and old.get("n_ref") == c.n_ref
                     and old.get("init") == init):
                 self._table = old
-                return {"basis_table": "reused", "offline_rollouts": old.get("rollouts", 0)}
+                return {"basis_table": "reused", "offline_rollouts": old.get("rollouts", 0),
+                        "pretrain_rollouts": old.get("rollouts", 0)}
         t0 = time.perf_counter()
         trajs = collect(env_id, agent, tasks=[p[0] for p in pool], seeds=[p[1] for p in pool], episodes=len(pool),
                         split="train", group_size=c.n_ref, num_envs=c.num_envs, env_kwargs=self._env_kwargs,
@@ -308,7 +309,8 @@ class BASIS(LMAlgorithm):
         self.set_table(pool, rewards, n_ref=c.n_ref, init=init, rollouts=len(trajs), seconds=secs)
         write_text_atomic(path, json.dumps(self._table))
         means = [float(np.mean(e[c.reward])) for e in rewards.values()]
-        return {"basis_table": "collected", "offline_rollouts": len(trajs), "offline_seconds": secs,
+        return {"basis_table": "collected", "offline_rollouts": len(trajs), "pretrain_rollouts": len(trajs),
+                "offline_seconds": secs,
                 "offline_mean_reward": float(np.mean(means)) if means else float("nan"),
                 "offline_all_zero_share": float(np.mean([m == 0 for m in means])) if means else float("nan")}
 

@@ -338,6 +338,7 @@ def generate_dataset(env_id: str, agent, config: MidTrainConfig, out_dir: Path, 
         write_dataset(out_dir / "data.parquet", kept, metadata={"env_id": env_id, "midtrain": {
             "data": c.data, "strategies": list(c.strategies), "candidates": c.candidates}})
     stats = {"gen_pairs": len(pairs), "gen_tasks": len(tasks), "gen_candidates": len(cands),
+             "pretrain_rollouts": len(cands),
              "gen_success": float(np.mean([t.success for _, t in cands])) if cands else 0.0,
              "gen_adherence": float(np.mean([adheres(s, t) for s, t in cands])) if cands and not star else None,
              "gen_kept": len(kept),

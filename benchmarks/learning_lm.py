@@ -65,6 +65,9 @@ ALGOS = ("reinforce", "ppo", "grpo", "dapo", "gigpo", "vapo", "mpo", "wapo", "bi
 SINGLE_ROLLOUT = {"ppo", "mpo", "reinforce", "basis", "tropd"}
 #: ARC's n rollouts per (task, strategy) and its M strategies (the card's defaults): n·M rollouts per task
 ARC_N, ARC_M = 4, 3
+#: what an algorithm's rollouts before its first iteration are for (`row_notes`)
+PRE_STAGE = {"midtrain": "stage 1, the generation of mid-training data", "basis": "the offline reference table",
+             "vapo": "value pre-training", "mpo": "value pre-training"}
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
 
@@ -82,6 +85,11 @@ def _algo(name: str, args, env_kwargs: dict, **over):
         per["value_pretrain_steps"] = args.value_pretrain_steps
     if name == "dapo":
         per["max_gen_batches"] = args.max_gen_batches
+    if name == "midtrain":
+        # the card's strategy prompt (and exemplar) keeps nothing from the weakened start (0 of 768 candidates
+        # succeed), which would make the row plain GRPO: sample unprompted at the rollout temperature and let the
+        # adherence check assign the correct samples to strategies (midtrain's [derived] fallback)
+        per.update(strategy_prompt=False, exemplar=False, gen_temperature=args.temperature)
     common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
                   temperature=args.temperature,
                   task_families=tuple(getattr(args, "families", FAMILIES)), eval_split="dev,test",
@@ -208,10 +216,19 @@ def run(args, argv=None) -> None:
         start_file.write_text(json.dumps(start))
     print(f"start: dev {start['dev']:.2f}, test {start['test']:.2f} ({args.eval_episodes} episodes each)")
     digest = init_digest(init)
-    recorded, why = recorded_curves(Path(args.results), args, start, digest) if args.results else ([], "")
+    configs = expected_digests(args, env_kwargs)
+    recorded, why = recorded_curves(Path(args.results), args, start, digest, configs) if args.results else ([], "")
     if args.results:
         print(f"reuse: {why}")
-    here = {(c["algo"], c["seed"]) for c in _curves(out, start, args.families)}
+    stale = _stale_runs(_curves(out, start, args.families), configs)
+    if stale:
+        asked = [(a, sd) for a, sd in stale if a in args.algos and sd in args.seeds and not args.report_only]
+        where = ", ".join(f"{out / a / f'seed{sd}'}" for a, sd in (asked or stale))
+        if asked:
+            raise SystemExit(f"{where}: trained under other settings of the algorithm than this benchmark now uses; "
+                             "delete those folders to train them again, or use another --out")
+        print(f"not summarised (trained under other settings of the algorithm): {where}")
+    here = {(c["algo"], c["seed"]) for c in _curves(out, start, args.families)} - set(stale)
     recorded = [c for c in recorded if (c["algo"], c["seed"]) not in here]  # a run in OUT is the newer copy
     finished = {(c["algo"], c["seed"]) for c in recorded if c["iteration"] == args.iterations}
     parent = os.getpid() if args.jobs > 1 else None
@@ -229,7 +246,7 @@ def run(args, argv=None) -> None:
         print(f"{name} seed {seed}: test {start['test']:.2f} -> {history[-1].get('test_success', float('nan')):.2f}"
               f", dev {start['dev']:.2f} -> {history[-1].get('dev_success', float('nan')):.2f}"
               f" ({sum(int(r.get('rollouts', 0)) for r in history)} rollouts, {secs:.0f}s)")
-    curves = _curves(out, start, args.families) + recorded
+    curves = [c for c in _curves(out, start, args.families) if (c["algo"], c["seed"]) not in stale] + recorded
     rows = _write(out, curves, start, args)
     if args.results and rows:
         import shlex
@@ -241,15 +258,56 @@ def run(args, argv=None) -> None:
         print(f"wrote {Path(args.results) / 'learning_lm.md'} and learning_lm.json")
 
 
+def expected_digests(args, env_kwargs: dict, algos=ALGOS) -> dict[str, str]:
+    """The config digest (`baselines.core.loop.config_digest`) of each algorithm's run under this protocol."""
+    from baselines.core.loop import config_digest
+
+    return {name: config_digest(_algo(name, args, env_kwargs).run_identity(ENV, 0)["config"]) for name in algos}
+
+
+def _pretrain_rollouts(pre: dict, config: dict) -> int:
+    """Episodes a run sampled before its first iteration (value pre-training, mid-training's generation), from its
+    ``pretrain.json``; files written before that key existed are read from the stage's own counts."""
+    if "pretrain_rollouts" in pre:
+        return int(pre["pretrain_rollouts"])
+    for key in ("gen_candidates", "offline_rollouts"):  # mid-training's generation, BASIS's offline table
+        if key in pre:
+            return int(pre[key])
+    if pre.get("pretrain_steps"):  # value pre-training: value_pretrain_batches + 1 held-out batch
+        return (int(config.get("value_pretrain_batches", 2)) + 1) * int(config["group_size"]) * int(
+            config["tasks_per_iter"])
+    return 0
+
+
+def _run_info(run_dir: Path) -> dict:
+    """A run's config digest, the rollouts it sampled before RL and (mid-training) the examples stage 1 kept."""
+    from baselines.core.loop import config_digest
+
+    config = json.loads((run_dir / "run.json").read_text())["config"] if (run_dir / "run.json").is_file() else None
+    pre = json.loads((run_dir / "pretrain.json").read_text()) if (run_dir / "pretrain.json").is_file() else {}
+    return {"config": config_digest(config) if config is not None else None,
+            "pre_rollouts": _pretrain_rollouts(pre, config or {}),
+            "gen_kept": pre.get("gen_kept")}
+
+
+def _stale_runs(curves: list[dict], configs: dict[str, str]) -> list[tuple[str, int]]:
+    """(algorithm, seed) of the runs in `curves` whose config digest is not the one the benchmark now builds (or
+    that record none)."""
+    return sorted({(c["algo"], c["seed"]) for c in curves
+                   if c["algo"] != "start" and c.get("config") != configs.get(c["algo"])})
+
+
 def _curves(out: Path, start: dict, families=FAMILIES) -> list[dict]:
-    """Every finished evaluation of every run under `out` (runs of earlier invocations included)."""
+    """Every finished evaluation of every run under `out` (runs of earlier invocations included). ``rollouts``
+    counts every episode the run sampled up to that evaluation, those before RL (``pre_rollouts``) included."""
     per_family = [f"test_success/{f}" for f in families]
     curves = [{"algo": "start", "seed": -1, "iteration": 0, "dev_success": start["dev"], "test_success": start["test"],
                **{k: start.get(k.replace("_success", "")) for k in per_family}, "rollouts": 0,
                "train_s": 0.0}]
     for name in ALGOS:
         for path in sorted((out / name).glob("seed*/metrics.csv")):
-            used, secs = 0, 0.0
+            info = _run_info(path.parent)
+            used, secs = info["pre_rollouts"], 0.0
             with path.open() as f:
                 for row in csv.DictReader(f):
                     used += int(float(row.get("rollouts") or 0))
@@ -261,7 +319,7 @@ def _curves(out: Path, start: dict, families=FAMILIES) -> list[dict]:
                                        "test_success": float(row["test_success"]),
                                        **{k: float(row[k]) if row.get(k) not in (None, "") else None
                                           for k in per_family},
-                                       "rollouts": used, "train_s": round(secs, 1)})
+                                       "rollouts": used, "train_s": round(secs, 1), **info})
     return curves
 
 
@@ -297,8 +355,31 @@ def summarise(curves: list[dict], start: dict, iterations: int, families=FAMILIE
                      "final_test": stat([c["test_success"] for c in finals]),
                      "final_dev": stat([c["dev_success"] for c in finals]),
                      "gain_test": gain, "all_seeds_gain": all(g > 0 for g in gain["per_seed"]),
-                     "gain_test_family": fam})
+                     "gain_test_family": fam, "pre_rollouts": finals[0].get("pre_rollouts") or 0,
+                     **({"gen_kept": [c["gen_kept"] for c in finals]}
+                        if any(c.get("gen_kept") is not None for c in finals) else {})})
     return rows
+
+
+def row_notes(rows: list[dict]) -> list[str]:
+    """One line per algorithm whose runs sampled episodes before RL, or whose mid-training kept nothing (that seed
+    is then plain GRPO from the start), so a reader does not take such a row for what it is not."""
+    notes = []
+    for r in rows:
+        parts = []
+        if r.get("pre_rollouts"):
+            parts.append(f"{r['pre_rollouts']} of its {r['rollouts']} rollouts were sampled before RL "
+                         f"({PRE_STAGE.get(r['algo'], 'a stage before training')})")
+        if "gen_kept" in r:
+            kept = r["gen_kept"]
+            parts.append(f"stage 1 kept {' / '.join(str(k) for k in kept)} examples (seeds "
+                         f"{' '.join(map(str, r['seeds']))})")
+            empty = [sd for sd, k in zip(r["seeds"], kept, strict=True) if not k]
+            if empty:
+                parts.append(f"**kept nothing on seed {', '.join(map(str, empty))}: that run is plain GRPO**")
+        if parts:
+            notes.append(f"- {r['algo']}: " + "; ".join(parts) + ".")
+    return notes
 
 
 def summary_table(rows: list[dict], families=FAMILIES) -> list[str]:
@@ -339,10 +420,13 @@ def init_digest(init: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def recorded_curves(directory: Path, args, start: dict, digest: str) -> tuple[list[dict], str]:
+def recorded_curves(directory: Path, args, start: dict, digest: str,
+                    configs: dict[str, str] | None = None) -> tuple[list[dict], str]:
     """The curve rows of the runs recorded in ``directory/learning_lm_curves.csv`` by an earlier invocation with
     ``--results directory`` (its runs' folders may be gone: another machine, a cleaned ``runs/``), and why none are
-    reused when the protocol, the start's source weights or the start's evaluation differ."""
+    reused when the protocol, the start's source weights or the start's evaluation differ. With `configs`
+    (algorithm → `expected_digests`), a run is reused only when it was recorded under its algorithm's config
+    digest now: changing an algorithm's benchmark settings retrains it instead of reporting the old runs."""
     meta_path, curves_path = directory / "learning_lm.json", directory / "learning_lm_curves.csv"
     if not (meta_path.is_file() and curves_path.is_file()):
         return [], "no recorded runs"
@@ -353,14 +437,23 @@ def recorded_curves(directory: Path, args, start: dict, digest: str) -> tuple[li
         return [], f"{meta_path} was measured from other start weights"
     if meta.get("start") != start:
         return [], f"the start evaluates differently from {meta_path}'s ({meta.get('start')} vs {start})"
-    rows = []
+    rows, stale = [], set()
     with curves_path.open() as f:
         for row in csv.DictReader(f):
             if row["algo"] == "start":
                 continue
-            rows.append({k: (None if v == "" else v if k == "algo" else int(float(v))
-                             if k in ("seed", "iteration", "rollouts") else float(v)) for k, v in row.items()})
-    return rows, f"{len({(r['algo'], r['seed']) for r in rows})} runs recorded in {curves_path}"
+            r = {k: (None if v == "" else v if k in ("algo", "config") else int(float(v))
+                     if k in ("seed", "iteration", "rollouts", "pre_rollouts", "gen_kept") else float(v))
+                 for k, v in row.items()}
+            if configs is not None and r.get("config") != configs.get(r["algo"]):
+                stale.add((r["algo"], r["seed"]))
+                continue
+            rows.append(r)
+    why = f"{len({(r['algo'], r['seed']) for r in rows})} runs recorded in {curves_path}"
+    if stale:
+        why += (f"; not reused, recorded under other algorithm settings: "
+                f"{', '.join(f'{a} seed {sd}' for a, sd in sorted(stale))}")
+    return rows, why
 
 
 def _train_seconds(out: Path) -> float:
@@ -416,18 +509,22 @@ def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: 
           "of the families, the same episodes for the start and every run", "",
           "Gain = final test success − the start's, per seed; the interval is the 95% Student-t interval of the "
           "mean over seeds.", "", *summary_table(rows, args.families), ""]
+    notes = row_notes(rows)
+    if notes:
+        md += ["Rollouts count every episode a run sampled, those before its first RL iteration included:", "",
+               *notes, ""]
     write_text_atomic(directory / "learning_lm.md", "\n".join(md))
 
 
 def _write(out: Path, curves: list[dict], start: dict, args) -> list[dict]:
     with (out / "curves.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(curves[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for c in curves for k in c)))
         w.writeheader()
         w.writerows(curves)
     rows = summarise(curves, start, args.iterations, args.families)
     if rows:
         (out / "summary.json").write_text(json.dumps(rows, indent=2, default=float))
-        lines = summary_table(rows, args.families)
+        lines = summary_table(rows, args.families) + ["", *row_notes(rows)]
         (out / "summary.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
     try:

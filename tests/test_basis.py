@@ -262,7 +262,8 @@ def test_trains_two_iterations_on_shopping_and_resumes_without_recollecting(tmp_
     assert len(table["pool"]) == 2 and table["rollouts"] == 4
     assert sorted(table["rewards"]) == sorted(task_key(t, s) for t, s in table["pool"])
     assert all(len(e["success"]) == 2 for e in table["rewards"].values())
-    assert json.loads((tmp_path / "pretrain.json").read_text())["offline_rollouts"] == 4
+    pre = json.loads((tmp_path / "pretrain.json").read_text())
+    assert pre["offline_rollouts"] == pre["pretrain_rollouts"] == 4
     import agents
 
     assert agents.load_checkpoint(tmp_path / "checkpoint").model is not None

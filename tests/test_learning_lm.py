@@ -111,6 +111,8 @@ def test_runs_recorded_in_the_results_folder_are_reused_under_the_same_protocol_
         trained.append((name, seed))
         d = out / name / f"seed{seed}"
         d.mkdir(parents=True, exist_ok=True)
+        (d / "run.json").write_text(json.dumps({"config": lm._algo(name, args, env_kwargs).run_identity(lm.ENV, seed)
+                                                ["config"]}))
         test = 0.3 + 0.1 * seed + (0.05 if name == "grpo" else 0.0)
         (d / "metrics.csv").write_text(
             "iteration,rollouts,rollout_s,update_s,dev_success,test_success,test_success/find_and_buy,"
@@ -139,12 +141,56 @@ def test_runs_recorded_in_the_results_folder_are_reused_under_the_same_protocol_
     assert grpo["gain_test"]["per_seed"] == pytest.approx([0.15, 0.25])
 
     shutil.rmtree(tmp_path / "out")
-    invoke(_args(tmp_path, lr=2e-4))  # another protocol: everything again
+    invoke(_args(tmp_path, critic_lr=3e-4))  # other algorithm settings (not the protocol): retrained, not reused
+    assert trained[4:] == [("grpo", 0), ("mpo", 0), ("grpo", 1), ("mpo", 1)]
+    with pytest.raises(SystemExit, match="other settings of the algorithm"):  # OUT's runs, asked under others
+        invoke(_args(tmp_path))
     assert len(trained) == 8
+    shutil.rmtree(tmp_path / "out")
+    invoke(_args(tmp_path, lr=2e-4))  # another protocol: everything again
+    assert len(trained) == 12
     shutil.rmtree(tmp_path / "out")
     (tmp_path / "init" / "model.safetensors").write_bytes(b"other weights")
     invoke(_args(tmp_path, lr=2e-4))
-    assert len(trained) == 12
+    assert len(trained) == 16
     rows, why = lm.recorded_curves(tmp_path / "results", _args(tmp_path, lr=2e-4), {**START, "dev": 0.31},
                                    lm.init_digest(tmp_path / "init"))
     assert rows == [] and "evaluates differently" in why
+
+
+def test_rollouts_before_rl_are_counted_and_an_empty_mid_training_stage_is_flagged(tmp_path):
+    """Mid-training's generation and value pre-training sample episodes before the first iteration: they count in
+    the row's rollouts, and a mid-training seed whose stage 1 kept nothing (a plain GRPO run) is named in the notes."""
+    import benchmarks.learning_lm as lm
+
+    def run_dir(algo, seed, pre, config):
+        d = tmp_path / algo / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "pretrain.json").write_text(json.dumps(pre))
+        (d / "run.json").write_text(json.dumps({"config": config}))
+        (d / "metrics.csv").write_text("iteration,rollouts,rollout_s,update_s,dev_success,test_success\n"
+                                       "1,32,1.0,1.0,,\n2,32,1.0,1.0,0.4,0.3\n")
+
+    run_dir("midtrain", 0, {"pretrain_rollouts": 768, "gen_candidates": 768, "gen_kept": 0}, {"lr": 1})
+    run_dir("midtrain", 1, {"pretrain_rollouts": 768, "gen_candidates": 768, "gen_kept": 12}, {"lr": 1})
+    # a value pre-training file from before `pretrain_rollouts` existed: 2 batches + 1 held out, G x tasks each
+    run_dir("vapo", 0, {"pretrain_steps": 20}, {"value_pretrain_batches": 2, "group_size": 8, "tasks_per_iter": 4})
+    curves = lm._curves(tmp_path, START, ())
+    final = {(c["algo"], c["seed"]): c for c in curves if c["iteration"] == 2}
+    assert final[("midtrain", 0)]["rollouts"] == 768 + 64 and final[("vapo", 0)]["rollouts"] == 96 + 64
+    assert final[("midtrain", 0)]["config"] == final[("midtrain", 1)]["config"] != final[("vapo", 0)]["config"]
+    rows = {r["algo"]: r for r in summarise(curves, START, 2, ())}
+    assert rows["midtrain"]["gen_kept"] == [0, 12] and rows["midtrain"]["pre_rollouts"] == 768
+    notes = "\n".join(lm.row_notes(list(rows.values())))
+    assert "kept nothing on seed 0" in notes and "kept 0 / 12 examples" in notes
+    assert "vapo: 96 of its 160 rollouts were sampled before RL (value pre-training)" in notes
+    assert lm._stale_runs(curves, {"midtrain": final[("midtrain", 0)]["config"]}) == [("vapo", 0)]
+
+
+def test_config_digest_ignores_only_the_save_cadence():
+    from baselines.core.loop import config_digest
+
+    base = {"lr": 1e-4, "group_size": 8, "checkpoint_every": 0, "strategies": ("a", "b")}
+    assert config_digest(base) == config_digest({**base, "checkpoint_every": 1})
+    assert config_digest(base) == config_digest({**base, "strategies": ["a", "b"]})  # as run.json reads back
+    assert config_digest(base) != config_digest({**base, "lr": 2e-4})

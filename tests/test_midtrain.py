@@ -155,7 +155,7 @@ def test_generate_writes_labelled_dataset_and_is_not_redone(tmp_path):
                            task_families=("find_and_buy",), exemplar=True)
     expert = agents.make("expert", ENV, **M._expert_kwargs(EXPERT_ENV))
     stats = M.generate_dataset(ENV, expert, cfg, tmp_path, seed=0, env_kwargs=EXPERT_ENV)
-    assert stats["gen_candidates"] == 8 and stats["gen_kept"] == 4
+    assert stats["gen_candidates"] == stats["pretrain_rollouts"] == 8 and stats["gen_kept"] == 4
     assert stats["gen_kept_per_strategy"] == {"ask_first": 2, "compare_two": 2}
     assert set(stats["exemplars"]) == {"ask_first", "compare_two"}
     eps = read_episodes(tmp_path / "data.parquet")

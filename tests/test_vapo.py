@@ -112,6 +112,7 @@ def test_value_pretraining_trains_only_the_critic_and_reports_held_out_ev():
     assert m["pretrain_explained_variance"] > -1
     assert m["pretrain_heldout_ev_after"] == m["pretrain_heldout_ev_after"]  # computed (not NaN)
     assert m["pretrain_heldout_ev_after"] != m["pretrain_heldout_ev_before"]
+    assert m["pretrain_rollouts"] == (1 + 1) * 2 * 2  # one training batch and one held out, G x tasks each
 
 
 def test_value_pretraining_micro_batched_equals_one_batch():

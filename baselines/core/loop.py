@@ -54,8 +54,8 @@ RESUME_FREE_FIELDS = frozenset({"checkpoint_every"})
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
 STATE_FORMAT = 2
 
-__all__ = ["LoopAlgorithm", "MetricsCSV", "Run", "STATE_FILE", "capture_rng", "restore_rng", "seed_everything",
-           "tb_writer"]
+__all__ = ["LoopAlgorithm", "MetricsCSV", "Run", "STATE_FILE", "capture_rng", "config_digest", "restore_rng",
+           "seed_everything", "tb_writer"]
 
 
 @dataclass
@@ -121,6 +121,15 @@ def tb_writer(path: Path, purge_step: int | None = None):
 def _jsonable(obj: Any) -> Any:
     """A JSON-comparable copy (tuples become lists, unknown objects their str), for comparing configs."""
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
+
+
+def config_digest(config: dict) -> str:
+    """sha256 (16 hex digits) of a run's config as `run.json` records it, without `RESUME_FREE_FIELDS`: two runs
+    with the same digest compute the same thing (a benchmark reuses a recorded run only under the same digest)."""
+    import hashlib
+
+    kept = {k: v for k, v in _jsonable(config).items() if k not in RESUME_FREE_FIELDS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class MetricsCSV:

@@ -618,7 +618,8 @@ class LMAlgorithm(LoopAlgorithm):
             torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
             opt.step()
             losses.append(total)
-        return {"pretrain_steps": steps, "pretrain_value_loss_first": losses[0] if losses else float("nan"),
+        return {"pretrain_steps": steps, "pretrain_rollouts": sum(d[0].num_trajectories for d in [*data, held]),
+                "pretrain_value_loss_first": losses[0] if losses else float("nan"),
                 "pretrain_value_loss_last": losses[-1] if losses else float("nan"),
                 "pretrain_explained_variance": ev_of(data[0]), "pretrain_heldout_ev_before": ev_before,
                 "pretrain_heldout_ev_after": ev_of(held)}
