@@ -77,6 +77,16 @@ def test_bench_cli_with_user_algo_and_eval_leaderboard_commands(toy_world, tmp_p
     assert "schema_version 0 is older" in capsys.readouterr().err
 
 
+def test_the_full_tier_trains_every_algorithm_of_each_env():
+    """`full` is the tier that ranks every baseline: an algorithm registered for an env but missing from its budget
+    would silently have no row."""
+    import baselines
+
+    for env, budget in BUDGETS["full"].items():
+        if env != "*":
+            assert set(budget.algos) == set(baselines.available(env)), env
+
+
 def test_plan_and_budget_table(tmp_path):
     assert {"quick", "tiny", "full"} <= set(BUDGETS)
     assert budget_for("quick", "shopsim/Replenishment-v0", "inventory").references[0] == "s_S"

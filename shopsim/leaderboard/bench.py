@@ -191,7 +191,7 @@ BUDGETS: dict[str, dict[str, Budget]] = {
         "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 200, "mpo": 200, "ppo": 200, "reinforce": 200,
                                                    "gigpo": 200, "dapo": 200, "bipace": 200, "basis": 200,
                                                    "arc": 200, "delta": 200, "wapo": 200, "tropd": 200,
-                                                   "midtrain": 200},
+                                                   "midtrain": 200, "vapo": 200},
                                       needs_init=True,
                                       user_iterations=200, train_seeds=3),
         "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 500, "grpo": 500, "reinforce": 500},
