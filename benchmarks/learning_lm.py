@@ -220,7 +220,8 @@ def run(args, argv=None) -> None:
     recorded, why = recorded_curves(Path(args.results), args, start, digest, configs) if args.results else ([], "")
     if args.results:
         print(f"reuse: {why}")
-    stale = _stale_runs(_curves(out, start, args.families), configs)
+    found = _curves(out, start, args.families)
+    stale = _stale_runs(found, configs)
     if stale:
         asked = [(a, sd) for a, sd in stale if a in args.algos and sd in args.seeds and not args.report_only]
         where = ", ".join(f"{out / a / f'seed{sd}'}" for a, sd in (asked or stale))
@@ -228,7 +229,7 @@ def run(args, argv=None) -> None:
             raise SystemExit(f"{where}: trained under other settings of the algorithm than this benchmark now uses; "
                              "delete those folders to train them again, or use another --out")
         print(f"not summarised (trained under other settings of the algorithm): {where}")
-    here = {(c["algo"], c["seed"]) for c in _curves(out, start, args.families)} - set(stale)
+    here = {(c["algo"], c["seed"]) for c in found} - set(stale)
     recorded = [c for c in recorded if (c["algo"], c["seed"]) not in here]  # a run in OUT is the newer copy
     finished = {(c["algo"], c["seed"]) for c in recorded if c["iteration"] == args.iterations}
     parent = os.getpid() if args.jobs > 1 else None
@@ -437,22 +438,16 @@ def recorded_curves(directory: Path, args, start: dict, digest: str,
         return [], f"{meta_path} was measured from other start weights"
     if meta.get("start") != start:
         return [], f"the start evaluates differently from {meta_path}'s ({meta.get('start')} vs {start})"
-    rows, stale = [], set()
     with curves_path.open() as f:
-        for row in csv.DictReader(f):
-            if row["algo"] == "start":
-                continue
-            r = {k: (None if v == "" else v if k in ("algo", "config") else int(float(v))
+        rows = [{k: (None if v == "" else v if k in ("algo", "config") else int(float(v))
                      if k in ("seed", "iteration", "rollouts", "pre_rollouts", "gen_kept") else float(v))
-                 for k, v in row.items()}
-            if configs is not None and r.get("config") != configs.get(r["algo"]):
-                stale.add((r["algo"], r["seed"]))
-                continue
-            rows.append(r)
+                 for k, v in row.items()} for row in csv.DictReader(f) if row["algo"] != "start"]
+    stale = _stale_runs(rows, configs) if configs is not None else []
+    rows = [r for r in rows if (r["algo"], r["seed"]) not in stale]
     why = f"{len({(r['algo'], r['seed']) for r in rows})} runs recorded in {curves_path}"
     if stale:
         why += (f"; not reused, recorded under other algorithm settings: "
-                f"{', '.join(f'{a} seed {sd}' for a, sd in sorted(stale))}")
+                f"{', '.join(f'{a} seed {sd}' for a, sd in stale)}")
     return rows, why
 
 
