@@ -3,9 +3,13 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# `make lm-agent` options: model size of stage 1, extra flags of every stage, output folder
+LM_SIZE ?= mini
+LM_FLAGS ?=
+LM_OUT ?= runs/lm-agent
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint setup bench wheel-check lm-agent clean
+.PHONY: run test lint setup bench wheel-check lm-agent lm-teacher clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -37,20 +41,27 @@ bench: setup
 wheel-check: setup
 	PYTHON=$(PYTHON) .ci/wheel-check $(PY)
 
-# The shipped LM agent data/lm/sft, remade from scratch in four resumable stages (about 4.5 h on 2 cores; see
+# The shipped LM agent data/lm/sft, remade from scratch in four stages (about 4.5 h on 2 cores; run again, it skips
+# finished stages and resumes an interrupted one; see
 # docs/agents.md): find_and_buy from a fresh model, a continuation on new episodes, all four families, then all four
 # with the task line restated after each cart change (task_reminder) and bundle at two shares in five.
 lm-agent: setup
-	$(VENV)/bin/shopsim sft --expert-episodes 1000 --threads 2 --no-progress --out runs/lm-agent/1-find
-	$(VENV)/bin/shopsim sft --init runs/lm-agent/1-find/checkpoint --expert-episodes 2000 --seed 1 \
-	    --curriculum-steps 0 --steps 800 --lr 1e-3 --threads 2 --no-progress --out runs/lm-agent/2-find-ft
-	$(VENV)/bin/shopsim sft --init runs/lm-agent/2-find-ft/checkpoint --family all --expert-episodes 4000 \
+	$(VENV)/bin/shopsim sft --expert-episodes 1000 --size $(LM_SIZE) $(LM_FLAGS) --threads 2 --no-progress --out $(LM_OUT)/1-find
+	$(VENV)/bin/shopsim sft --init $(LM_OUT)/1-find/checkpoint --expert-episodes 2000 --seed 1 \
+	    --curriculum-steps 0 --steps 800 --lr 1e-3 $(LM_FLAGS) --threads 2 --no-progress --out $(LM_OUT)/2-find-ft
+	$(VENV)/bin/shopsim sft --init $(LM_OUT)/2-find-ft/checkpoint --family all --expert-episodes 4000 \
 	    --curriculum-steps 600 --steps 2800 --batch-size 8 --lr 1e-3 --eval-every 400 --eval-episodes 40 \
-	    --no-task-reminder --threads 2 --no-progress --out runs/lm-agent/3-all
-	$(VENV)/bin/shopsim sft --init runs/lm-agent/3-all/checkpoint \
+	    --no-task-reminder $(LM_FLAGS) --threads 2 --no-progress --out $(LM_OUT)/3-all
+	$(VENV)/bin/shopsim sft --init $(LM_OUT)/3-all/checkpoint \
 	    --family bundle,bundle,clarify_and_buy,after_sales,find_and_buy --expert-episodes 4000 --seed 200000 \
 	    --curriculum-steps 0 --steps 1200 --batch-size 8 --lr 5e-4 --eval-every 400 --eval-episodes 20 \
-	    --threads 2 --no-progress --out runs/lm-agent/4-remind
+	    $(LM_FLAGS) --threads 2 --no-progress --out $(LM_OUT)/4-remind
+
+# The TrOPD teacher data/lm/sft-small: the same four stages at the `small` size (4.2M parameters) in bfloat16
+# autocast, its weights stored in bfloat16. Run again, finished stages are reused and an interrupted one resumes.
+lm-teacher: setup
+	$(MAKE) lm-agent LM_SIZE=small LM_FLAGS="--autocast bf16" LM_OUT=runs/lm-teacher
+	$(PY) -c "from agents.lm.model import export_checkpoint as e; e('runs/lm-teacher/4-remind/checkpoint', 'data/lm/sft-small')"
 
 clean:
 	rm -rf runs .pytest_cache

@@ -38,6 +38,33 @@ def test_checkpoint_round_trip(tok, tmp_path):
     assert [t.action_ids for t in runs[0][0].turns] == [t.action_ids for t in runs[1][0].turns]
 
 
+def test_bf16_export_halves_the_weights_and_loads_back_as_rounded_float32(tok, tmp_path):
+    import json
+
+    import torch
+
+    from agents.lm.model import export_checkpoint, load_model
+
+    model = build_model(tok, size="tiny", seed=3)
+    LMAgent(model=model, tokenizer=tok, context_mode="concat", max_new_tokens=6).save(tmp_path / "ckpt")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "stale.txt").write_text("replaced as a whole")
+    dst = export_checkpoint(tmp_path / "ckpt", tmp_path / "out")
+    size = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("ckpt", "out")}
+    assert 0.45 < size["out"] / size["ckpt"] < 0.55
+    assert not (dst / "stale.txt").exists() and not list(tmp_path.glob("*.export-*"))
+    manifest = json.loads((dst / "shopsim_agent.json").read_text())
+    assert manifest["export"] == {"from": str(tmp_path / "ckpt"), "dtype": "bfloat16"}
+    again = load_model(dst)
+    for a, b in zip(model.parameters(), again.parameters(), strict=True):
+        assert b.dtype == torch.float32 and torch.equal(b, a.detach().to(torch.bfloat16).float())
+    assert isinstance(agents.load_checkpoint(dst), LMAgent)
+    with pytest.raises(ConfigError, match="dtype"):
+        export_checkpoint(tmp_path / "ckpt", tmp_path / "x", dtype="int8")
+    with pytest.raises(ConfigError, match="no config.json"):
+        export_checkpoint(tmp_path / "nothing", tmp_path / "x")
+
+
 def test_same_seed_same_trajectories(tok):
     model = build_model(tok, size="tiny", seed=0)
     agent = LMAgent(model=model, tokenizer=tok, max_new_tokens=6)

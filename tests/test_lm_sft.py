@@ -16,6 +16,7 @@ from agents.lm.sft import (
     build_examples,
     evaluate,
     expert_trajectories,
+    finished_run,
     heldout_loss,
     sft_expert_data,
     train_sft,
@@ -171,6 +172,25 @@ def test_sft_is_deterministic(expert_trajs, tmp_path):
     assert [h["loss"] for h in runs[0]] == [h["loss"] for h in runs[1]]
 
 
+def test_bf16_autocast_trains_in_bfloat16_and_keeps_float32_weights(expert_trajs, tmp_path):
+    """autocast="bf16" runs the step in bfloat16 (its losses differ from float32's by bfloat16 rounding, not
+    more), keeps float32 weights in the checkpoint, learns as fast, and is deterministic."""
+    cfg = dict(steps=40, batch_size=8, lr=5e-3, warmup=5, size="tiny", eval_every=0, eval_episodes=2, num_envs=2,
+               reset_options=FIND, max_new_tokens=8)
+    fp32 = train_sft(ENV, expert_trajs, plain(**cfg), out_dir=tmp_path / "fp32", progress=False)[1]
+    runs = [train_sft(ENV, expert_trajs, plain(**cfg, autocast="bf16"), out_dir=tmp_path / f"bf16-{i}",
+                      progress=False) for i in range(2)]
+    bf16 = runs[0][1]
+    assert [h["loss"] for h in bf16] == [h["loss"] for h in runs[1][1]]
+    assert bf16[0]["loss"] != fp32[0]["loss"] and abs(bf16[0]["loss"] - fp32[0]["loss"]) < 0.02 * fp32[0]["loss"]
+    assert np.mean([h["loss"] for h in bf16[-5:]]) < 1.2 * np.mean([h["loss"] for h in fp32[-5:]])
+    assert {p.dtype for p in runs[0][0].model.parameters()} == {torch.float32}
+    saved = json.loads((tmp_path / "bf16-0" / "checkpoint" / "config.json").read_text())
+    assert saved["dtype"] == "float32"
+    with pytest.raises(ConfigError, match="autocast"):
+        SFTConfig(autocast="fp16")
+
+
 def test_interrupted_sft_resumes_on_the_same_batches(expert_trajs, tmp_path):
     cfg = plain(steps=6, batch_size=4, size="tiny", eval_every=3, eval_episodes=2, num_envs=2,
                 reset_options=FIND, max_new_tokens=8)
@@ -278,6 +298,34 @@ def test_sft_command_runs_and_rejects_a_bad_family(tmp_path, capsys):
     assert stage2["init"]["path"] == str(tmp_path / "run" / "checkpoint")
     assert stage2["init"]["sft"]["curriculum_steps"] == 2 and stage2["init"]["sft"]["size"] == "tiny"
     assert stage2["sft"]["families"] == [] and stage2["env_kwargs"]["order_refs"] == "position"
+
+
+def test_sft_command_run_again_reuses_a_finished_stage_and_retrains_a_changed_one(tmp_path, capsys):
+    """A staged recipe run again skips its finished stages: the same options, start and data reuse OUT untouched;
+    other data (or an interrupted run) trains."""
+    from shopsim.cli import main
+
+    out = tmp_path / "run"
+    argv = ["sft", "--expert-episodes", "4", "--steps", "2", "--curriculum-steps", "0", "--size", "tiny",
+            "--eval-episodes", "2", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    weights = out / "checkpoint" / "model.safetensors"
+    first = weights.read_bytes(), weights.stat().st_mtime_ns
+    manifest = json.loads((out / "checkpoint" / "shopsim_agent.json").read_text())
+    assert manifest["data"] == {"expert_episodes": 4} and "step" not in manifest
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "already holds this finished run" in capsys.readouterr().out
+    assert (weights.read_bytes(), weights.stat().st_mtime_ns) == first
+    assert main([*argv[:2], "5", *argv[3:]]) == 0  # 5 expert episodes: other data, trained anew
+    assert "already holds" not in capsys.readouterr().out and weights.stat().st_mtime_ns != first[1]
+    cfg = SFTConfig(**json.loads((out / "checkpoint" / "shopsim_agent.json").read_text())["sft"])
+    assert finished_run(out, cfg, data={"expert_episodes": 5}) == out / "checkpoint"
+    assert finished_run(out, cfg, data={"expert_episodes": 4}) is None
+    assert finished_run(out, SFTConfig(**{**vars(cfg), "lr": 1.0}), data={"expert_episodes": 5}) is None
+    assert finished_run(out, cfg, init={"path": "x"}, data={"expert_episodes": 5}) is None
+    (out / "sft_state.pt").write_bytes(b"")  # an interrupted run's resume state: not finished
+    assert finished_run(out, cfg, data={"expert_episodes": 5}) is None
 
 
 def test_concat_curriculum_trains_on_each_episode_cut_after_its_first_action(expert_trajs, tmp_path):

@@ -96,6 +96,39 @@ def load_model(path, *, dtype=None):
     return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype or torch.float32)
 
 
+def export_checkpoint(src, dst, *, dtype: str = "bfloat16"):
+    """Copy the checkpoint folder `src` (model, tokenizer, shopsim manifest) to `dst` with its weights stored in
+    `dtype`: a bfloat16 copy takes half the bytes of float32, which is how a larger shipped model stays small.
+    `load_model` reads it back in float32 (the bfloat16 values, exactly). The manifest records the source and the
+    storage dtype under ``"export"``. `dst` is replaced as a whole: the copy is written next to it, then renamed."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import torch
+
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ConfigError(f"dtype={dtype!r}; choose bfloat16, float16 or float32")
+    src, dst = Path(src), Path(dst)
+    if not (src / "config.json").is_file():
+        raise ConfigError(f"{src}: not a model folder (no config.json)")
+    tmp = dst.with_name(dst.name + ".export-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.pt"))
+    load_model(src, dtype=getattr(torch, dtype)).save_pretrained(str(tmp), safe_serialization=True)
+    manifest = tmp / "shopsim_agent.json"
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        m["export"] = {"from": str(src), "dtype": dtype}
+        manifest.write_text(json.dumps(m, indent=2, sort_keys=True))
+    old = dst.with_name(dst.name + ".export-old")
+    if dst.exists():
+        dst.rename(old)
+    tmp.rename(dst)
+    shutil.rmtree(old, ignore_errors=True)
+    return dst
+
+
 def context_length(model) -> int:
     """The longest sequence the model's config allows (for prompt budgeting)."""
     cfg = model.config

@@ -11,7 +11,9 @@ curriculum and prior-breaking copy augmentation, see the `agents.lm.sft` module 
 --curriculum-steps 0 --augment-copies 0 --order-refs id`` is plain behaviour cloning on the expert's default actions.
 
 Writes OUT/checkpoint (a save_pretrained folder + shopsim manifest: `shopsim eval --checkpoint OUT/checkpoint`),
-OUT/metrics.csv and OUT/sft_curve.png.
+OUT/metrics.csv and OUT/sft_curve.png. Run again with the same options, start (``--init``) and data, a finished
+OUT is reused (nothing is trained; `agents.lm.sft.finished_run`) and an interrupted one resumes from its latest
+intermediate checkpoint, so a staged recipe (`make lm-agent`) run again continues where it stopped.
 """
 
 from __future__ import annotations
@@ -64,6 +66,21 @@ def build_config(args: argparse.Namespace):
     return config_from_args(SFTConfig, args, families=families)
 
 
+def _digest(path) -> str:
+    """sha256 of a dataset file, or of a folder's files (names and bytes, sorted by name)."""
+    import hashlib
+    from pathlib import Path
+
+    p = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]:
+        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 def run(args) -> int:
     import torch
 
@@ -77,6 +94,13 @@ def run(args) -> int:
     out = writable_output(args.out, is_dir=True)
     if args.threads:
         torch.set_num_threads(args.threads)
+    init = sft.init_record(args.init) if args.init else None
+    data = {"path": str(args.data), "sha256": _digest(args.data)} if args.data else {
+        "expert_episodes": args.expert_episodes}
+    done = sft.finished_run(out, cfg, init=init, data=data)
+    if done is not None:  # a staged recipe run again (`make lm-agent`): this stage is already trained
+        print(f"sft: {out} already holds this finished run (same options, start and data): {done}")
+        return 0
     if args.data:
         from shopsim.datasets import read_trajectories
 
@@ -94,7 +118,7 @@ def run(args) -> int:
             raise ConfigError(f"--init {args.init}: not a model folder (no config.json)")
         model, tokenizer = load_model(args.init), load_tokenizer(args.init)
     agent, history = sft.train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress, model=model,
-                                   tokenizer=tokenizer, init=sft.init_record(args.init) if args.init else None)
+                                   tokenizer=tokenizer, init=init, data=data)
     last = history[-1]
     print(f"sft: {len(trajs)} expert episodes, {cfg.steps} steps, final loss {last['loss']:.4f}, "
           f"dev success {last.get('eval_success', float('nan')):.3f} -> {agent.checkpoint}")
