@@ -413,12 +413,9 @@ def protocol_of(args) -> dict:
 
 def init_digest(init: Path) -> str:
     """sha256 (16 hex digits) of the start's source weights: recorded runs are reused only from the same ones."""
-    import hashlib
+    from agents.lm.model import weights_digest
 
-    h = hashlib.sha256()
-    for path in sorted(Path(init).glob("*.safetensors")) or sorted(Path(init).glob("*.bin")):
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    return weights_digest(init)
 
 
 def recorded_curves(directory: Path, args, start: dict, digest: str,

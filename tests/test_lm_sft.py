@@ -313,12 +313,18 @@ def test_sft_command_run_again_reuses_a_finished_stage_and_retrains_a_changed_on
     first = weights.read_bytes(), weights.stat().st_mtime_ns
     manifest = json.loads((out / "checkpoint" / "shopsim_agent.json").read_text())
     assert manifest["data"] == {"expert_episodes": 4} and "step" not in manifest
+    stage2 = ["sft", "--init", str(out / "checkpoint"), "--expert-episodes", "4", "--steps", "2",
+              "--curriculum-steps", "0", "--size", "tiny", "--eval-episodes", "2", "--out", str(tmp_path / "s2"),
+              "--no-progress"]
+    assert main(stage2) == 0
     capsys.readouterr()
-    assert main(argv) == 0
-    assert "already holds this finished run" in capsys.readouterr().out
+    assert main(argv) == 0 and main(stage2) == 0
+    assert capsys.readouterr().out.count("already holds this finished run") == 2
     assert (weights.read_bytes(), weights.stat().st_mtime_ns) == first
     assert main([*argv[:2], "5", *argv[3:]]) == 0  # 5 expert episodes: other data, trained anew
     assert "already holds" not in capsys.readouterr().out and weights.stat().st_mtime_ns != first[1]
+    assert main(stage2) == 0  # its start was retrained (other weights): trained anew too
+    assert "already holds" not in capsys.readouterr().out
     cfg = SFTConfig(**json.loads((out / "checkpoint" / "shopsim_agent.json").read_text())["sft"])
     assert finished_run(out, cfg, data={"expert_episodes": 5}) == out / "checkpoint"
     assert finished_run(out, cfg, data={"expert_episodes": 4}) is None

@@ -129,6 +129,17 @@ def export_checkpoint(src, dst, *, dtype: str = "bfloat16"):
     return dst
 
 
+def weights_digest(path) -> str:
+    """sha256 (16 hex digits) of a checkpoint folder's weight files: which weights a run started from."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    for f in sorted(Path(path).glob("*.safetensors")) or sorted(Path(path).glob("*.bin")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def context_length(model) -> int:
     """The longest sequence the model's config allows (for prompt budgeting)."""
     cfg = model.config

@@ -428,14 +428,16 @@ def _load_resume_state(out_dir: Path, config: SFTConfig, model, opt):
 
 
 def init_record(path: str | Path) -> dict:
-    """What a checkpoint folder used as a starting point was made with: its path, and its manifest's ``sft``
-    options and own ``init`` record (the earlier stages), when it has a manifest."""
+    """What a checkpoint folder used as a starting point was made with: its path, its weights' digest
+    (`agents.lm.model.weights_digest`, so a retrained start is not mistaken for the old one), and its manifest's
+    ``sft`` options and own ``init`` record (the earlier stages), when it has a manifest."""
     import json
 
+    from agents.lm.model import weights_digest
     from agents.registry import CHECKPOINT_MANIFEST
 
     manifest = Path(path) / CHECKPOINT_MANIFEST
-    out: dict = {"path": str(path)}
+    out: dict = {"path": str(path), "weights_sha256": weights_digest(path)}
     if manifest.is_file():
         m = json.loads(manifest.read_text())
         out.update({k: m[k] for k in ("sft", "examples", "init") if k in m})
