@@ -48,7 +48,7 @@ wheel-check: setup
 lm-agent: setup
 	$(VENV)/bin/shopsim sft --expert-episodes 1000 --size $(LM_SIZE) $(LM_FLAGS) --threads 2 --no-progress --out $(LM_OUT)/1-find
 	$(VENV)/bin/shopsim sft --init $(LM_OUT)/1-find/checkpoint --expert-episodes 2000 --seed 1 \
-	    --curriculum-steps 0 --steps 800 --lr 1e-3 $(LM_FLAGS) --threads 2 --no-progress --out $(LM_OUT)/2-find-ft
+	    --curriculum-steps 0 --steps 800 --lr 1e-3 --eval-every 400 $(LM_FLAGS) --threads 2 --no-progress --out $(LM_OUT)/2-find-ft
 	$(VENV)/bin/shopsim sft --init $(LM_OUT)/2-find-ft/checkpoint --family all --expert-episodes 4000 \
 	    --curriculum-steps 600 --steps 2800 --batch-size 8 --lr 1e-3 --eval-every 400 --eval-episodes 40 \
 	    --no-task-reminder $(LM_FLAGS) --threads 2 --no-progress --out $(LM_OUT)/3-all
