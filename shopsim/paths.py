@@ -70,3 +70,19 @@ def write_text_atomic(path: str | Path, text: str, encoding: str = "utf-8") -> P
     tmp.write_text(text, encoding=encoding)
     os.replace(tmp, path)
     return path
+
+
+def files_digest(path: str | Path, pattern: str = "*") -> str:
+    """sha256 (hex) of a file, or of a folder's files matching `pattern` (recursively; relative names and bytes, in
+    name order): what a run was made from, for deciding whether a recorded run still applies."""
+    import hashlib
+
+    p = Path(path)
+    files = sorted(q for q in p.rglob(pattern) if q.is_file()) if p.is_dir() else [p]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()

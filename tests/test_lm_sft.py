@@ -334,6 +334,22 @@ def test_sft_command_run_again_reuses_a_finished_stage_and_retrains_a_changed_on
     assert finished_run(out, cfg, data={"expert_episodes": 5}) is None
 
 
+def test_files_digest_names_a_dataset_by_its_bytes(tmp_path):
+    """The data record of `shopsim sft --data`: same bytes same digest; other bytes, or another file in a folder,
+    another digest."""
+    from shopsim.paths import files_digest
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.parquet").write_bytes(b"abc")
+    one = files_digest(tmp_path / "d")
+    assert files_digest(tmp_path / "d") == one and len(one) == 64
+    (tmp_path / "d" / "b.parquet").write_bytes(b"")
+    assert files_digest(tmp_path / "d") != one
+    (tmp_path / "d" / "b.parquet").unlink()
+    (tmp_path / "d" / "a.parquet").write_bytes(b"abd")
+    assert files_digest(tmp_path / "d") != one
+
+
 def test_concat_curriculum_trains_on_each_episode_cut_after_its_first_action(expert_trajs, tmp_path):
     from agents.lm.sft import first_turn
 

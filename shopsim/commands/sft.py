@@ -66,21 +66,6 @@ def build_config(args: argparse.Namespace):
     return config_from_args(SFTConfig, args, families=families)
 
 
-def _digest(path) -> str:
-    """sha256 of a dataset file, or of a folder's files (names and bytes, sorted by name)."""
-    import hashlib
-    from pathlib import Path
-
-    p = Path(path)
-    h = hashlib.sha256()
-    for f in sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]:
-        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def run(args) -> int:
     import torch
 
@@ -88,6 +73,7 @@ def run(args) -> int:
     from shopsim.commands import writable_output
     from shopsim.envs import check_env_id
     from shopsim.errors import ConfigError
+    from shopsim.paths import files_digest
 
     check_env_id(args.env)
     cfg = build_config(args)
@@ -95,7 +81,7 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     init = sft.init_record(args.init) if args.init else None
-    data = {"path": str(args.data), "sha256": _digest(args.data)} if args.data else {
+    data = {"path": str(args.data), "sha256": files_digest(args.data)} if args.data else {
         "expert_episodes": args.expert_episodes}
     done = sft.finished_run(out, cfg, init=init, data=data)
     if done is not None:  # a staged recipe run again (`make lm-agent`): this stage is already trained
