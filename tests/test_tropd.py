@@ -350,3 +350,22 @@ def test_two_iterations_on_shopping(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in algo.teacher.state_dict().items())
     assert agents.load_checkpoint(out / "checkpoint").model is not None
     assert isinstance(algo, TrOPD)
+
+
+def test_reproduction_check_refuses_a_finished_run_of_other_settings(tmp_path):
+    """benchmarks.repro_tropd reuses a finished run only when its recorded config is the one it would train
+    (another teacher in the same folder stops the check instead of entering its table)."""
+    import json
+
+    from benchmarks.repro_tropd import check_same_settings
+
+    run_dir = tmp_path / "tropd" / "seed0"
+    run_dir.mkdir(parents=True)
+    mini = baselines.make("tropd", env_id=ENV, teacher="data/lm/sft")
+    (run_dir / "run.json").write_text(json.dumps({"config": mini.run_identity(ENV, 0)["config"]}, default=str))
+    check_same_settings(run_dir, baselines.make("tropd", env_id=ENV, teacher="data/lm/sft"), 0)
+    with pytest.raises(SystemExit, match=r"other settings \(teacher\)"):
+        check_same_settings(run_dir, baselines.make("tropd", env_id=ENV, teacher="data/lm/sft-small"), 0)
+    (run_dir / "run.json").unlink()
+    with pytest.raises(SystemExit, match="no run.json"):
+        check_same_settings(run_dir, mini, 0)
