@@ -49,6 +49,15 @@ def portable_path(path: str | Path) -> str:
     return str(Path("data") / inside)
 
 
+def shipped_path(path: str | Path) -> Path:
+    """`path` as given when it exists, else a relative ``data/...`` path looked up in the shipped data folder (the
+    inverse of `portable_path`: ``data/lm/sft`` from any working directory, in a checkout or a wheel)."""
+    p = Path(path).expanduser()
+    if not p.exists() and not p.is_absolute() and p.parts and p.parts[0] == "data":
+        return data_dir().joinpath(*p.parts[1:])
+    return p
+
+
 def cache_dir() -> Path:
     path = Path(os.environ.get("SHOPSIM_CACHE_DIR", Path.home() / ".cache" / "shopsim"))
     path.mkdir(parents=True, exist_ok=True)

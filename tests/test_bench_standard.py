@@ -105,10 +105,11 @@ def test_every_shipped_result_validates_and_names_a_command_that_exists():
     lm = [p for p in files if p.name == "model.safetensors" and (p.parent / "tokenizer.json").is_file()]
     size = sum(p.stat().st_size for p in files if p not in lm)
     assert size < 8e6, f"shipped results take {size / 1e6:.1f} MB without LM weights; keep the repository small"
-    # every shipped LM's weights together (data/lm and the standard tier's Shopping checkpoints): at most 30 MB
+    # every shipped LM's weights together (data/lm, with the 8.4 MB bfloat16 TrOPD teacher, and the standard tier's
+    # Shopping checkpoints): at most 35 MB
     lm_total = sum(p.stat().st_size for p in lm) + sum(
         p.stat().st_size for p in (REPO_DATA.parents[1] / "lm").rglob("*") if p.is_file())
-    assert lm_total < 30e6, f"shipped LM checkpoints take {lm_total / 1e6:.1f} MB (limit 30)"
+    assert lm_total < 35e6, f"shipped LM checkpoints take {lm_total / 1e6:.1f} MB (limit 35)"
     assert not list(REPO_DATA.rglob("critic.pt")), "a critic is not needed to evaluate a checkpoint; don't ship it"
 
 
