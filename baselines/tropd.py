@@ -60,10 +60,11 @@ TauMode = Literal["fixed", "quantile", "stochastic"]
 class TrOPDConfig(LMConfig):
     """TrOPD's options; the defaults are the card's reading of arXiv 2606.01249 (every constant [derived])."""
 
-    teacher: str = "data/lm/sft"
+    teacher: str = "data/lm/sft-small"
     """Teacher checkpoint folder (model + tokenizer). It must share the student's tokenizer (same vocabulary and
     special ids), else a ConfigError is raised. A relative ``data/...`` path that does not exist from the working
-    directory is looked up in the shipped data folder. Default: the shipped SFT checkpoint, the only one shipped."""
+    directory is looked up in the shipped data folder. Default: the shipped ``small``-size checkpoint (``make
+    lm-teacher``: the shipped agent's recipe and tokenizer at 4.2M parameters against 1.4M)."""
     objective: Objective = "tropd"
     """'tropd': K1 inside the trust region plus the outlier treatment; 'opd': plain on-policy distillation, K1 on
     every generated token (no trust region, no outlier term)."""
@@ -198,11 +199,9 @@ def check_same_tokenizer(student_tok, teacher_tok, student_model, teacher_model,
 
 def resolve_teacher(path: str) -> Path:
     """The teacher folder: `path` as given, else (a relative ``data/...`` path) inside the shipped data folder."""
-    p = Path(path).expanduser()
-    if not p.exists() and not p.is_absolute() and p.parts and p.parts[0] == "data":
-        from shopsim.paths import data_dir
+    from shopsim.paths import shipped_path
 
-        p = data_dir().joinpath(*p.parts[1:])
+    p = shipped_path(path)
     if not (p / "config.json").is_file():
         raise ConfigError(f"tropd: no teacher checkpoint at {path} (no config.json); set teacher=DIR to a saved LM "
                           "checkpoint")

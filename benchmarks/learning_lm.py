@@ -85,6 +85,10 @@ def _algo(name: str, args, env_kwargs: dict, **over):
         per["value_pretrain_steps"] = args.value_pretrain_steps
     if name == "dapo":
         per["max_gen_batches"] = args.max_gen_batches
+    if name == "tropd":
+        # the teacher is the checkpoint the start was weakened from (not TrOPD's default, a larger model), so the
+        # row measures recovery toward what the start lost; --teacher picks another
+        per["teacher"] = getattr(args, "teacher", None) or str(args.init or "data/lm/sft")
     if name == "midtrain":
         # the card's strategy prompt (and exemplar) keeps nothing from the weakened start (0 of 768 candidates
         # succeed), which would make the row plain GRPO: sample unprompted at the rollout temperature and let the
@@ -569,6 +573,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Shopping LM learning benchmark (see module docstring)")
     p.add_argument("--init", default=None, help="SFT checkpoint folder (default data/lm/sft)")
     p.add_argument("--out", default="runs/learning_lm")
+    p.add_argument("--teacher", default=None,
+                   help="TrOPD's teacher (default --init, the unweakened checkpoint; e.g. data/lm/sft-small)")
     p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--iterations", type=int, default=20)

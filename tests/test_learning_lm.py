@@ -194,3 +194,19 @@ def test_config_digest_ignores_only_the_save_cadence():
     assert config_digest(base) == config_digest({**base, "checkpoint_every": 1})
     assert config_digest(base) == config_digest({**base, "strategies": ["a", "b"]})  # as run.json reads back
     assert config_digest(base) != config_digest({**base, "lr": 2e-4})
+
+
+def test_tropd_distils_from_the_unweakened_checkpoint_unless_told_otherwise(monkeypatch):
+    """The row's teacher is the checkpoint the start was weakened from (the shipped one by default, so the digests
+    of runs recorded before TrOPD's own default changed still match); --teacher picks another."""
+    import benchmarks.learning_lm as lm
+    from baselines.tropd import TrOPDConfig
+
+    seen = []
+    monkeypatch.setattr(lm, "run", lambda a, argv=None: seen.append(a))
+    lm.main([])
+    lm.main(["--init", "/some/ckpt"])
+    lm.main(["--teacher", "data/lm/sft-small"])
+    teachers = [lm._algo("tropd", a, {}).config.teacher for a in seen]
+    assert teachers == ["data/lm/sft", "/some/ckpt", "data/lm/sft-small"]
+    assert TrOPDConfig().teacher != "data/lm/sft"  # the benchmark does not simply follow the class default

@@ -3,6 +3,7 @@ examples, the teacher's tokenizer check, the teacher scores carried by the batch
 the real Shopping-v0 env with tiny random student and teacher LMs."""
 
 import math
+import pathlib
 
 import pytest
 import torch
@@ -218,6 +219,26 @@ def test_missing_teacher_is_a_config_error(tmp_path):
     algo = baselines.make("tropd", env_id=ENV, teacher=str(tmp_path / "nothing"))
     with pytest.raises(ConfigError, match="no teacher checkpoint"):
         algo.setup(_student(_tok()))
+
+
+def test_the_default_teacher_is_the_shipped_larger_checkpoint(tmp_path, monkeypatch):
+    """`data/lm/sft-small` is found from any working directory, is larger than the shipped student and shares its
+    tokenizer; a relative path that exists where the user runs is taken as given."""
+    from agents.lm.model import load_model, num_parameters
+    from agents.lm.tokenizer import load_tokenizer
+    from baselines.tropd import TrOPDConfig, check_same_tokenizer, resolve_teacher
+    from shopsim.paths import data_dir
+
+    monkeypatch.chdir(tmp_path)
+    teacher = resolve_teacher(TrOPDConfig().teacher)
+    assert teacher == data_dir() / "lm" / "sft-small"
+    student = data_dir() / "lm" / "sft"
+    s_model, t_model = load_model(student), load_model(teacher)
+    assert num_parameters(t_model) > 2 * num_parameters(s_model)
+    check_same_tokenizer(load_tokenizer(student), load_tokenizer(teacher), s_model, t_model, str(teacher))
+    (tmp_path / "data" / "lm" / "sft-small").mkdir(parents=True)
+    (tmp_path / "data" / "lm" / "sft-small" / "config.json").write_text("{}")
+    assert resolve_teacher("data/lm/sft-small") == pathlib.Path("data/lm/sft-small")
 
 
 def test_prefix_schedule_is_linear_to_zero_over_the_first_30_percent():
