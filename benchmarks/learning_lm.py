@@ -2,7 +2,7 @@
 algorithms) at one budget.
 
     python -m benchmarks.learning_lm [--algos grpo mpo ...] [--seeds 0 1 2] [--jobs 2] [--init CKPT] [--out DIR]
-                                     [--families all] [--results docs/results]
+                                     [--families all] [--teacher CKPT] [--results docs/results]
     python -m benchmarks.learning_lm --quick      # grpo + mpo, 1 seed, 3 iterations: a few CPU minutes
 
 It reproduces no paper table: it measures how much each algorithm raises the test success of a weak LM agent on
@@ -23,7 +23,8 @@ Protocol:
    learning rate, rollout temperature, per-turn token limit, env settings and update schedule (``--minibatches``
    clipped-surrogate steps per iteration; REINFORCE, strictly on-policy, takes one); ``--seeds`` seeds each;
    ``--jobs`` runs them in parallel processes. Every evaluation (the start, every algorithm and seed) runs the same
-   episodes (``EVAL_SEED``), so the comparisons are paired.
+   episodes (``EVAL_SEED``), so the comparisons are paired. TrOPD distils from ``--teacher``, by default the
+   unweakened ``--init`` (not TrOPD's own default teacher, a larger model).
 3. Dev and test success (greedy decoding, fixed task lists of the families) every ``--eval-every`` iterations
    and at the end; the start checkpoint is evaluated once with the same protocol (iteration 0).
 4. The gain of a run is its final test success minus the start's on the same episodes; the summary reports the
