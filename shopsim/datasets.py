@@ -6,9 +6,10 @@ strategy, agent, return, success...), so the file is a flat table that `pandas.r
 
 * **Streaming**: `DatasetWriter` buffers turns and writes a Parquet row group every `chunk_rows` turns, so memory
   stays bounded for large runs; `iter_trajectories` streams them back batch by batch.
-* **Atomic**: the writer writes to a hidden temporary sibling (``.NAME.tmp-PID``) and renames it over the final
-  name only in `close()`. An interrupted run leaves no file under the final name, and the reader refuses any file
-  without the `shopsim` completion record in its footer.
+* **Atomic**: the writer writes to a hidden temporary sibling (``.NAME.tmp-PID-THREAD-HOST``,
+  `shopsim.paths.atomic_path`) and renames it over the final name only in `close()`. An interrupted run leaves no
+  file under the final name, the reader refuses any file without the `shopsim` completion record in its footer, and
+  the next writer into the folder removes the temporary file of a killed writer.
 * **Sharded**: a folder of ``part-00000.parquet``, ``part-00001.parquet``... with a ``manifest.json`` (written by
   `shopsim.distributed.rollout_to_shards`, e.g. ``shopsim rollout --workers N``) is read as one dataset by every
   reader here, its shards in episode order; an unfinished folder (``"complete": false``) is refused with a message

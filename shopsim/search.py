@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 
 from shopsim.catalog.core import interprocess_lock
 from shopsim.errors import ConfigError
-from shopsim.paths import cache_dir
+from shopsim.paths import atomic_path, cache_dir
 
 if TYPE_CHECKING:
     from shopsim.catalog import Catalog
@@ -306,7 +306,7 @@ def _open_checked(cls, path: Path, catalog: Catalog, backend: str) -> SearchInde
 def build_index(catalog: Catalog, backend: str, final: Path) -> Path:
     """Build in a temporary sibling folder, write the manifest last, then rename into place."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = atomic_path(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:

@@ -114,6 +114,24 @@ os._exit(1)
         read_trajectories(leftovers[0])
 
 
+def test_a_rerun_removes_what_a_killed_writer_left(tmp_path):
+    """The hidden temp file of a writer killed mid-write is removed by the next writer into the folder, so an
+    interrupted and rerun rollout leaves only its dataset."""
+    path = tmp_path / "x.parquet"
+    code = f"""
+import os
+from shopsim.datasets import DatasetWriter
+from tests.test_datasets import lm_trajectory
+w = DatasetWriter({str(path)!r}, chunk_rows=1)
+w.write(lm_trajectory(0))
+os._exit(1)
+"""
+    subprocess.run([sys.executable, "-c", code], check=False, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert [p.name.startswith(".x.parquet.tmp-") for p in tmp_path.iterdir()] == [True]
+    write_dataset(path, [lm_trajectory(1)], {})
+    assert [p.name for p in tmp_path.iterdir()] == ["x.parquet"]
+
+
 def test_reader_errors_are_clear(tmp_path):
     with pytest.raises(DatasetError, match="no dataset"):
         read_trajectories(tmp_path / "missing.parquet")

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from shopsim.catalog import generate
 from shopsim.catalog.taxonomy import load_taxonomy, tables, taxonomy_hash
 from shopsim.errors import ConfigError
-from shopsim.paths import cache_dir
+from shopsim.paths import atomic_write, cache_dir
 
 if TYPE_CHECKING:
     from shopsim.search import SearchIndex
@@ -182,14 +182,10 @@ class Catalog:
                            "taxonomy": taxonomy_hash(), "generator": _generator_versions()},
                           sort_keys=True).encode()
         table = self.table.replace_schema_metadata({_META_KEY: meta})
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        try:
+        with atomic_write(path) as tmp:
             # dictionary pages only where values repeat (titles/descriptions/SKUs are ~unique: plain reads faster)
             pq.write_table(table, tmp, compression="zstd", row_group_size=generate.ROW_GROUP,
                            use_dictionary=_DICT_COLUMNS, write_statistics=False)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
         return path
 
 
