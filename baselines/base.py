@@ -10,7 +10,7 @@ only this interface:
     result.history          # one dict of metrics per iteration (also in out_dir/metrics.csv)
 
 Every built-in algorithm trains on the one shared loop, `baselines.core.loop.LoopAlgorithm` (seeded, resumable from
-`out_dir/state.pt`, metrics.csv, TensorBoard, progress bar), and overrides its steps rather than `train`.
+`out_dir/state.safetensors`, metrics.csv, TensorBoard, progress bar), and overrides its steps rather than `train`.
 
 `families` names the env families (see `shopsim.envs`) the class trains on.
 """

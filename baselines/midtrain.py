@@ -17,7 +17,7 @@ at its boundary because its output is written atomically into ``OUT/midtrain/`` 
    ``sft_epochs``), in place on the policy; output ``sft/checkpoint`` and ``sft.json``.
 3. **RL**: GRPO (`baselines.grpo.GRPO`, group size 16, β = 0) from the mid-trained weights: the shared loop's
    iterations, so ``--iterations N`` is N GRPO iterations and a run interrupted during RL resumes from
-   ``state.pt``. ``--iterations 0`` runs stages 1–2 only.
+   ``state.safetensors``. ``--iterations 0`` runs stages 1–2 only.
 
 Controls (`MidTrainConfig.data`): ``star`` (correct own samples without a strategy prompt, STaR-style),
 ``incorrect`` (adherent but failed samples: diverse but incorrect), ``none`` (plain GRPO); the "many tasks × 1

@@ -12,6 +12,8 @@ import agents
 from agents.lm.model import build_model
 from agents.lm.prompts import ChatFormat
 from agents.lm.sft import (
+    LEGACY_RESUME_STATE,
+    RESUME_STATE,
     SFTConfig,
     build_examples,
     evaluate,
@@ -23,6 +25,8 @@ from agents.lm.sft import (
 )
 from agents.lm.tokenizer import load_tokenizer
 from shopsim.errors import ConfigError
+from shopsim.statefile import save_state
+from tests.fixtures.planted import plant_pickle
 
 ENV = "shopsim/Shopping-v0"
 FIND = {"family": "find_and_buy"}
@@ -205,16 +209,32 @@ def test_interrupted_sft_resumes_on_the_same_batches(expert_trajs, tmp_path):
 
     with pytest.raises(Stop):
         train_sft(ENV, expert_trajs[:10], cfg, out_dir=tmp_path / "cut", progress=False, callback=stop_after_4)
-    assert (tmp_path / "cut" / "sft_state.pt").is_file()
+    assert (tmp_path / "cut" / RESUME_STATE).is_file()
     steps_run = []
     agent, resumed = train_sft(ENV, expert_trajs[:10], cfg, out_dir=tmp_path / "cut", progress=False,
                                callback=lambda r: steps_run.append(r["step"]))
     assert steps_run == [4, 5, 6]  # continued after the step-3 checkpoint, step 4 redone
     assert [h["loss"] for h in resumed] == [h["loss"] for h in full]
-    assert not (tmp_path / "cut" / "sft_state.pt").exists()
+    assert not (tmp_path / "cut" / RESUME_STATE).exists()
     with pytest.raises(ConfigError, match="other options"):
-        torch.save({"config": {**vars(cfg), "lr": 1.0}}, tmp_path / "cut" / "sft_state.pt")
+        save_state(tmp_path / "cut" / RESUME_STATE, {"config": {**vars(cfg), "lr": 1.0}})
         train_sft(ENV, expert_trajs[:10], cfg, out_dir=tmp_path / "cut", progress=False)
+
+
+def test_a_crafted_sft_resume_state_is_refused_unread(expert_trajs, tmp_path):
+    """An SFT run folder whose resume state is a crafted pickle (under the old name or the new one) is refused
+    with a message saying to delete it, and the pickle never runs."""
+    cfg = plain(steps=2, batch_size=4, size="tiny", eval_every=0, num_envs=1, max_new_tokens=4)
+    out, marker = tmp_path / "run", tmp_path / "ran"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "config.json").write_text("{}")  # an interrupted run: its resume state is read
+    plant_pickle(out / LEGACY_RESUME_STATE, marker)
+    with pytest.raises(ConfigError, match=f"{LEGACY_RESUME_STATE} is the resume state of an older shopsim"):
+        train_sft(ENV, expert_trajs[:4], cfg, out_dir=out, progress=False)
+    (out / LEGACY_RESUME_STATE).rename(out / RESUME_STATE)
+    with pytest.raises(ConfigError, match="not a shopsim state file.*delete it"):
+        train_sft(ENV, expert_trajs[:4], cfg, out_dir=out, progress=False)
+    assert not marker.exists()
 
 
 def test_bad_config():
@@ -330,7 +350,7 @@ def test_sft_command_run_again_reuses_a_finished_stage_and_retrains_a_changed_on
     assert finished_run(out, cfg, data={"expert_episodes": 4}) is None
     assert finished_run(out, SFTConfig(**{**vars(cfg), "lr": 1.0}), data={"expert_episodes": 5}) is None
     assert finished_run(out, cfg, init={"path": "x"}, data={"expert_episodes": 5}) is None
-    (out / "sft_state.pt").write_bytes(b"")  # an interrupted run's resume state: not finished
+    (out / RESUME_STATE).write_bytes(b"")  # an interrupted run's resume state: not finished
     assert finished_run(out, cfg, data={"expert_episodes": 5}) is None
 
 

@@ -12,6 +12,7 @@ import torch
 
 import baselines
 from baselines.capg import CAPG
+from baselines.core.loop import LEGACY_STATE_FILE, STATE_FILE
 from baselines.hpo import HPO
 from baselines.hybrid_ppo import HybridPPO
 from baselines.prorl import ProRL
@@ -157,7 +158,7 @@ def test_extending_a_finished_run_matches_a_longer_run(tmp_path):
 def test_a_finished_run_is_not_retrained(case, tmp_path):
     first = _train(case, tmp_path, iterations=2)
     before = _snapshot(tmp_path)
-    assert {"metrics.csv", "state.pt", "run.json"} <= set(before)
+    assert {"metrics.csv", STATE_FILE, "run.json"} <= set(before)
     again = _train(case, tmp_path, iterations=2, crash_at=0)  # any iteration run would raise Killed
     assert again.already_complete and again.resumed_from == 2
     assert again.history == first.history
@@ -186,6 +187,25 @@ def test_a_folder_of_another_config_is_refused(tmp_path):
     fresh = CAPG(**CAPG_CFG, lr=0.5).train(CAPG_ENV, iterations=1, seed=3, out_dir=tmp_path, progress=False,
                                            resume=False)
     assert fresh.resumed_from == 0 and len(fresh.history) == 1
+
+
+def test_a_crafted_state_file_is_refused_before_it_runs(tmp_path):
+    """A run folder whose resume state is a crafted pickle is refused with a message saying to delete it, and the
+    pickle never runs: the pickled ``state.pt`` of older versions is not read at all, and the state file proper
+    loads without unpickling."""
+    from tests.fixtures.planted import plant_pickle
+
+    marker = tmp_path / "ran"
+    plant_pickle(tmp_path / "run" / LEGACY_STATE_FILE, marker)
+    with pytest.raises(ConfigError, match=f"{LEGACY_STATE_FILE} is the resume state of an older shopsim.*delete it"):
+        _train("capg", tmp_path / "run", iterations=1)
+    (tmp_path / "run" / LEGACY_STATE_FILE).rename(tmp_path / "run" / STATE_FILE)
+    with pytest.raises(ConfigError, match="not a shopsim state file.*delete it"):
+        _train("capg", tmp_path / "run", iterations=1)
+    assert not marker.exists()
+    fresh = CAPG(**CAPG_CFG).train(CAPG_ENV, iterations=1, seed=3, out_dir=tmp_path / "run", progress=False,
+                                   resume=False)  # starting again on purpose replaces it
+    assert fresh.resumed_from == 0 and _train("capg", tmp_path / "run", iterations=1).already_complete
 
 
 def test_a_different_checkpoint_cadence_still_resumes(tmp_path):

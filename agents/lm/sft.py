@@ -38,7 +38,6 @@ find_and_buy success). Four changes, each measured (docs/agents.md, "Language-mo
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -397,25 +396,40 @@ def plot_curve(history: Sequence[dict], path: Path) -> None:
     plt.close(fig)
 
 
-#: file in an SFT run folder holding what a resumed run needs besides the checkpoint's weights
-RESUME_STATE = "sft_state.pt"
+#: file in an SFT run folder holding what a resumed run needs besides the checkpoint's weights (a
+#: `shopsim.statefile` file: it loads without unpickling, so a crafted run folder cannot run code)
+RESUME_STATE = "sft_state.safetensors"
+#: the pickled resume state of older versions: refused unread
+LEGACY_RESUME_STATE = "sft_state.pt"
 
 
 def _save_resume_state(out_dir: Path, config: SFTConfig, opt, step: int, tokens_seen: int, history) -> None:
     """Written next to each intermediate checkpoint (atomically): optimizer state, step and the metrics so far."""
-    tmp = out_dir / (RESUME_STATE + ".tmp")
-    torch.save({"config": asdict(config), "step": step, "tokens_seen": tokens_seen, "history": history,
-                "optimizer": opt.state_dict()}, tmp)
-    os.replace(tmp, out_dir / RESUME_STATE)
+    from shopsim.statefile import save_state
+
+    save_state(out_dir / RESUME_STATE, {"config": asdict(config), "step": step, "tokens_seen": tokens_seen,
+                                        "history": history, "optimizer": opt.state_dict()})
 
 
 def _load_resume_state(out_dir: Path, config: SFTConfig, model, opt):
     """``(step, tokens_seen, history)`` of an interrupted run of the same config in `out_dir` (its latest checkpoint's
     weights are loaded into `model`, its optimizer state into `opt`), or None when there is nothing to resume."""
+    from shopsim.errors import ShopsimError
+    from shopsim.statefile import load_state
+
     path = out_dir / RESUME_STATE
+    if (out_dir / LEGACY_RESUME_STATE).is_file() and not path.is_file():
+        raise ConfigError(f"{out_dir / LEGACY_RESUME_STATE} is the resume state of an older shopsim (a pickle, not "
+                          "loaded: it could run code); delete it (or choose another --out) to start the run again")
     if not path.is_file() or not (out_dir / "checkpoint" / "config.json").is_file():
         return None
-    state = torch.load(path, weights_only=False)
+    try:
+        state = load_state(path)
+    except ShopsimError as exc:
+        raise ConfigError(f"{exc} (or choose another --out) to start the run again") from None
+    if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
+        raise ConfigError(f"{path} is not an SFT resume state; delete it (or choose another --out) to start the "
+                          "run again")
     if state["config"] != asdict(config):
         changed = sorted(k for k, v in asdict(config).items() if state["config"].get(k) != v)
         raise ConfigError(f"{out_dir} holds an interrupted SFT run with other options ({', '.join(changed)}); "
@@ -463,7 +477,7 @@ def finished_run(out_dir: str | Path, config: SFTConfig, *, init: dict | None = 
 
     ckpt = Path(out_dir) / "checkpoint"
     manifest = ckpt / CHECKPOINT_MANIFEST
-    if not manifest.is_file() or (Path(out_dir) / RESUME_STATE).exists():
+    if not manifest.is_file() or any((Path(out_dir) / f).exists() for f in (RESUME_STATE, LEGACY_RESUME_STATE)):
         return None
     m = json.loads(manifest.read_text())
     if "step" in m or m.get("sft") != _json_form(asdict(config)):
@@ -603,6 +617,7 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
                       final_eval={k: v for k, v in history[-1].items() if k.startswith("eval_")})
     write_metrics_csv(out_dir / "metrics.csv", history)
     (out_dir / RESUME_STATE).unlink(missing_ok=True)
+    (out_dir / LEGACY_RESUME_STATE).unlink(missing_ok=True)
     plot_curve(history, out_dir / "sft_curve.png")
     agent.checkpoint = str(ckpt)
     return agent, history

@@ -16,9 +16,11 @@ A new run records what it was asked (`OUT/run.json`: algorithm, env, seed, confi
 the loop appends the row to the history and to `OUT/metrics.csv` (see `MetricsCSV`), logs every
 finite number to TensorBoard (`OUT/tb`, step = iteration + 1), and on the checkpoint cadence (`checkpoint_every`
 of the config when it has one, else every iteration; always after the last) writes the checkpoint and then
-`OUT/state.pt`: the iteration counter, the history, `state_dict()`, and the states of python `random`, numpy's
-global and named generators and torch's CPU (and CUDA) generators. The state file is written to a temporary file
-and moved into place with `os.replace`, so a crash leaves the previous state intact.
+`OUT/state.safetensors`: the iteration counter, the history, `state_dict()`, and the states of python `random`,
+numpy's global and named generators and torch's CPU (and CUDA) generators. It is a `shopsim.statefile` file (tensors,
+plus everything else as JSON), which loads without unpickling, so a crafted run folder cannot run code; it is written
+to a temporary file and moved into place with `os.replace`, so a crash leaves the previous state intact. A pickled
+``state.pt`` of an older shopsim is refused unread.
 
 A second `train` call on the same `out_dir` resumes: it rebuilds the run with `setup_run`, loads the state and
 continues at the next iteration, so an interrupted run yields the same curve and parameters as an uninterrupted one
@@ -33,7 +35,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,16 +44,20 @@ import numpy as np
 import torch
 
 from baselines.base import Algorithm, TrainResult, write_metrics_csv
-from shopsim.errors import ConfigError
+from shopsim.errors import ConfigError, ShopsimError
+from shopsim.paths import write_text_atomic
+from shopsim.statefile import load_state, save_state
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "state.pt"
+STATE_FILE = "state.safetensors"
+#: the pickled state file of older versions: refused unread, since unpickling it could run code
+LEGACY_STATE_FILE = "state.pt"
 #: config fields that only say how often the run is saved, not what it computes: a run may be resumed with another
 #: value (e.g. a run started with state only at its end, continued with a state after every iteration)
 RESUME_FREE_FIELDS = frozenset({"checkpoint_every"})
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
-STATE_FORMAT = 2
+STATE_FORMAT = 3
 
 __all__ = ["LoopAlgorithm", "MetricsCSV", "Run", "STATE_FILE", "capture_rng", "config_digest", "restore_rng",
            "seed_everything", "tb_writer"]
@@ -79,9 +84,11 @@ def seed_everything(seed: int) -> None:
 
 
 def capture_rng(streams: dict[str, Any] | None = None) -> dict:
-    """The state of every global generator and of the named `streams` (numpy Generators / torch Generators)."""
-    out = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-           "streams": {}}
+    """The state of every global generator and of the named `streams` (numpy Generators / torch Generators): python's
+    and numpy's as JSON-able values, torch's as uint8 tensors."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    out = {"python": random.getstate(), "numpy": [name, key.tolist(), int(pos), int(has_gauss), float(gauss)],
+           "torch": torch.get_rng_state(), "streams": {}}
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state_all()
     for name, g in (streams or {}).items():
@@ -92,7 +99,8 @@ def capture_rng(streams: dict[str, Any] | None = None) -> dict:
 def restore_rng(state: dict, streams: dict[str, Any] | None = None) -> None:
     """Inverse of `capture_rng`: restores the global generators and, in place, the named `streams`."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, key, *rest = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -154,12 +162,6 @@ class MetricsCSV:
 
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, fieldnames=self.header).writerow(row)
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 class LoopAlgorithm(Algorithm):
@@ -239,7 +241,14 @@ class LoopAlgorithm(Algorithm):
                           "env_id": env_id, "seed": seed, "config": config})
 
     def _load_state_file(self, path: Path, identity: dict) -> dict:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        legacy = path.with_name(LEGACY_STATE_FILE)
+        if not path.is_file():
+            raise ConfigError(f"{legacy} is the resume state of an older shopsim (a pickle, not loaded: it could "
+                              "run code); delete it (or use another --out) to start the run again")
+        try:
+            state = load_state(path)
+        except ShopsimError as exc:
+            raise ConfigError(f"{exc} (or use another --out) to start the run again") from None
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ConfigError(f"{path} was written by another version of shopsim; delete it (or use another "
                               "--out) to start the run again")
@@ -279,7 +288,8 @@ class LoopAlgorithm(Algorithm):
         out.mkdir(parents=True, exist_ok=True)
         state_path = out / STATE_FILE
         identity = self.run_identity(env_id, seed)
-        state = self._load_state_file(state_path, identity) if resume and state_path.is_file() else None
+        found = state_path.is_file() or (out / LEGACY_STATE_FILE).is_file()
+        state = self._load_state_file(state_path, identity) if resume and found else None
 
         seed_everything(seed)
         self.run = Run(env_id=env_id, iterations=iterations, seed=seed, out_dir=out,
@@ -296,10 +306,9 @@ class LoopAlgorithm(Algorithm):
             start, history, done = 0, [], False
             # resume=False over an old run: its state must not be resumed if this run dies before its first save
             state_path.unlink(missing_ok=True)
+            (out / LEGACY_STATE_FILE).unlink(missing_ok=True)
             meta = {**identity, "init": None if init is None else str(init)}
-            tmp = out / "run.json.tmp"
-            tmp.write_text(json.dumps(meta, indent=2))
-            os.replace(tmp, out / "run.json")
+            write_text_atomic(out / "run.json", json.dumps(meta, indent=2))
             self.start_fresh(self.run)
         else:
             self.load_state_dict(state["algorithm"])
@@ -340,9 +349,9 @@ class LoopAlgorithm(Algorithm):
                     # checkpoint first, state second: a crash in between resumes from the previous state and
                     # rewrites the checkpoint, so the two never disagree after a completed save
                     ckpt = self.save_checkpoint(out / "checkpoint")
-                    _atomic_torch_save({"format": STATE_FORMAT, "identity": identity, "iteration": it + 1,
-                                        "done": done, "history": history, "algorithm": self.state_dict(),
-                                        "rng": capture_rng(self.rng_streams())}, state_path)
+                    save_state(state_path, {"format": STATE_FORMAT, "identity": identity, "iteration": it + 1,
+                                            "done": done, "history": history, "algorithm": self.state_dict(),
+                                            "rng": capture_rng(self.rng_streams())})
                 bar.set_postfix(self.progress_postfix(row))
                 if done:
                     break

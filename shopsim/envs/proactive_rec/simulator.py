@@ -36,7 +36,6 @@ Both are deterministic given the sequence, so the per-step env and the batched p
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -44,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from shopsim.paths import atomic_path, cache_dir
+from shopsim.paths import cache_dir, write_text_atomic
 
 MAX_SEQ = 32  # positions: 10 history items + at most 10 recommendations fit with room to spare
 SIM_VERSION = 2  # cache key of the trained SASRec weights (bumped when the sequence process changes)
@@ -224,7 +223,8 @@ def load_simulator(kind: str, emb: np.ndarray, *, key: str, seed: int = 0, log=N
     """Build (or load from the cache) the simulator `kind` for item embeddings `emb`.
 
     `key` names the catalog the embeddings came from (size, seed); the SASRec weights are cached as
-    ``cache_dir()/proactive_rec/sasrec-<key>-v<SIM_VERSION>.pt`` and reused by every later process.
+    ``cache_dir()/proactive_rec/sasrec-<key>-v<SIM_VERSION>.safetensors`` (a `shopsim.statefile` file, read
+    without unpickling) and reused by every later process; a damaged cache file is trained again.
     """
     if kind == "analytic":
         return AnalyticSimulator(emb)
@@ -232,17 +232,21 @@ def load_simulator(kind: str, emb: np.ndarray, *, key: str, seed: int = 0, log=N
         from shopsim.errors import ConfigError
 
         raise ConfigError(f"simulator={kind!r}; choose 'sasrec' or 'analytic'")
-    path = cache_dir() / "proactive_rec" / f"sasrec-{key}-v{SIM_VERSION}.pt"
+    from shopsim.errors import ShopsimError
+    from shopsim.statefile import load_state, save_state
+
+    path = cache_dir() / "proactive_rec" / f"sasrec-{key}-v{SIM_VERSION}.safetensors"
     model = SASRec(len(emb))
     if path.is_file():
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-        model.load_state_dict(blob["state_dict"])
-        return SASRecSimulator(model, blob["report"])
+        try:
+            blob = load_state(path)
+            model.load_state_dict(blob["state_dict"])
+            return SASRecSimulator(model, blob["report"])
+        except (ShopsimError, KeyError, TypeError, RuntimeError) as exc:  # a damaged or foreign cache file
+            if log:
+                log(f"retraining the SASRec simulator: {exc}")
     with torch.random.fork_rng():
         model, report = train_sasrec(emb, seed=seed, log=log)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_path(path)
-    torch.save({"state_dict": model.state_dict(), "report": report}, tmp)
-    os.replace(tmp, path)
-    Path(str(path) + ".json").write_text(json.dumps(report, indent=2))
+    save_state(path, {"state_dict": model.state_dict(), "report": report})
+    write_text_atomic(Path(str(path) + ".json"), json.dumps(report, indent=2))
     return SASRecSimulator(model, report)
