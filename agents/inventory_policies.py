@@ -286,26 +286,26 @@ class HybridPolicyAgent(Agent):
         import torch
 
         from agents.registry import save_manifest
+        from shopsim.paths import atomic_write, write_text_atomic
 
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        torch.save(self.policy.state_dict(), directory / "policy.pt")
-        (directory / "policy_spec.json").write_text(json.dumps({**self.policy.spec(), "gaussian": self.gaussian}))
+        with atomic_write(directory / "policy.pt") as tmp:
+            torch.save(self.policy.state_dict(), tmp)
+        write_text_atomic(directory / "policy_spec.json", json.dumps({**self.policy.spec(), "gaussian": self.gaussian}))
         save_manifest(directory, type(self), self.env_id, **info)
         return directory
 
     @classmethod
     def from_checkpoint(cls, directory, env_id: str = "shopsim/Replenishment-v0", **kw: Any) -> HybridPolicyAgent:
-        import torch
-
         from agents.inventory_nets import HybridPolicy
+        from shopsim.statefile import load_weights
 
         directory = Path(directory)
         spec = json.loads((directory / "policy_spec.json").read_text())
         gaussian = spec.pop("gaussian", False)
         spec["hidden"] = tuple(spec["hidden"])
         policy = HybridPolicy(**spec)
-        policy.load_state_dict(torch.load(directory / "policy.pt", weights_only=True))
+        policy.load_state_dict(load_weights(directory / "policy.pt"))
         policy.eval()
         kw.setdefault("gaussian", gaussian)
         return cls(env_id=env_id, policy=policy, **kw)

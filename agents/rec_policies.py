@@ -253,8 +253,11 @@ class RecPolicyAgent(Agent):
 
     # ---- checkpoints
     def save(self, directory) -> Path:
+        from shopsim.paths import atomic_files
+
         directory = Path(directory)
-        self.model.save_pretrained(directory / "model")
+        with atomic_files(directory / "model") as tmp:
+            self.model.save_pretrained(tmp)
         save_manifest(directory, type(self), ENV_ID, world=self.world_kw, sizes=list(self.vocab.sizes),
                       valid_only=self.valid_only, no_repeat=self.no_repeat)
         return directory
@@ -315,7 +318,9 @@ def pretrained_policy(*, catalog_size: int = 5000, catalog_seed: int = 0, simula
     model = build_model(vocab, seed=seed)
     losses = sft_train(model, vocab, prompts, sft_targets(vocab, codes, lengths), steps=sft_steps, seed=seed, log=log)
     agent = RecPolicyAgent(model=model, **world_kw)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    from shopsim.paths import atomic_path
+
+    tmp = atomic_path(path)
     agent.save(tmp)
     (tmp / "sft.json").write_text(json.dumps({"expert_mean_length": float(lengths.mean()), "final_loss": losses[-1],
                                               "n_users": n_users, "steps": sft_steps}))

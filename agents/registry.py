@@ -92,15 +92,12 @@ def save_manifest(directory, cls: type, env_id: str, **info: Any) -> None:
     provide ``from_checkpoint(directory, env_id=..., **kwargs)``.
     """
     import json
-    import os
     from pathlib import Path
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    from shopsim.paths import write_text_atomic
+
     payload = {"class": f"{cls.__module__}:{cls.__qualname__}", "env_id": env_id, **info}
-    tmp = directory / f".{CHECKPOINT_MANIFEST}.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
-    os.replace(tmp, directory / CHECKPOINT_MANIFEST)
+    write_text_atomic(Path(directory) / CHECKPOINT_MANIFEST, json.dumps(payload, indent=2, sort_keys=True))
 
 
 def manifest_env_kwargs(path) -> dict:

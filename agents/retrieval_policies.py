@@ -28,6 +28,8 @@ from torch import nn
 from agents.base import Agent, Decision, ScriptedAgent
 from agents.registry import save_manifest
 from shopsim.errors import ConfigError
+from shopsim.paths import atomic_write, write_text_atomic
+from shopsim.statefile import load_weights
 
 ENV_ID = "shopsim/TwoStageRetrieval-v0"
 
@@ -195,9 +197,9 @@ class PLRetriever(Agent):
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory, **info) -> Path:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        torch.save(self.scorer.state_dict(), directory / "retriever.pt")
-        (directory / "retriever.json").write_text(json.dumps({
+        with atomic_write(directory / "retriever.pt") as tmp:
+            torch.save(self.scorer.state_dict(), tmp)
+        write_text_atomic(directory / "retriever.json", json.dumps({
             "env_kwargs": self.env_kwargs, "emb_dim": self.scorer.emb_dim, "num_experts": self.num_experts,
             "n_users": self.scorer.n_users, "greedy": self.greedy}))
         save_manifest(directory, type(self), self.env_id, **info)
@@ -210,7 +212,7 @@ class PLRetriever(Agent):
         kw.setdefault("greedy", meta.get("greedy", False))
         agent = cls(env_id=env_id, env_kwargs=meta["env_kwargs"], emb_dim=meta["emb_dim"],
                     num_experts=meta["num_experts"], n_users=meta.get("n_users"), **kw)
-        agent.scorer.load_state_dict(torch.load(directory / "retriever.pt", weights_only=True))
+        agent.scorer.load_state_dict(load_weights(directory / "retriever.pt"))
         return agent
 
 

@@ -247,13 +247,15 @@ class LMAgent(Agent):
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path, **info: Any) -> Path:
-        """``save_pretrained`` (safetensors) model and tokenizer + the shopsim manifest."""
+        """``save_pretrained`` (safetensors) model and tokenizer + the shopsim manifest, each file written atomically
+        with the normal file mode (`shopsim.paths.atomic_files`)."""
         from agents.registry import save_manifest
+        from shopsim.paths import atomic_files
 
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(directory), safe_serialization=True)
-        self.tokenizer.save_pretrained(str(directory))
+        with atomic_files(directory) as tmp:
+            self.model.save_pretrained(str(tmp), safe_serialization=True)
+            self.tokenizer.save_pretrained(str(tmp))
         if self.env_kwargs and "env_kwargs" not in info:  # keep the env options the policy was trained on
             info["env_kwargs"] = dict(self.env_kwargs)
         save_manifest(directory, type(self), self.env_id, options=self.options, **info)

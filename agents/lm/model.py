@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shopsim.errors import ConfigError
+from shopsim.errors import ConfigError, ShopsimError
+from shopsim.paths import atomic_files
 
 ARCHS = ("llama", "gpt2")
 
@@ -89,11 +90,18 @@ def build_model(tokenizer, *, arch: str = "llama", size: str | ModelSize = DEFAU
 
 
 def load_model(path, *, dtype=None):
-    """Load a local checkpoint folder (never downloads)."""
+    """Load a local checkpoint folder (never downloads). Damaged weights (a file cut short by a kill or an
+    interrupted copy) raise a `ShopsimError` naming the folder."""
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype or torch.float32)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype or torch.float32)
+    except SafetensorError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ShopsimError(f"{path}: the model weights are damaged ({reason}); copy or save the checkpoint "
+                           "again") from None
 
 
 def export_checkpoint(src, dst, *, dtype: str = "bfloat16"):
@@ -115,7 +123,8 @@ def export_checkpoint(src, dst, *, dtype: str = "bfloat16"):
     tmp = dst.with_name(dst.name + ".export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.pt"))
-    load_model(src, dtype=getattr(torch, dtype)).save_pretrained(str(tmp), safe_serialization=True)
+    with atomic_files(tmp) as files:  # the normal file mode (safetensors makes its files private)
+        load_model(src, dtype=getattr(torch, dtype)).save_pretrained(str(files), safe_serialization=True)
     manifest = tmp / "shopsim_agent.json"
     if manifest.is_file():
         m = json.loads(manifest.read_text())

@@ -16,6 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from shopsim.paths import atomic_write
+from shopsim.statefile import load_weights
+
 __all__ = ["ValueHead", "ValueModel", "shift_values"]
 
 
@@ -69,14 +72,14 @@ class ValueModel(nn.Module):
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         state = {"head": self.head.state_dict(), "shared": self.shared}
         if not self.shared:
             state["backbone"] = self.backbone.state_dict()
-        torch.save(state, directory / "critic.pt")
+        with atomic_write(directory / "critic.pt") as tmp:
+            torch.save(state, tmp)
 
     def load(self, directory: str | Path) -> None:
-        state = torch.load(Path(directory) / "critic.pt", map_location="cpu", weights_only=True)
+        state = load_weights(Path(directory) / "critic.pt")
         self.head.load_state_dict(state["head"])
         if not self.shared and "backbone" in state:
             self.backbone.load_state_dict(state["backbone"])
