@@ -34,6 +34,12 @@ _REGISTRY: dict[tuple[str, str], str] = {
 }
 
 
+#: modules whose agent classes a checkpoint manifest may name besides the registered ones: shopsim's own agents that
+#: are only ever loaded from checkpoints (trained policies)
+CHECKPOINT_MODULES = frozenset({"agents.lm.agent", "agents.inventory_policies", "agents.retrieval_policies",
+                                "agents.rec_policies"})
+
+
 def register(name: str, family: str, target: str | type, *, overwrite: bool = False) -> None:
     """Register an agent class (or "module:Class" path) under `name` for an env family."""
     key = (name, family)
@@ -179,6 +185,27 @@ def manifest_families(directory) -> list[str] | None:
     return None
 
 
+def checkpoint_class(target: str, manifest) -> type:
+    """The agent class a checkpoint manifest names (``"module:Class"``), imported only when it is a registered
+    agent or lives in one of `CHECKPOINT_MODULES`: a downloaded checkpoint must not choose which code is imported.
+    Anything else raises a `ShopsimError` that says how to allow it."""
+    from agents.base import Agent
+
+    module, _, attr = target.partition(":")
+    if target not in set(_REGISTRY.values()) and module not in CHECKPOINT_MODULES:
+        raise ShopsimError(f"{manifest}: \"class\" {target!r} is not a shopsim agent, so it is not imported; a "
+                           "checkpoint of your own agent class loads once it is registered (agents.register(name, "
+                           "family, cls))")
+    try:
+        cls = _load(target)
+    except AttributeError:
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, Agent) and hasattr(cls, "from_checkpoint")):
+        raise ShopsimError(f"{manifest}: \"class\" {target!r} is not an agent class with from_checkpoint; re-save "
+                           "the checkpoint")
+    return cls
+
+
 def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
     """Rebuild the agent saved in a checkpoint folder (see `save_manifest`) for `env_id` (default: the env it was
     saved for); a checkpoint of another env family (a retrieval policy asked to shop) raises a `ConfigError`
@@ -196,7 +223,7 @@ def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
         if other_family:
             raise ConfigError(f"{directory} is a checkpoint for {saved_env} ({payload['class']}), not for "
                               f"{env_id}; use --env {saved_env}")
-    cls = _load(payload["class"])
+    cls = checkpoint_class(payload["class"], directory / CHECKPOINT_MANIFEST)
     try:
         agent = cls.from_checkpoint(directory, env_id=env_id or saved_env, **kwargs)
     except FileNotFoundError as exc:  # a manifest without its weights: an interrupted copy or save

@@ -3,7 +3,7 @@ import pytest
 import agents
 import baselines
 from baselines.base import Algorithm
-from shopsim.errors import ConfigError, UnknownNameError
+from shopsim.errors import ConfigError, ShopsimError, UnknownNameError
 from shopsim.testing import CountExpert
 
 
@@ -82,12 +82,34 @@ class Saved(CountExpert):
         return agent
 
 
-def test_checkpoint_manifest_round_trip(tmp_path):
+def test_checkpoint_manifest_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setitem(agents.registry._REGISTRY, ("saved_test", "shopping"), f"{__name__}:Saved")
     agents.save_manifest(tmp_path, Saved, "shopsim/Shopping-v0", note="x")
     agent = agents.load_checkpoint(tmp_path)
     assert isinstance(agent, Saved) and agent.loaded_from == tmp_path
     with pytest.raises(UnknownNameError, match="not a shopsim checkpoint"):
         agents.load_checkpoint(tmp_path / "missing")
+
+
+def test_checkpoint_manifest_cannot_import_an_arbitrary_module(tmp_path, monkeypatch):
+    """A manifest's "class" is imported only when it names a registered agent or one of shopsim's checkpoint agent
+    modules: a downloaded checkpoint naming any other module is refused before that module is imported."""
+    import json
+    import sys
+
+    (tmp_path / "planted.py").write_text("import pathlib\npathlib.Path(__file__).with_name('ran').touch()\n"
+                                         "class Agent:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for target in ("planted:Agent", "this:Nothing", "agents.lm.agent:Path", "agents.lm.agent:Nope"):
+        (ckpt / "shopsim_agent.json").write_text(json.dumps({"class": target, "env_id": "shopsim/Shopping-v0"}))
+        with pytest.raises(ShopsimError, match=r"shopsim_agent.json: \"class\" .* is not"):
+            agents.load_checkpoint(ckpt)
+    assert not (tmp_path / "ran").exists() and "planted" not in sys.modules and "this" not in sys.modules
+    monkeypatch.setitem(agents.registry._REGISTRY, ("saved_test", "shopping"), f"{__name__}:Saved")
+    agents.save_manifest(ckpt, Saved, "shopsim/Shopping-v0")  # registered: loads
+    assert isinstance(agents.load_checkpoint(ckpt), Saved)
 
 
 def test_every_registered_env_id_is_in_gymnasium():
