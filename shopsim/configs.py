@@ -11,6 +11,9 @@ default, a type, a range and a help text exist in one place:
   value and what is allowed. A config calls it first thing in ``__post_init__``; cross-field rules stay there.
 * `field_docs(cls)` returns the attribute docstrings, inherited along the MRO (a subclass that only changes a
   default keeps its base's doc); `field_meta` merges the bounds the same way.
+* `check_options(owner, options, func=..., config=...)` checks keyword options (an env's constructor options from
+  a JSON file or flag) against a function's annotated signature and a config's fields, with the same messages;
+  `checked_options` is the decorator that runs it on every call of a constructor.
 * `parse_text(name, text, annotation)` turns a command-line string into a field's type (``--set key=value``).
 * `add_config_arguments(parser, cls)` adds one ``--field-name`` flag per field (type, choices, default, help from
   the docstring; bools as ``--x/--no-x``), and `config_from_args` builds the config back from the parsed args.
@@ -36,6 +39,8 @@ from shopsim.errors import ConfigError
 __all__ = [
     "add_config_arguments",
     "bounded",
+    "check_options",
+    "checked_options",
     "config_fields",
     "config_from_args",
     "default_of",
@@ -237,6 +242,90 @@ def validate(config: Any) -> None:
         checked = check_field(cls, f.name, value)
         if checked is not value:
             object.__setattr__(config, f.name, checked)
+
+
+# ---------------------------------------------------------------------------------------------- keyword options
+#: accepted by every env constructor but not what a message about a misspelled option should list
+_UNLISTED = frozenset({"render_mode", "config"})
+
+
+@functools.cache
+def _option_spec(func: Any, config: type | None) -> tuple[dict[str, tuple[Any, dict]], bool]:
+    """Option name -> (annotation, bounds) of `func`'s keyword parameters and `config`'s fields, and whether
+    `func` takes any other keyword (``**kwargs`` not passed on to `config`)."""
+    spec: dict[str, tuple[Any, dict]] = {}
+    open_ended = False
+    if config is not None:  # first: where a constructor passes its options on, they are what it documents
+        for f in config_fields(config):
+            meta = {k: v for k, v in field_meta(config, f.name).items() if k in _BOUNDS}
+            spec[f.name] = (field_types(config)[f.name], meta)
+    if func is not None:
+        try:
+            hints = typing.get_type_hints(func)
+        except Exception:  # an annotation only a type checker can resolve: resolve the others one by one
+            hints = {}
+            for name, ann in getattr(func, "__annotations__", {}).items():
+                try:
+                    hints[name] = eval(ann, func.__globals__) if isinstance(ann, str) else ann  # noqa: S307
+                except Exception:
+                    hints[name] = Any
+        for i, p in enumerate(inspect.signature(func).parameters.values()):
+            if p.kind is p.VAR_KEYWORD:
+                open_ended = config is None
+            elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not (i == 0 and p.name == "self"):
+                spec.setdefault(p.name, (hints.get(p.name, Any), {}))
+    return spec, open_ended
+
+
+def check_options(owner: str, options: dict, *, func: Any = None, config: type | None = None) -> None:
+    """Raise a one-line `ConfigError` unless every key of `options` names a keyword parameter of `func` or a field
+    of the config dataclass `config`, and its value has the declared type (and the field's `bounded` range). The
+    message names `owner` (e.g. the env id), the option and what it accepts; an unknown name gets the closest valid
+    one. Values are only checked, not converted: numpy scalars count as the Python number they hold."""
+    import difflib
+
+    import numpy as np
+
+    spec, open_ended = _option_spec(func, config)
+    for name, value in options.items():
+        if name not in spec:
+            if open_ended:
+                continue
+            valid = [n for n in spec if n not in _UNLISTED]
+            close = difflib.get_close_matches(str(name), valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{owner} has no option {name!r}; valid options: {', '.join(valid)}{hint}")
+        tp, meta = spec[name]
+        plain = value.item() if isinstance(value, np.generic) else value
+        try:
+            checked = _coerce(plain, tp)
+        except _Mismatch:
+            raise ConfigError(f"{owner} option {name}: expected {_describe(tp)}, got {value!r}") from None
+        if meta and isinstance(checked, int | float) and not isinstance(checked, bool) and not _in_bounds(checked,
+                                                                                                          meta):
+            raise ConfigError(f"{owner} option {name}: expected {_bounds_text(meta)}, got {value!r}")
+
+
+def checked_options(owner: str, *, config: type | None = None):
+    """Decorator for a constructor taking keyword options (an env's ``__init__``): `check_options` runs on the
+    keywords of every call before the body, against the signature and, for ``**kwargs``, the fields of `config`.
+    A misspelled or wrongly typed option is then a `ConfigError` saying what to change, not a ``TypeError`` from
+    Python or from deep inside the constructor. The wrapper keeps the signature and has ``check_options(options)``
+    to check options without constructing anything."""
+
+    def decorate(init):
+        def check(options: dict) -> None:
+            check_options(owner, options, func=init, config=config)
+
+        @functools.wraps(init)
+        def wrapper(self, *args, **kwargs):
+            check(kwargs)
+            return init(self, *args, **kwargs)
+
+        wrapper.check_options = check
+        return wrapper
+
+    return decorate
 
 
 # ---------------------------------------------------------------------------------------------- text -> value

@@ -107,6 +107,35 @@ def _truncated(tmp: Path, results: Path) -> list[str]:
     return _leaderboard_with(text[: len(text) // 2], "hpo.json")(tmp, results)
 
 
+def _damaged_lm(tmp: Path) -> Path:
+    """A saved LM checkpoint whose ``model.safetensors`` was cut short (a kill during a save or a copy)."""
+    import contextlib
+    import io
+
+    from agents.lm.agent import LMAgent
+    from agents.lm.model import build_model
+    from agents.lm.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    with contextlib.redirect_stderr(io.StringIO()):  # save_pretrained's progress bar is not the command's output
+        folder = LMAgent(env_id=SHOPPING, model=build_model(tok, size="tiny"), tokenizer=tok).save(tmp / "lm")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return folder
+
+
+def _copy_with(tmp: Path, checkpoint: Path, *, cut: str | None = None, **manifest) -> Path:
+    """A copy of `checkpoint` with the file `cut` cut in half and the manifest entries `manifest` replaced."""
+    import shutil
+
+    folder = shutil.copytree(checkpoint, tmp / "copy")
+    if cut:
+        (folder / cut).write_bytes((checkpoint / cut).read_bytes()[: (checkpoint / cut).stat().st_size // 2])
+    path = folder / "shopsim_agent.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **manifest}))
+    return folder
+
+
 # (case id, argv builder (tmp folder, retrieval checkpoint, results folder) -> argv, text(s) the error line must hold)
 CASES = [
     # an unwritable --out, refused before any work
@@ -160,6 +189,37 @@ CASES = [
     ("rollout-family-on-a-cost-env",
      lambda t, c, r: ["rollout", "--env", REPLENISHMENT, "--agent", "s_S", "--family", "bundle", "--episodes", "1",
                       "--out", str(t / "x.parquet")], "has no task families"),
+    # damaged weights (a kill during a save or a copy)
+    ("eval-truncated-lm-weights",
+     lambda t, c, r: ["eval", "--env", SHOPPING, "--checkpoint", str(_damaged_lm(t)), *TINY_EVAL,
+                      "--out", str(t / "r.json")], ("the model weights are damaged", "copy or save the checkpoint")),
+    ("rollout-truncated-lm-weights",
+     lambda t, c, r: ["rollout", "--env", SHOPPING, "--agent", "lm", "--checkpoint", str(_damaged_lm(t)),
+                      "--episodes", "1", "--no-progress", "--out", str(t / "x.parquet")],
+     "the model weights are damaged"),
+    ("sft-init-truncated-lm-weights",
+     lambda t, c, r: ["sft", "--init", str(_damaged_lm(t)), "--expert-episodes", "2", "--steps", "1",
+                      "--no-progress", "--out", str(t / "sft")], "the model weights are damaged"),
+    ("eval-truncated-retriever-weights",
+     lambda t, c, r: ["eval", "--env", RETRIEVAL, "--checkpoint", str(_copy_with(t, c, cut="retriever.pt")),
+                      *TINY_EVAL, "--out", str(t / "r.json")], "retriever.pt is damaged or not a weights file"),
+    # env options, checked against each env's declared options before any work
+    ("eval-misspelled-shopping-option",
+     lambda t, c, r: ["eval", "--env", SHOPPING, "--agent", "expert", "--env-kwargs", '{"max_turn": 5}', *TINY_EVAL,
+                      "--out", str(t / "r.json")],
+     ("--env-kwargs: shopsim/Shopping-v0 has no option 'max_turn'", "did you mean 'max_turns'?")),
+    ("eval-wrongly-typed-env-option",
+     lambda t, c, r: ["eval", "--env", REPLENISHMENT, "--agent", "s_S", "--env-kwargs", '{"horizon": "long"}',
+                      *TINY_EVAL, "--out", str(t / "r.json")],
+     "shopsim/Replenishment-v0 option horizon: expected an int, got 'long'"),
+    ("rollout-checkpoint-with-a-misspelled-env-option",
+     lambda t, c, r: ["rollout", "--env", RETRIEVAL, "--agent", "random", "--episodes", "1", "--no-progress",
+                      "--checkpoint", str(_copy_with(t, c, env_kwargs={"n_item": 50})), "--out", str(t / "x.parquet")],
+     ("shopsim_agent.json env_kwargs: shopsim/TwoStageRetrieval-v0 has no option 'n_item'", "'n_items'")),
+    # a checkpoint manifest naming code that is not a shopsim agent
+    ("eval-checkpoint-naming-another-module",
+     lambda t, c, r: ["eval", "--env", RETRIEVAL, "--checkpoint", str(_copy_with(t, c, **{"class": "this:Nothing"})),
+                      *TINY_EVAL, "--out", str(t / "r.json")], "'this:Nothing' is not a shopsim agent"),
     # a few of the inputs that already gave one line, kept that way
     ("eval-unknown-env",
      lambda t, c, r: ["eval", "--env", "shopsim/Nope-v0", "--agent", "expert", "--out", str(t / "r.json")],

@@ -220,7 +220,7 @@ def test_show_config_prints_every_field_with_doc_and_default(capsys):
     (["--env", "shopsim/Replenishment-v0", "--algo", "ppo", "--set", 'env_kwargs={"n_skus": 12'],
      "env_kwargs: not valid JSON (Expecting ',' delimiter"),
     (["--env", "shopsim/Replenishment-v0", "--algo", "hpo", "--set", 'env_kwargs={"kk": 20}'],
-     "env_kwargs: unknown Replenishment option(s) ['kk']"),
+     "env_kwargs: shopsim/Replenishment-v0 has no option 'kk'; valid options: n_skus"),
     (["--env", "shopsim/Shopping-v0", "--algo", "grpo", "--set", 'env_kwargs={"kk": 20}'],
      "env_kwargs: shopsim/Shopping-v0 has no option 'kk'; valid options: catalog_size"),
     (["--env", "shopsim/TwoStageRetrieval-v0", "--algo", "capg", "--set", 'env_kwargs={"kk": 20}'],

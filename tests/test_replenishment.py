@@ -107,7 +107,7 @@ def test_config_errors_say_what_to_change():
         ReplenishmentEnv(lead_time=0)
     with pytest.raises(ConfigError, match="demand"):
         ReplenishmentEnv(demand="gamma")
-    with pytest.raises(ConfigError, match="unknown Replenishment option"):
+    with pytest.raises(ConfigError, match="has no option 'n_sku'.*did you mean 'n_skus'"):
         ReplenishmentEnv(n_sku=3)
 
 

@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import agents
     from agents.registry import manifest_env_kwargs
-    from shopsim.envs import check_env_id
+    from shopsim.envs import check_env_id, check_env_options
     from shopsim.leaderboard.bench import reference_agent
     from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
     from shopsim.leaderboard.protocols import load_protocol
@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     protocol = replace(whole.limited(tasks=tasks or len(default.task_ids), seeds=args.seeds or list(default.seeds),
                                      tries=tries), decoding=args.decoding)
     env_kwargs = _parse_env_kwargs(args.env_kwargs)
+    if env_kwargs:
+        check_env_options(args.env, env_kwargs, what="--env-kwargs")
     if args.checkpoint:
         agent = agents.load_checkpoint(args.checkpoint, env_id=args.env)
         manifest = Path(args.checkpoint) / agents.registry.CHECKPOINT_MANIFEST
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         config = {"checkpoint": str(args.checkpoint), "manifest": manifest.read_text()}
         if env_kwargs is None:  # evaluate on the env the policy was trained on
             env_kwargs = manifest_env_kwargs(manifest)
+            check_env_options(args.env, env_kwargs, what=f"{manifest} env_kwargs")
     else:
         agent = agents.make(args.agent, args.env)
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     import agents
     from agents.registry import CHECKPOINT_MANIFEST, manifest_env_kwargs, manifest_families
     from shopsim.datasets import DatasetWriter
-    from shopsim.envs import check_env_id, family_of
+    from shopsim.envs import check_env_id, check_env_options, family_of
     from shopsim.rollout import collect, summarize
 
     check_env_id(args.env)
@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     ckpt = _checkpoint_dir(args, agent)
     has_manifest = ckpt is not None and (ckpt / CHECKPOINT_MANIFEST).is_file()
     env_kwargs = manifest_env_kwargs(ckpt) if has_manifest else {}  # the env the policy was trained on
+    if env_kwargs:
+        check_env_options(args.env, env_kwargs, what=f"{ckpt / CHECKPOINT_MANIFEST} env_kwargs")
     if families is None and has_manifest and family_of(args.env) == "shopping":
         families = manifest_families(ckpt)
         if families:

@@ -87,14 +87,8 @@ def run(args) -> int:
     if done is not None:  # a staged recipe run again (`make lm-agent`): this stage is already trained
         print(f"sft: {out} already holds this finished run (same options, start and data): {done}")
         return 0
-    if args.data:
-        from shopsim.datasets import read_trajectories
-
-        trajs = read_trajectories(args.data)
-    else:
-        trajs = sft.sft_expert_data(args.env, args.expert_episodes, cfg, progress=not args.no_progress)
     model = tokenizer = None
-    if args.init:
+    if args.init:  # before the data: damaged weights are refused before expert episodes are collected
         from pathlib import Path
 
         from agents.lm.model import load_model
@@ -103,6 +97,12 @@ def run(args) -> int:
         if not (Path(args.init) / "config.json").is_file():
             raise ConfigError(f"--init {args.init}: not a model folder (no config.json)")
         model, tokenizer = load_model(args.init), load_tokenizer(args.init)
+    if args.data:
+        from shopsim.datasets import read_trajectories
+
+        trajs = read_trajectories(args.data)
+    else:
+        trajs = sft.sft_expert_data(args.env, args.expert_episodes, cfg, progress=not args.no_progress)
     agent, history = sft.train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress, model=model,
                                    tokenizer=tokenizer, init=init, data=data)
     last = history[-1]

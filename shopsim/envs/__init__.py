@@ -111,6 +111,41 @@ def make(env_id: str, **kwargs):
     return gymnasium.make(env_id, **kwargs)
 
 
+def _constructor(env_id: str):
+    """The ``__init__`` of `env_id`'s env class (None when it cannot be found without building the env)."""
+    import importlib
+    import typing
+
+    if env_id in ENV_SPECS:
+        module, _, attr = ENV_SPECS[env_id][0].partition(":")
+        cls = getattr(importlib.import_module(module), attr, None)
+    else:
+        factory = importlib.import_module(PZ_ENVS[check_env_id(env_id)][0]).parallel_env
+        try:
+            cls = typing.get_type_hints(factory).get("return")
+        except Exception:
+            cls = None
+    return getattr(cls, "__init__", None) if isinstance(cls, type) else None
+
+
+def check_env_options(env_id: str, kwargs, *, what: str = "env_kwargs") -> None:
+    """Raise a one-line `ConfigError`, without building the env, if `kwargs` names an option `env_id` does not take
+    or gives one a value of the wrong type (`shopsim.configs.checked_options` on the env's constructor), naming
+    `what` (the flag or field they came from). Range and cross-option rules are checked when the env is built."""
+    from shopsim.errors import ConfigError
+
+    check_env_id(env_id)
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{what}: expected a JSON object of constructor options, got {kwargs!r}")
+    check = getattr(_constructor(env_id), "check_options", None)
+    if check is None:
+        return
+    try:
+        check(kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
 def check_env_kwargs(env_id: str, kwargs: dict, *, what: str = "env_kwargs") -> None:
     """Raise a one-line `ConfigError` if `env_id`'s constructor rejects `kwargs` (an unknown option or a bad value),
     naming `what` (the flag or field they came from) and the valid options; builds the env once to find out."""
@@ -119,8 +154,7 @@ def check_env_kwargs(env_id: str, kwargs: dict, *, what: str = "env_kwargs") -> 
 
     from shopsim.errors import ConfigError, ShopsimError
 
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"{what}: expected a JSON object of constructor options, got {kwargs!r}")
+    check_env_options(env_id, kwargs, what=what)
     try:
         env = make(env_id, **kwargs)
     except ShopsimError as exc:  # the env's own message already says what to change

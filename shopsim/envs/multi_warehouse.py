@@ -36,6 +36,7 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
+from shopsim.configs import checked_options
 from shopsim.envs.replenishment import (
     PAST_DEMANDS,
     InvalidActionError,
@@ -89,6 +90,7 @@ class MultiWarehouseEnv(ParallelEnv):
 
     metadata = {"name": "multi_warehouse_v0", "render_modes": ["ansi"], "is_parallelizable": True}
 
+    @checked_options("shopsim/MultiWarehouse-v0", config=ReplenishmentConfig)
     def __init__(self, n_warehouses: int = 3, supplier_capacity: float = 1.5, team_reward: bool = False,
                  render_mode: str | None = None, **kwargs: Any):
         if not 1 <= int(n_warehouses) <= MAX_WAREHOUSES:

@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from shopsim.configs import check_options, checked_options
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.splits import load_splits
 
@@ -108,10 +109,7 @@ class ReplenishmentConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ReplenishmentConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown Replenishment option(s) {unknown}; valid: {sorted(known)}")
+        check_options("ReplenishmentConfig", d, config=cls)
         d = dict(d)
         for k in ("mean_range", "holding_range", "backlog_range"):
             if k in d:
@@ -346,6 +344,7 @@ class ReplenishmentEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
+    @checked_options("shopsim/Replenishment-v0", config=ReplenishmentConfig)
     def __init__(self, config: ReplenishmentConfig | None = None, render_mode: str | None = None, **kwargs: Any):
         if config is None:
             config = ReplenishmentConfig.from_dict(kwargs)

@@ -37,6 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from shopsim.configs import checked_options
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.splits import load_splits as _load_manifest
 from shopsim.splits import read_manifest
@@ -371,6 +372,7 @@ class TwoStageRetrievalEnv(gym.Env):
 
     metadata: ClassVar[dict] = {"render_modes": ["ansi"], "render_fps": 1}
 
+    @checked_options("shopsim/TwoStageRetrieval-v0", config=TwoStageRetrievalConfig)
     def __init__(self, render_mode: str | None = None, **config) -> None:
         self.config = TwoStageRetrievalConfig(**config)
         self.sim = TwoStageRetrievalSim(self.config)

@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from shopsim.configs import checked_options
 from shopsim.envs.proactive_rec.scoring import INVALID, STOP, PathScorer, RewardWeights
 from shopsim.envs.proactive_rec.world import DEFAULT_CATALOG_SIZE, HISTORY_LEN, L_MAX, World, get_world
 from shopsim.errors import ConfigError
@@ -79,6 +80,7 @@ class ProactiveRecEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
+    @checked_options("shopsim/ProactiveRec-v0")
     def __init__(self, catalog_size: int = DEFAULT_CATALOG_SIZE, catalog_seed: int = 0, simulator: str = "sasrec",
                  action_mode: str = "semantic_id", w_ctr: float = 1.0, w_ioi: float = 1.0, w_ior: float = 1.0,
                  ior_scale: float | None = None, ctr_offset: float = 2.0, invalid_ioi: float = -2.0,

@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from shopsim.configs import checked_options
 from shopsim.envs.shopping import render
 from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, ActionError, parse
 from shopsim.envs.shopping.cache import product as _product
@@ -141,6 +142,7 @@ class ShoppingEnv(gym.Env):
     PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page", "obs_mode", "order_refs",
                                      "task_reminder"})
 
+    @checked_options("shopsim/Shopping-v0")
     def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
