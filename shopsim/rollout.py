@@ -23,7 +23,7 @@ the pre-action state key (`info["anchor"]`, used by GiGPO) is kept in `turn.extr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +52,48 @@ def episode_seed(agent_seed: int, index: int) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)  # fits manual_seed's int64
 
 
+class EpisodePlan(Sequence):
+    """The ordered episodes `collect` runs (`plan_episodes`), computed on demand: its memory does not grow with the
+    number of episodes, and ``plan[i]`` is what the i-th entry of the whole list would be. A slice is a list of
+    specs (shards and worker ranges are bounded, and a list pickles without the options callable)."""
+
+    def __init__(self, n_groups: int, group_size: int, *, tasks: Sequence | None, seeds: Sequence[int] | None,
+                 seed: int, split: str | None, reset_options: dict | Callable[[int, int], dict] | None) -> None:
+        self.n_groups, self.group_size = n_groups, group_size
+        self._tasks, self._seeds, self._seed, self._split = tasks, seeds, seed, split
+        self._options = reset_options
+
+    def __len__(self) -> int:
+        return self.n_groups * self.group_size
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._spec(k) for k in range(*i.indices(len(self)))]
+        n = len(self)
+        k = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= k < n:
+            raise IndexError(f"episode {i} of a plan of {n}")
+        return self._spec(k)
+
+    def __iter__(self) -> Iterator[EpisodeSpec]:
+        return (self._spec(k) for k in range(len(self)))
+
+    def _spec(self, index: int) -> EpisodeSpec:
+        g = index // self.group_size
+        s = int(self._seeds[g]) if self._seeds is not None else self._seed + g
+        opts = self._options(index, g) if callable(self._options) else dict(self._options or {})
+        if self._split is not None:
+            opts.setdefault("split", self._split)
+        task = self._tasks[g] if self._tasks is not None else None
+        if task is not None:
+            opts["task_id"] = task
+        return EpisodeSpec(index, task, s, g, opts)
+
+
 def plan_episodes(*, episodes: int | None = None, tasks: Sequence | None = None, seeds: Sequence[int] | None = None,
                   seed: int = 0, group_size: int = 1, split: str | None = "train",
-                  reset_options: dict | Callable[[int, int], dict] | None = None) -> list[EpisodeSpec]:
-    """The ordered list of episodes that `collect` runs (see module docstring)."""
+                  reset_options: dict | Callable[[int, int], dict] | None = None) -> EpisodePlan:
+    """The ordered episodes that `collect` runs (see module docstring), as a lazy `EpisodePlan`."""
     if group_size < 1:
         raise ConfigError(f"group_size must be >= 1, got {group_size}")
     if tasks is not None:
@@ -73,19 +111,8 @@ def plan_episodes(*, episodes: int | None = None, tasks: Sequence | None = None,
         raise ConfigError(f"need at least one episode, got {n_groups}")
     if seeds is not None and len(seeds) < n_groups:
         raise ConfigError(f"{len(seeds)} seeds for {n_groups} episodes; give one seed per episode (group)")
-    specs = []
-    for g in range(n_groups):
-        s = int(seeds[g]) if seeds is not None else seed + g
-        for r in range(group_size):
-            index = g * group_size + r
-            opts = reset_options(index, g) if callable(reset_options) else dict(reset_options or {})
-            if split is not None:
-                opts.setdefault("split", split)
-            task = tasks[g] if tasks is not None else None
-            if task is not None:
-                opts["task_id"] = task
-            specs.append(EpisodeSpec(index, task, s, g, opts))
-    return specs
+    return EpisodePlan(n_groups, group_size, tasks=tasks, seeds=seeds, seed=seed, split=split,
+                       reset_options=reset_options)
 
 
 class _InProcessPool:
@@ -196,7 +223,8 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
             vector: str | None = None, env_fns: Iterable[Callable[[], Any]] | None = None,
             max_steps: int = 10_000, drop_info_keys: Sequence[str] = DEFAULT_DROP_INFO,
             agent_seed: int | None = None, specs: Sequence[EpisodeSpec] | None = None,
-            stream_seed: int | None = None) -> list[Trajectory]:
+            stream_seed: int | None = None, keep: bool = True,
+            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Run `agent` for the planned episodes and return their trajectories in episode order.
 
     `env_fns` (callables making an env) replaces `env_id`'s `gymnasium.make` when given (e.g. wrapped envs).
@@ -205,6 +233,10 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     defaulting to the agent seed. `specs` runs these episodes of a `plan_episodes` plan instead of planning (a
     slice of a larger plan: `shopsim.distributed` runs one shard of episodes this way, with the whole plan's
     `stream_seed`; the trajectories keep the plan's episode indices as `traj_id` and its group ids).
+
+    Trajectories go to `writer` and `on_episode(trajectory)` in episode order as soon as their predecessors are done.
+    ``keep=False`` then drops them (the result is empty), so memory stays bounded however many episodes run: the
+    plan is lazy, and only episodes that finished ahead of an earlier one are held.
     """
     from shopsim.envs import check_env_id, is_pettingzoo
 
@@ -219,9 +251,8 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
                               split=split, reset_options=reset_options)
     elif not specs:
         raise ConfigError("specs is empty; give at least one episode")
-    specs = list(specs)
-    position = {spec.index: k for k, spec in enumerate(specs)}  # episode index -> place in the output order
-    n_slots = max(1, min(int(num_envs), len(specs)))
+    n_specs = len(specs)
+    n_slots = max(1, min(int(num_envs), n_specs))
     fns = list(env_fns) if env_fns is not None else [_env_factory(env_id, dict(env_kwargs or {}))] * n_slots
     if len(fns) < n_slots:
         fns = (fns * n_slots)[:n_slots]
@@ -238,23 +269,27 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(specs), desc=f"rollout {env_id} [{agent_name}]", unit="ep", leave=False)
+        bar = tqdm(total=n_specs, desc=f"rollout {env_id} [{agent_name}]", unit="ep", leave=False)
 
     results: dict[int, Trajectory] = {}
+    kept: list[Trajectory] = []
     next_to_emit = 0
-    queue = list(reversed(specs))
-    active: dict[int, dict] = {}  # slot -> {"spec", "traj", "obs", "info", "steps"}
+    queue = enumerate(specs)  # (place in the output order, spec), drawn lazily
+    pending = next(queue, None)
+    active: dict[int, dict] = {}  # slot -> {"place", "spec", "traj", "obs", "info", "steps"}
     # `results` and `next_to_emit` count places in `specs` (episode indices when the whole plan runs)
 
     def start(slot: int) -> None:
-        spec = queue.pop()
+        nonlocal pending
+        place, spec = pending
+        pending = next(queue, None)
         obs, info = pool.reset(slot, spec.seed, dict(spec.options))
         traj = Trajectory(env_id=env_id, task_id=info.get("task_id", spec.task_id),
                           split=info.get("split", spec.options.get("split")), seed=spec.seed, group_id=spec.group_id,
                           strategy=info.get("strategy", spec.options.get("strategy")),
                           traj_id=spec.index, agent=agent_name,
                           meta={k: info[k] for k in ("family",) if k in info})
-        active[slot] = {"spec": spec, "traj": traj, "obs": obs, "info": info, "steps": 0}
+        active[slot] = {"place": place, "spec": spec, "traj": traj, "obs": obs, "info": info, "steps": 0}
         if seed_episode is not None:
             seed_episode(slot, episode_seed(stream_seed, spec.index))
         agent.begin_episode(slot, obs, info)
@@ -262,13 +297,18 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
     def emit_ready() -> None:
         nonlocal next_to_emit
         while next_to_emit in results:
+            traj = results.pop(next_to_emit)
             if writer is not None:
-                writer.write(results[next_to_emit])
+                writer.write(traj)
+            if on_episode is not None:
+                on_episode(traj)
+            if keep:
+                kept.append(traj)
             next_to_emit += 1
 
     try:
         for slot in range(n_slots):
-            if queue:
+            if pending is not None:
                 start(slot)
         while active:
             slots = sorted(active)
@@ -292,11 +332,11 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
                 state["traj"].append(turn)
                 agent.observe(s, float(rew), bool(term), bool(trunc), info)
                 if term or trunc:
-                    results[position[state["spec"].index]] = state["traj"]
+                    results[state["place"]] = state["traj"]
                     del active[s]
                     if bar is not None:
                         bar.update(1)
-                    if queue:
+                    if pending is not None:
                         start(s)
                     else:
                         pool.release(s)
@@ -308,7 +348,35 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
         pool.close()
         if bar is not None:
             bar.close()
-    return [results[i] for i in range(len(specs))]
+    return kept
+
+
+class RunningSummary:
+    """`summarize` over trajectories seen one at a time (``collect(..., on_episode=summary.add, keep=False)``), in
+    constant memory; `result()` equals `summarize` of the same trajectories up to float rounding."""
+
+    _KEYS = ("score", "return", "turns", "tokens")
+
+    def __init__(self) -> None:
+        self.episodes = 0
+        self.successes = 0.0
+        self.success_defined = False
+        self.sums = dict.fromkeys(self._KEYS, 0.0)
+
+    def add(self, traj: Trajectory) -> None:
+        self.episodes += 1
+        self.successes += float(traj.success)
+        self.success_defined = self.success_defined or "success" in traj.final_info
+        for key, value in zip(self._KEYS, (traj.score, traj.total_reward, traj.num_turns, traj.num_generated_tokens),
+                              strict=True):
+            self.sums[key] += float(value)
+
+    def result(self) -> dict[str, float | None]:
+        if not self.episodes:
+            return {"episodes": 0}
+        n = self.episodes
+        return {"episodes": n, "success": self.successes / n if self.success_defined else None,
+                **{k: v / n for k, v in self.sums.items()}}
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:

@@ -2,7 +2,7 @@ import gymnasium as gym
 import pytest
 
 from shopsim.errors import ConfigError
-from shopsim.rollout import collect, plan_episodes, summarize
+from shopsim.rollout import RunningSummary, collect, plan_episodes, summarize
 from shopsim.testing import COUNT_ID, CountEnv, CountExpert, CountRandom, make_count_env
 
 
@@ -65,6 +65,57 @@ def test_plan_errors_say_what_to_change():
         plan_episodes()
     with pytest.raises(ConfigError, match="only 1 tasks"):
         plan_episodes(episodes=3, tasks=[1])
+
+
+def test_episode_plan_is_lazy_and_the_same_as_a_list():
+    """`plan_episodes` does not build the list: its memory does not grow with the number of episodes (a rollout of
+    10^12 episodes starts at once), and every entry is what the list would hold."""
+    import tracemalloc
+
+    def options(index, group):
+        return {"family": ["a", "b"][group % 2]}
+
+    tracemalloc.start()
+    try:
+        plan = plan_episodes(episodes=100_000, group_size=3, seed=7, split="dev", reset_options=options)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200_000, f"planning 300000 episodes allocated {peak} bytes"
+    assert len(plan) == 300_000
+    spec = plan[300_000 - 1]
+    assert (spec.index, spec.seed, spec.group_id, spec.options) == (299_999, 7 + 99_999, 99_999,
+                                                                     {"family": "b", "split": "dev"})
+    assert plan[-1] == spec and plan[4:6] == [plan[4], plan[5]] and list(plan)[:2] == plan[:2]
+    huge = plan_episodes(episodes=10**12, seed=1)
+    assert len(huge) == 10**12 and huge[-1].seed == 10**12 and huge[-1].index == 10**12 - 1
+    tasks = plan_episodes(tasks=[5, 9], seeds=[11, 12], group_size=2)
+    assert [(sp.task_id, sp.seed, sp.group_id, sp.options["task_id"]) for sp in tasks] == [
+        (5, 11, 0, 5), (5, 11, 0, 5), (9, 12, 1, 9), (9, 12, 1, 9)]
+
+
+def test_collect_can_stream_without_keeping_trajectories():
+    """``keep=False``: trajectories reach `on_episode` (and the writer) in episode order and are then dropped, so
+    a long rollout holds only the few that finished ahead of an earlier one."""
+    import gc
+
+    from shopsim.trajectory import Trajectory
+
+    ref = run(CountRandom(), episodes=60, seed=2)
+    seen, alive, summary = [], [], RunningSummary()
+
+    def on_episode(traj):
+        seen.append(traj.to_dict())
+        summary.add(traj)
+        if len(seen) % 20 == 0:
+            alive.append(sum(type(o) is Trajectory for o in gc.get_objects()))
+
+    out = run(CountRandom(), episodes=60, seed=2, keep=False, on_episode=on_episode)
+    assert out == [] and seen == [t.to_dict() for t in ref]
+    # `ref`'s, plus a few: the 3 env copies' episodes in progress or finished ahead, the one being emitted (kept,
+    # they would be 20, 40 and 60 more)
+    assert len(alive) == 3 and max(alive) <= len(ref) + 8
+    assert summary.result() == pytest.approx(summarize(ref))  # what `shopsim rollout` prints
 
 
 def test_unknown_env_lists_available():

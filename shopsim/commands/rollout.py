@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from agents.registry import CHECKPOINT_MANIFEST, manifest_env_kwargs, manifest_families
     from shopsim.datasets import DatasetWriter
     from shopsim.envs import check_env_id, check_env_options, family_of
-    from shopsim.rollout import collect, summarize
+    from shopsim.rollout import RunningSummary, collect
 
     check_env_id(args.env)
     from shopsim.envs.shopping.env import STRATEGIES
@@ -133,11 +133,13 @@ def run(args: argparse.Namespace) -> int:
             "strategies": strategies, "env_kwargs": env_kwargs}
     if sharded:
         return _run_sharded(args, agent, meta, env_kwargs, options)
-    with DatasetWriter(out, metadata=meta) as writer:
-        trajs = collect(args.env, agent, episodes=args.episodes, seed=args.seed, split=args.split,
-                        group_size=args.group_size, num_envs=args.num_envs, vector=args.vector, writer=writer,
-                        env_kwargs=env_kwargs, reset_options=options, progress=not args.no_progress)
-    s = summarize(trajs)
+    summary = RunningSummary()
+    with DatasetWriter(out, metadata=meta) as writer:  # streamed: memory does not grow with --episodes
+        collect(args.env, agent, episodes=args.episodes, seed=args.seed, split=args.split,
+                group_size=args.group_size, num_envs=args.num_envs, vector=args.vector, writer=writer,
+                env_kwargs=env_kwargs, reset_options=options, progress=not args.no_progress, keep=False,
+                on_episode=summary.add)
+    s = summary.result()
     success = "" if s["success"] is None else f"success {s['success']:.3f}, "
     print(f"wrote {out} ({writer.num_episodes} episodes, {writer.num_turns} turns): {success}"
           f"score {s['score']:.3f}, mean turns {s['turns']:.1f}")
