@@ -108,3 +108,23 @@ def test_scenario_rows_get_their_own_table_and_per_agent_costs_their_columns(tmp
     page = to_html(results)
     assert 'id="Replenishment-v0_seasonal"' in page and "seasonal scenario" in page
     assert 'id="MultiWarehouse-v0"' in page and "the cost of warehouse_0 alone" in page
+
+
+def test_entry_names_are_markdown_text_not_markup(tmp_path):
+    """leaderboard.md took entry names as they were, so a name could inject HTML or links (index.html escaped
+    them); every markup character is now escaped, in the tables and the heading."""
+    shop = Protocol(env_id="shopsim/Shopping-v0", family="shopping", task_ids=(1,), seeds=(0,), tries=1)
+    names = ["<img src=x onerror=alert(1)>", "[click](http://evil.example)", "**bold**", "`code`", "&#x202E;x",
+             "_under_", "a|b", "s_S"]
+    recs = [make_results(protocol=shop, entry=n, kind="reference", metrics={"success_rate": _m(0.1 * i)})
+            for i, n in enumerate(names)]
+    for i, r in enumerate(recs):
+        write_results(tmp_path / f"{i}.json", r)
+    md = to_markdown(find_results(tmp_path))
+    for raw in ("<img", "[click]", "**bold**", "`code`", "&#x202E;", "_under_"):  # never without its backslash
+        assert not re.search(r"(?<!\\)" + re.escape(raw), md), raw
+    for escaped in ("\\<img src=x onerror=alert(1)\\>", "\\[click\\](http://evil.example)", "\\*\\*bold\\*\\*",
+                    "\\`code\\`", "\\&#x202E;x", "\\_under\\_", "a\\|b", "| s_S |"):
+        assert escaped in md, escaped
+    rows = list(csv.DictReader(io.StringIO(to_csv(find_results(tmp_path)))))
+    assert sorted(r["entry"] for r in rows) == sorted(names)  # the CSV holds the names as they are

@@ -202,3 +202,58 @@ def test_one_rollout_per_evaluation_and_the_reference_runs_once(toy_world):
     assert len(ev.per_seed) == 3 and ev.metrics["episodes"]["mean"] == p.episodes_per_seed * 3
     evaluate(CoinExpert(), p, reference=ref, collect=counting)
     assert len(calls) == 2  # the reference's run is reused, only the expert's episodes run
+
+
+def test_nan_and_infinite_numbers_are_refused_on_write_and_on_read(tmp_path):
+    """A results file with a NaN mean was ranked as if it were a number (and written, Python's json allowing it)."""
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        rec = good()
+        rec["metrics"]["success_rate"]["mean"] = bad
+        with pytest.raises(DatasetError, match="metrics.success_rate.mean is not a finite number"):
+            write_results(tmp_path / "w.json", rec)
+        rec = good()
+        rec["metrics"]["success_rate"]["ci95"] = [0.4, bad]
+        with pytest.raises(DatasetError, match=r"metrics.success_rate.ci95\[1\] is not a finite number"):
+            validate_results(rec, "r.json")
+    assert not (tmp_path / "w.json").exists()
+    text = json.dumps(good())
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        path = tmp_path / "read" / f"{literal}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text.replace('"mean": 0.5', f'"mean": {literal}'))
+        with pytest.raises(DatasetError, match=f"{literal}.json: holds {literal}, which is not a number"):
+            read_results(path)
+        with pytest.raises(DatasetError, match="finite numbers only"):
+            find_results(path.parent)
+        path.unlink()
+    path.write_text(text.replace('"mean": 0.5', '"mean": 1e999'))  # a literal that overflows to inf
+    with pytest.raises(DatasetError, match="metrics.success_rate.mean is not a finite number"):
+        read_results(path)
+
+
+@pytest.mark.parametrize("name,match", [
+    ("x" * 20_000, "is 20000 characters long; the leaderboard takes at most 100"),
+    ("evil\u202egnp.exe", "bidirectional-text control U\\+202E"),
+    ("a\u2066b", "bidirectional-text control U\\+2066"),
+    ("mark\u200f", "bidirectional-text control U\\+200F"),
+    ("two\nlines", "control character U\\+000A"),
+    ("=HYPERLINK(\"http://x\")", "spreadsheets read as a formula"),
+    ("  ", "is empty"),
+])
+def test_entry_names_the_leaderboard_would_show_wrongly_are_refused(name, match, tmp_path):
+    rec = good()
+    rec["entry"] = name
+    with pytest.raises(DatasetError, match=f"entry name .*{match}"):
+        write_results(tmp_path / "r.json", rec)
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(rec))
+    with pytest.raises(DatasetError, match=f"in.json: entry name .*{match}"):
+        read_results(path)
+
+
+def test_ordinary_entry_names_pass():
+    from shopsim.leaderboard.results import MAX_ENTRY_CHARS, entry_name_problem
+
+    for name in ("expert", "s_S", "hpo/mine", "capg-seed0", "modèle α", "x" * MAX_ENTRY_CHARS,
+                 "tests.fixtures.leaderboard_toy.ToyAlgo", "<img src=x>"):  # markup is escaped where shown
+        assert entry_name_problem(name) is None, name

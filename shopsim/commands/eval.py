@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from shopsim.leaderboard.results import make_results, write_results
 
     check_env_id(args.env)
+    if args.name is not None:
+        _check_entry_name(args.name, "--name")
     out = writable_output(args.out)
     if args.threads > 0:
         import torch
@@ -79,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         manifest = Path(args.checkpoint) / agents.registry.CHECKPOINT_MANIFEST
         payload = agents.registry.read_manifest(args.checkpoint)
         name, kind = args.name or checkpoint_entry_name(args.checkpoint, payload), "checkpoint"
+        if args.name is None:
+            _check_entry_name(name, f"the entry name {name[:40]!r} (from the checkpoint's folder; --name sets "
+                                    "another)")
         algorithm = payload.get("algorithm") if isinstance(payload.get("algorithm"), str) else None
         budget = checkpoint_budget(args.checkpoint, payload)
         config = {"checkpoint": str(args.checkpoint), "manifest": manifest.read_text()}
@@ -115,6 +120,17 @@ def run(args: argparse.Namespace) -> int:
     for m in shown:
         print(f"  {m:>24}: {fmt_metric(ev.metrics[m])}")
     return 0
+
+
+def _check_entry_name(name: str, what: str) -> None:
+    """Refuse an entry name the leaderboard would not take (`shopsim.leaderboard.results.entry_name_problem`)
+    before any evaluation runs."""
+    from shopsim.errors import ConfigError
+    from shopsim.leaderboard.results import entry_name_problem
+
+    problem = entry_name_problem(name)
+    if problem:
+        raise ConfigError(f"{what} {problem}")
 
 
 def _run_dir(checkpoint) -> Path:

@@ -180,7 +180,7 @@ def reproduce_command(r: dict) -> str:
         user = f" --algo {algo}" if ":" in algo else ""
         return f"shopsim bench {_bench_flag(_mode(r) or 'quick')} --envs {record_key(r).split('/')[-1]}{user}"
     ckpt = (r.get("config") or {}).get("checkpoint") if r["kind"] == "checkpoint" else None
-    who = f"--checkpoint {shlex.quote(str(ckpt))}" if ckpt else f"--agent {r['entry']}"
+    who = f"--checkpoint {shlex.quote(str(ckpt))}" if ckpt else f"--agent {shlex.quote(r['entry'])}"
     parts = [f"shopsim eval --env {env_id} {who} --split {r['split']}"]
     if r.get("task_ids"):
         parts.append(f"--tasks {len(r['task_ids'])}")
@@ -188,7 +188,8 @@ def reproduce_command(r: dict) -> str:
         parts.append(f"--tries {r['tries']}")
     if r.get("decoding", "greedy") != "greedy":
         parts.append(f"--decoding {r['decoding']}")
-    parts.append(f"--seeds {' '.join(map(str, r['seeds']))} --out results/{r['entry']}.json")
+    out = shlex.quote(f"results/{r['entry']}.json")
+    parts.append(f"--seeds {' '.join(map(str, r['seeds']))} --out {out}")
     return " ".join(parts)
 
 

@@ -34,6 +34,35 @@ CURVE_KEYS = ("eval/success_rate", "eval_success", "success_rate", "success", "e
               "train_cost", "loss")
 
 
+#: characters that start Markdown (or inline HTML) markup inside a table cell; `&` too, so that an entity such as
+#: ``&#x202E;`` stays text. ``|`` is escaped per cell (`to_markdown`).
+_MARKDOWN_SPECIAL = frozenset("\\`*[]<>~&")
+
+
+def md_text(text: str) -> str:
+    """`text` as literal Markdown: markup characters backslash-escaped (CommonMark renders ``\\<`` as ``<``), line
+    breaks as spaces, so a name from a results file can neither format the table nor inject HTML. An underscore
+    between two letters or digits (``s_S``) cannot start emphasis and stays as it is."""
+    text = str(text).replace("\r", " ").replace("\n", " ")
+    out = []
+    for i, c in enumerate(text):
+        intraword = c == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+        out.append("\\" + c if c in _MARKDOWN_SPECIAL or (c == "_" and not intraword) else c)
+    return "".join(out)
+
+
+def _heading(key: str) -> str:
+    """A table's heading: its env id (and scenario) as literal text, the ``[protocol i]`` that `group_by_env` adds
+    as it is."""
+    env, sep, rest = key.rpartition(" [protocol ")
+    return f"{md_text(env)}{sep}{rest}" if sep and rest[:-1].isdigit() and rest.endswith("]") else md_text(key)
+
+
+def _code(text: str) -> str:
+    """`text` as a Markdown code span (its own backticks, which would end the span, as quotes)."""
+    return "`" + str(text).replace("`", "'").replace("\n", " ") + "`"
+
+
 def _family(results: list[dict]) -> str:
     return next((r.get("family") for r in results if r.get("family")), "")
 
@@ -132,7 +161,7 @@ def _budget_text(r: dict) -> str:
 
 def _meta_cell(r: dict, col: str) -> str:
     if col == "entry":
-        return r["entry"]
+        return md_text(r["entry"])
     if col == "kind":
         return r["kind"]
     if col == "seeds":
@@ -142,14 +171,17 @@ def _meta_cell(r: dict, col: str) -> str:
     if col == "config":
         return r["config_hash"][:8]
     if col == "status":
-        return r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('error') or '').splitlines()[0][:80]}"
+        if r["status"] == "ok":
+            return r["status"]
+        first = ((r.get("error") or "").splitlines() or [""])[0]
+        return md_text(f"{r['status']}: {first[:80]}")
     raise KeyError(col)
 
 
 def _protocol_line(rows: list[dict]) -> str:
     r = next((x for x in rows if x.get("task_ids")), rows[0])
     n_tasks = len(r.get("task_ids") or [])
-    return (f"split `{r['split']}`, {n_tasks} tasks × {r.get('tries', '?')} tries per eval seed, "
+    return (f"split {_code(r['split'])}, {n_tasks} tasks × {r.get('tries', '?')} tries per eval seed, "
             f"seeds {','.join(map(str, r['seeds']))}")
 
 
@@ -180,8 +212,8 @@ def to_markdown(results: list[dict], title: str | None = "shopsim leaderboard", 
     for env_id, rows in group_by_env(results).items():
         cols = columns_for(rows)
         tier = next((r.get("tier") for r in rows if r.get("tier")), None)
-        lines += [f"## {env_id}", "", _protocol_line(rows) + (f"; tier `{tier}`" if tier else "")
-                  + f"; protocol `{rows[0].get('protocol_hash') or '—'}`", ""]
+        lines += [f"## {_heading(env_id)}", "", _protocol_line(rows) + (f"; tier {_code(tier)}" if tier else "")
+                  + f"; protocol {_code(rows[0].get('protocol_hash') or '—')}", ""]
         runs = any(r.get("ci_over") == "train_seeds" for r in rows)
         head = ["rank"] + list(META_COLUMNS[:2]) + cols + (["per run"] if runs else []) + list(META_COLUMNS[2:])
         lines.append("| " + " | ".join(head) + " |")
@@ -196,7 +228,7 @@ def to_markdown(results: list[dict], title: str | None = "shopsim leaderboard", 
                 elif c == "per run":
                     cells.append(_per_run_cell(r, cols[0] if cols else None))
                 elif c == "entry":
-                    cells.append(r["entry"] + (" (demo)" if r.get("demo") else ""))
+                    cells.append(md_text(r["entry"]) + (" (demo)" if r.get("demo") else ""))
                 elif c in META_COLUMNS:
                     cells.append(_meta_cell(r, c))
                 else:

@@ -38,7 +38,9 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 import subprocess
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,51 @@ REQUIRED: dict[str, tuple[type, ...]] = {
     "package_version": (str,), "git_commit": (str,),
 }
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+#: the longest entry name a results file may hold: names are labels in tables and page tabs, and one of thousands of
+#: characters would only stretch every table it is in
+MAX_ENTRY_CHARS = 100
+#: bidirectional-text controls: a name holding one displays its characters in another order than they are stored
+#: (right-to-left override), so it could pose as another entry
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+#: first characters that spreadsheet programs read as the start of a formula in leaderboard.csv
+FORMULA_STARTS = ("=", "+", "-", "@")
+
+
+def entry_name_problem(name: Any) -> str | None:
+    """What is wrong with `name` as a leaderboard entry name, or None if nothing: it must be a non-empty string of
+    at most `MAX_ENTRY_CHARS` printable characters, without bidirectional-text controls, and not start like a
+    spreadsheet formula."""
+    if not isinstance(name, str) or not name.strip():
+        return "is empty; give a short name such as the agent's or algorithm's"
+    if len(name) > MAX_ENTRY_CHARS:
+        return f"is {len(name)} characters long; the leaderboard takes at most {MAX_ENTRY_CHARS}"
+    for ch in name:
+        if ch in BIDI_CONTROLS:
+            return (f"holds the bidirectional-text control U+{ord(ch):04X}, which makes a name display other than "
+                    "it reads; remove it")
+        if unicodedata.category(ch) == "Cc":
+            return f"holds the control character U+{ord(ch):04X}; use printable characters only"
+    if name.startswith(FORMULA_STARTS):
+        return f"starts with {name[0]!r}, which spreadsheets read as a formula; start it with a letter or digit"
+    return None
+
+
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The place of the first NaN or infinite number in a JSON-like value (e.g. ``metrics.cost.mean``), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the record"
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        sub = f"{where}{key}" if str(key).startswith("[") else (f"{where}.{key}" if where else str(key))
+        found = _non_finite(item, sub)
+        if found:
+            return found
+    return None
 
 
 def git_commit(root: str | Path = _REPO_ROOT) -> str:
@@ -141,6 +188,13 @@ def validate_results(data: Any, source: str = "results") -> dict:
     if data.get("scenario") is not None and not isinstance(data["scenario"], str):
         raise DatasetError(f"{source}: 'scenario' must be a string (a name in shopsim.leaderboard.protocols."
                            f"SCENARIOS) or absent, got {type(data['scenario']).__name__}")
+    problem = entry_name_problem(data["entry"])
+    if problem:
+        raise DatasetError(f"{source}: entry name {data['entry'][:40]!r} {problem} (the 'entry' field)")
+    bad = _non_finite(data)
+    if bad:
+        raise DatasetError(f"{source}: {bad} is not a finite number; a results file holds finite numbers only, so "
+                           "fix what produced it and rerun `shopsim eval` (or delete the file)")
     if data["kind"] not in KINDS:
         raise DatasetError(f"{source}: kind {data['kind']!r} is not one of {', '.join(KINDS)}")
     if data["status"] not in STATUSES:
@@ -179,8 +233,12 @@ def read_results(path: str | Path) -> dict:
         raise DatasetError(f"{path}: not a text file; a results file is JSON written by `shopsim eval`") from None
     if not text.strip():
         raise DatasetError(f"{path}: empty file, not a results file; regenerate it with `shopsim eval` or delete it")
+    def refuse(constant: str):
+        raise DatasetError(f"{path}: holds {constant}, which is not a number; a results file holds finite numbers "
+                           "only, so fix what produced it and rerun `shopsim eval` (or delete the file)")
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=refuse)  # NaN / Infinity: Python's json reads them, JSON has none
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}: not valid JSON ({exc}), e.g. a truncated write; regenerate it with "
                            "`shopsim eval` or delete it") from None
