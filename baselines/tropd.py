@@ -284,10 +284,9 @@ class PrefixGuidedAgent:
         conts: dict[int, tuple[list[int], list[float]]] = {}
         if need:
             room = limit - min(len(prefixes[i]) for i in need)
-            out = sample(s.model, [prompts[i] + prefixes[i] for i in need], stop_ids=s.fmt.stop_ids,
-                         pad_id=s.policy.pad_id, config=replace(s.sampling, max_new_tokens=room),
-                         generator=[gens[i] for i in need] if gens else s.generator, cache=s.kv_cache,
-                         keys=[slots[i] for i in need] if s.kv_cache is not None else None)
+            out = s.generate([prompts[i] + prefixes[i] for i in need], [slots[i] for i in need],
+                             config=replace(s.sampling, max_new_tokens=room),
+                             generator=[gens[i] for i in need] if gens else s.generator)
             for j, i in enumerate(need):
                 cut = limit - len(prefixes[i])
                 conts[i] = (list(out.ids[j][:cut]), list(out.logprobs[j][:cut]))

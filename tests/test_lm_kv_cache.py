@@ -23,8 +23,9 @@ ENV_KW = {"catalog_size": 1000, "family": "find_and_buy", "numbered_results": Tr
 
 def _agent(tok, arch, mode, kv_cache, **kw):
     model = build_model(tok, arch=arch, size="tiny", seed=2)
+    # the reference path, whose prefix cache this file tests (the slot decoder: tests/test_lm_decoder.py)
     return LMAgent(model=model, tokenizer=tok, context_mode=mode, kv_cache=kv_cache, max_new_tokens=12,
-                   temperature=1.0, **kw)
+                   temperature=1.0, decoder="hf", **kw)
 
 
 def _run(agent, episodes=4, seed=3):

@@ -24,6 +24,11 @@ Interface for trainers (kept stable; the RL baselines build on it):
   action, in window mode the unchanged head of the prompt (system prompt, and the first turn with
   ``pin_first_turn=True``) is reused. The records are the same as without it (tested). ``agent.stats`` counts
   turns, prompt tokens and ``encoded_tokens`` (what the model actually ran over).
+* ``decoder="auto"`` (default) decodes Llama-family models with `agents.lm.decoder.SlotDecoder` (one KV buffer per
+  episode, packed prefill, batched in-place decoding: the same greedy actions and per-row draws as the reference
+  path at several times its speed); ``decoder="hf"`` keeps the reference path, `agents.lm.generation.sample` over
+  the `PrefixCache`, which is also used for other architectures and whenever ``record_hidden`` is on.
+  ``agent.generate(prompts, keys)`` runs whichever applies (trainers that build their own prompts use it).
 * ``agent.save(dir)`` writes ``save_pretrained`` (safetensors) model + tokenizer + the shopsim manifest;
   ``LMAgent.from_checkpoint(dir, env_id=...)`` / ``agents.load_checkpoint(dir)`` rebuild it.
 """
@@ -38,6 +43,8 @@ from typing import Any
 import torch
 
 from agents.base import Agent, Decision
+from agents.lm.decoder import SlotDecoder
+from agents.lm.decoder import supports as slot_decoder_supports
 from agents.lm.generation import PrefixCache, SamplingConfig, action_logprobs, sample, token_logprobs
 from agents.lm.parsing import decode_action
 from agents.lm.prompts import DEFAULT_SYSTEM, ChatFormat, EpisodeContext
@@ -51,6 +58,8 @@ SAVED_OPTIONS = ("context_mode", "history", "history_obs_chars", "max_new_tokens
 DEFAULT_OPTIONS = {"context_mode": "window", "history": 2, "history_obs_chars": 160, "max_new_tokens": 48,
                    "system_prompt": DEFAULT_SYSTEM, "pin_first_turn": False}
 _UNSET: Any = object()
+#: `LMAgent(decoder=...)` choices: the slot decoder where the model allows it, always it, or the reference path
+DECODERS = ("auto", "slots", "hf")
 
 
 def saved_options(checkpoint: str | Path | None) -> dict:
@@ -101,13 +110,16 @@ class LMAgent(Agent):
     """Language-model agent for `shopsim/Shopping-v0` (see module docstring for the trainer interface)."""
 
     learns = True
+    #: env copies an evaluation runs for this agent (`shopsim.leaderboard.evaluate.run_seeds`): one decoding batch
+    #: of this many episodes amortises each step's fixed cost; the actions do not depend on it
+    eval_slots = 32
 
     def __init__(self, env_id: str = "shopsim/Shopping-v0", checkpoint: str | Path | None = None,
                  context_mode: str = _UNSET, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = _UNSET, greedy: bool = False, record_hidden: bool = False, device: str = "cpu",
                  history: int = _UNSET, history_obs_chars: int | None = _UNSET, max_prompt_tokens: int | None = None,
                  system_prompt: str = _UNSET, model=None, tokenizer=None, kv_cache: bool = True,
-                 pin_first_turn: bool = _UNSET):
+                 pin_first_turn: bool = _UNSET, decoder: str = "auto"):
         # the prompt layout a checkpoint was trained with travels with it: a model fine-tuned on history=1 acts
         # far worse under the default history=2 (shipped SFT: 67% -> 32% find_and_buy dev success)
         given = {"context_mode": context_mode, "history": history, "history_obs_chars": history_obs_chars,
@@ -145,6 +157,14 @@ class LMAgent(Agent):
                             max_prompt_tokens=max_prompt_tokens, pin_first_turn=pin_first_turn)
         #: per-episode KV cache across turns (None: every turn encodes its whole prompt)
         self.kv_cache: PrefixCache | None = PrefixCache() if kv_cache else None
+        if decoder not in DECODERS:
+            raise ConfigError(f"decoder={decoder!r}; choose one of {DECODERS}")
+        if decoder == "slots" and not slot_decoder_supports(self.model):
+            raise ConfigError(f"decoder='slots' needs a Llama-family model, got {type(self.model).__name__}; "
+                              "use decoder='auto' or 'hf'")
+        #: the fast path's per-episode caches (None: every turn decodes through `generation.sample`)
+        self.slots: SlotDecoder | None = (SlotDecoder() if decoder != "hf" and slot_decoder_supports(self.model)
+                                          else None)
         EpisodeContext(self.fmt, **self._ctx_kw)  # validate options now
         self.contexts: dict[int, EpisodeContext] = {}
         self.pending: dict[int, list[int]] = {}
@@ -181,6 +201,8 @@ class LMAgent(Agent):
         self.contexts, self.pending = {}, {}
         if self.kv_cache is not None:
             self.kv_cache.clear()
+        if self.slots is not None:
+            self.slots.clear()
 
     def seed_episode(self, slot: int, seed: int) -> None:
         """The episode starting in `slot` samples from its own generator seeded with `seed`: its tokens then depend
@@ -193,8 +215,28 @@ class LMAgent(Agent):
         ctx.start(observation)
         self.contexts[slot] = ctx
         self.pending.pop(slot, None)
+        self._drop_cache(slot)
+
+    def _drop_cache(self, slot) -> None:
         if self.kv_cache is not None:
             self.kv_cache.drop(slot)
+        if self.slots is not None:
+            self.slots.drop(slot)
+
+    def generate(self, prompts: list[list[int]], keys: Sequence, *, config: SamplingConfig | None = None,
+                 generator=None):
+        """Sample one continuation per prompt, row i continuing episode `keys[i]`'s cache: through the slot decoder
+        when it applies (a Llama-family model, the KV cache on, no hidden summaries), else `generation.sample` over
+        the prefix cache. `config` defaults to the agent's sampling, `generator` to its stream."""
+        config = config or self.sampling
+        generator = self.generator if generator is None else generator
+        stop, pad = self.fmt.stop_ids, self.policy.pad_id
+        if self.slots is not None and self.kv_cache is not None and not config.record_hidden:
+            return self.slots.sample(self.model, prompts, list(keys), stop_ids=stop, pad_id=pad, config=config,
+                                     generator=generator)
+        cache = self.kv_cache
+        return sample(self.model, prompts, stop_ids=stop, pad_id=pad, config=config, generator=generator,
+                      cache=cache, keys=list(keys) if cache is not None else None)
 
     def act(self, observations, infos, slots) -> list[Decision]:
         import time
@@ -213,9 +255,7 @@ class LMAgent(Agent):
         # per-episode streams when the runner seeded them (`seed_episode`), else the agent's one stream
         gens = self.episode_generators
         generator = [gens.get(s, self.generator) for s in slots] if gens else self.generator
-        out = sample(self.model, prompts, stop_ids=self.fmt.stop_ids, pad_id=self.policy.pad_id,
-                     config=self.sampling, generator=generator, cache=self.kv_cache,
-                     keys=list(slots) if self.kv_cache is not None else None)
+        out = self.generate(prompts, slots, generator=generator)
         self.stats["generate_s"] += time.perf_counter() - t0
         self.stats["new_tokens"] += out.new_tokens
         self.stats["turns"] = self.stats.get("turns", 0) + len(slots)
@@ -242,8 +282,7 @@ class LMAgent(Agent):
             self.contexts.pop(slot, None)
             self.pending.pop(slot, None)
             self.episode_generators.pop(slot, None)
-            if self.kv_cache is not None:
-                self.kv_cache.drop(slot)
+            self._drop_cache(slot)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path, **info: Any) -> Path:

@@ -4,7 +4,7 @@ One iteration: collect G rollouts per task with `shopsim.rollout.collect(..., gr
 `Batch` → π_ref and critic values over the recorded ids (π_old too when `recompute_old_logp` asks for it; else the
 recorded log-probs are π_old) → the algorithm's advantages → `update_epochs` × `minibatches` optimizer steps, each in
 length-bucketed micro-batches (`micro_batch_tokens`) → evaluation on the dev split → checkpoint. The loop itself
-(seeding, resume from `out_dir/state.pt`, `metrics.csv`, TensorBoard in `out_dir/tb`, the progress bar) is
+(seeding, resume from `out_dir/state.safetensors`, `metrics.csv`, TensorBoard in `out_dir/tb`, the progress bar) is
 `baselines.core.loop.LoopAlgorithm`, shared with every other algorithm; `LMAlgorithm` fills in its steps.
 
 An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:

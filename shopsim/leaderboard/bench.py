@@ -74,7 +74,8 @@ class Budget:
     """Use the first `seeds` eval seeds (None: all)."""
     tries: int | None = None
     """Tries per task and seed (None: the protocol's; pass^k needs >= k)."""
-    num_envs: int = 8
+    num_envs: int | None = None
+    """Env copies an evaluation steps together (None: the agent's evaluation batch, `evaluate.eval_num_envs`)."""
     train_seeds: int = 1
     """Independent training runs per baseline (seeds train_seed, train_seed+1, ...). With more than one, a trained
     entry's intervals are over training seeds (each run's metrics averaged over the eval seeds first)."""

@@ -87,7 +87,19 @@ def decoding(agent, mode: str):
         sampling.greedy = saved
 
 
-def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: int = 8,
+#: env copies an evaluation steps together when neither the caller nor the agent (``agent.eval_slots``) says
+DEFAULT_NUM_ENVS = 8
+
+
+def eval_num_envs(agent, num_envs: int | None) -> int:
+    """The env copies to evaluate `agent` with: `num_envs` when given, else the agent's ``eval_slots`` (the LM agent
+    decodes that many episodes as one batch), else `DEFAULT_NUM_ENVS`."""
+    if num_envs is not None:
+        return int(num_envs)
+    return int(getattr(agent, "eval_slots", None) or DEFAULT_NUM_ENVS)
+
+
+def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: int | None = None,
               collect: Callable | None = None, keep: bool = False,
               with_records: bool = False) -> tuple[list[dict], list] | tuple[list[dict], list, list[dict]]:
     """Per-seed summaries of `agent` on every episode of `protocol` (and the trajectories if `keep`; and the
@@ -100,6 +112,7 @@ def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: in
     from shopsim.envs import is_pettingzoo
 
     env_kwargs = agent_env_kwargs(agent, protocol)
+    num_envs = eval_num_envs(agent, num_envs)
     tasks, seeds, bounds = [], [], [0]
     for seed in protocol.seeds:
         t, s = protocol.episodes(seed)
@@ -259,7 +272,7 @@ def _is_reference(agent, reference) -> bool:
     return getattr(agent, "name", None) == getattr(reference, "name", None) and not getattr(agent, "learns", False)
 
 
-def evaluate(agent, protocol: Protocol, *, reference=None, progress: bool = False, num_envs: int = 8,
+def evaluate(agent, protocol: Protocol, *, reference=None, progress: bool = False, num_envs: int | None = None,
              collect: Callable | None = None, keep_trajectories: bool = False) -> Evaluation:
     """Evaluate `agent` (an `agents.Agent`) on every episode of `protocol`; see module docstring.
 

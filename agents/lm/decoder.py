@@ -1,0 +1,335 @@
+"""Per-episode KV cache with packed prefill and batched decoding for Llama-family models (docs/lm-agent.md).
+
+`SlotDecoder` is the LM agent's default decoding path when the model is a `transformers` Llama-architecture causal
+LM (the shipped agent and every from-config model of `agents.lm.model`). It computes what `generation.sample` with
+a `PrefixCache` computes — the same tokens under greedy decoding, the same per-row draws from the same generators
+when sampling, log-probs equal up to float rounding — with far less work per decoding step:
+
+* **One KV buffer per episode** (a rollout slot), keys/values of the sequence the episode has fed so far stored in
+  place with spare capacity. A new turn reuses the longest common prefix of that sequence and the new prompt (the
+  whole previous context in concat mode, the unchanged head in window mode) and encodes only the rest; nothing is
+  copied between turns (the prefix cache path stores, re-stacks and re-slices every row's keys/values each turn).
+* **Packed prefill**: the new tokens of every row are concatenated into one sequence for the projections and the
+  feed-forward (no padding), and only attention runs per row, over that row's own buffer, so a long first prompt
+  in the batch does not make every row pay for its length.
+* **Batched decoding in place**: every step writes the decoding rows' keys/values into their buffers and attends
+  with one masked call over the buffer while most rows are decoding, or one unmasked call per row once most have
+  finished their action; rows that have stopped cost nothing, and no cache is ever copied.
+* The layers' own modules (norms, projections, rotary embedding, MLP) do the arithmetic; only the KV bookkeeping,
+  masks and attention call are this module's, so a trained model's weights are read as they are at call time.
+
+This is the continuous-batching and paged-KV idea of vLLM, cut to what a CPU and a small model need: the batch is
+kept full by the rollout runner (`shopsim.rollout.collect` refills a slot as soon as its episode ends) and the
+per-step Python and kernel-launch overhead of the general `transformers` forward is what this path removes.
+`generation.sample` stays the reference and the path for other architectures (`LMAgent(decoder="hf")`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from agents.lm.generation import Generators, SampleOutput, SamplingConfig, _top_p_filter, categorical
+from shopsim.errors import ConfigError
+
+#: model types whose decoder layers this module drives (their attention is Llama's: q/k/v/o projections, rotary
+#: embedding on q and k, no per-head norms); anything else decodes through `generation.sample`
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def supports(model) -> bool:
+    """Whether `model` has the layout `SlotDecoder` drives (a Llama-family `transformers` causal LM)."""
+    cfg = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if cfg is None or inner is None or getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return False
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return False
+    layers = getattr(inner, "layers", None)
+    need = ("q_proj", "k_proj", "v_proj", "o_proj")
+    return bool(layers) and all(all(hasattr(layer.self_attn, n) for n in need)
+                                and not hasattr(layer.self_attn, "q_norm") for layer in layers)
+
+
+class SlotDecoder:
+    """Decoding with one KV cache per episode key (see module docstring).
+
+    The caches live in one buffer per layer, ``[rows, kv_heads, capacity, head_dim]``; an episode key (the rollout
+    slot) owns a row and its stored sequence is left-aligned in it. `drop` keeps the row's content: the key's next
+    episode starts with the same system prompt, which the longest-common-prefix check then reuses. Stored keys/values
+    are only reused for the same tokens at the same positions under the same weights: a change of the model's
+    parameters (an optimizer step, a load) empties every row before the next call."""
+
+    def __init__(self) -> None:
+        self.row_of: dict = {}
+        self.ids: list[list[int]] = []  # per row: the tokens whose keys/values are stored
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.weights: tuple | None = None
+        self.reused_tokens = 0
+        self.encoded_tokens = 0
+
+    def clear(self) -> None:
+        self.row_of.clear()
+        self.ids, self.k, self.v, self.weights = [], [], [], None
+
+    def drop(self, key) -> None:
+        """The key's episode ended: its row is kept for its next episode's common head (see class docstring)."""
+
+    def _row(self, key) -> int:
+        r = self.row_of.get(key)
+        if r is None:
+            r = self.row_of[key] = len(self.ids)
+            self.ids.append([])
+        return r
+
+    def _check_weights(self, model) -> None:
+        """Forget every stored sequence when the model's parameters changed since they were encoded (in-place
+        updates bump a tensor's version counter; replaced tensors have a new address)."""
+        sig = (id(model),) + tuple((p.data_ptr(), p._version) for p in model.parameters())
+        if sig != self.weights:
+            self.ids = [[] for _ in self.ids]
+            self.weights = sig
+
+    def _reserve(self, capacity: int, like) -> None:
+        """Buffers with a row for every owned row and room for `capacity` positions (capacity grows geometrically;
+        new positions are zero, so masked positions are always finite)."""
+        rows = len(self.ids)
+        layers, kv_heads, dim, dtype, device = like
+        have_rows = self.k[0].shape[0] if self.k else 0
+        have_cap = self.k[0].shape[2] if self.k else 0
+        if self.k and (self.k[0].dtype != dtype or self.k[0].device != device or len(self.k) != layers):
+            self.clear()
+            self._reserve(capacity, like)
+            return
+        if rows <= have_rows and capacity <= have_cap:
+            return
+        cap = have_cap if capacity <= have_cap else max(capacity, 2 * have_cap, 128)
+        for store in (self.k, self.v):
+            for li in range(layers):
+                buf = torch.zeros((rows, kv_heads, cap, dim), dtype=dtype, device=device)
+                if li < len(store):
+                    old = store[li]
+                    buf[: old.shape[0], :, : old.shape[2]] = old
+                    store[li] = buf
+                else:
+                    store.append(buf)
+
+    # ------------------------------------------------------------------ model pieces
+    @staticmethod
+    def _parts(model):
+        inner = model.model
+        cfg = model.config
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        dim = getattr(inner.layers[0].self_attn, "head_dim", None) or cfg.hidden_size // heads
+        p = next(model.parameters())
+        return inner, heads, kv_heads, dim, (len(inner.layers), kv_heads, dim, p.dtype, p.device)
+
+    @staticmethod
+    def _norm(norm, x):
+        """`LlamaRMSNorm.forward`, inlined (the same operations in the same order)."""
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return norm.weight * h.to(dtype)
+
+    @staticmethod
+    def _rope(x, cos, sin):
+        """`apply_rotary_pos_emb` for one tensor (``x * cos + rotate_half(x) * sin``)."""
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    @staticmethod
+    def _proj(lin, x):
+        return F.linear(x, lin.weight, lin.bias)
+
+    def _mlp(self, layer, x):
+        mlp = layer.mlp
+        h = self._norm(layer.post_attention_layernorm, x)
+        return self._proj(mlp.down_proj, mlp.act_fn(self._proj(mlp.gate_proj, h)) * self._proj(mlp.up_proj, h))
+
+    @staticmethod
+    def _kv_heads(keys, values, groups: int):
+        if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+            return keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
+        return keys, values
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill(self, model, rows: list[int], new: list[list[int]], parts) -> torch.Tensor:
+        """Encode every row's `new` tokens after its stored ones (packed), store their keys/values and return the
+        next-token logits of each row ``[B, vocab]`` (float32).
+
+        In the last layer only each row's last token needs a query, attention output and feed-forward (the other
+        tokens' outputs feed nothing but the logits nobody reads); their keys and values are still stored."""
+        inner, heads, kv_heads, dim, like = parts
+        device = like[4]
+        lens = [len(self.ids[r]) for r in rows]
+        counts = [len(x) for x in new]
+        flat = torch.tensor([t for x in new for t in x], dtype=torch.long, device=device)
+        pos = torch.cat([torch.arange(n, n + c, device=device) for n, c in zip(lens, counts, strict=True)])
+        x = inner.embed_tokens(flat)[None]  # [1, T, h]
+        cos, sin = inner.rotary_emb(x, pos[None])
+        cos, sin = cos[:, None], sin[:, None]  # [1, 1, T, D]
+        offsets = [0]
+        for c in counts:
+            offsets.append(offsets[-1] + c)
+        last = torch.tensor(offsets[1:], device=device) - 1
+        groups = heads // kv_heads
+        # query j of a row (position n + j) sees its keys 0..n + j
+        masks = [torch.ones((c, n + c), dtype=torch.bool, device=device).tril(diagonal=n) if c > 1 else None
+                 for n, c in zip(lens, counts, strict=True)]
+        final = len(inner.layers) - 1
+        for li, layer in enumerate(inner.layers):
+            att = layer.self_attn
+            h = self._norm(layer.input_layernorm, x)
+            k = self._proj(att.k_proj, h).view(1, -1, kv_heads, dim).transpose(1, 2)
+            v = self._proj(att.v_proj, h).view(1, -1, kv_heads, dim).transpose(1, 2)
+            k = self._rope(k, cos, sin)
+            if li == final:
+                h, x = h[:, last], x[:, last]
+                q = self._proj(att.q_proj, h).view(1, -1, heads, dim).transpose(1, 2)
+                q = self._rope(q, cos[:, :, last], sin[:, :, last])
+            else:
+                q = self._rope(self._proj(att.q_proj, h).view(1, -1, heads, dim).transpose(1, 2), cos, sin)
+            kb, vb = self.k[li], self.v[li]
+            outs = []
+            for i, r in enumerate(rows):
+                a, b, n, c = offsets[i], offsets[i + 1], lens[i], counts[i]
+                kb[r, :, n: n + c] = k[0, :, a:b]
+                vb[r, :, n: n + c] = v[0, :, a:b]
+                keys, values = self._kv_heads(kb[r: r + 1, :, : n + c], vb[r: r + 1, :, : n + c], groups)
+                if li == final:  # the row's last token sees every key: no mask
+                    outs.append(F.scaled_dot_product_attention(q[:, :, i: i + 1], keys, values, scale=att.scaling))
+                else:
+                    outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=masks[i],
+                                                               scale=att.scaling))
+            o = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, -1, heads * dim)
+            x = x + self._proj(att.o_proj, o)
+            x = x + self._mlp(layer, x)
+        return model.lm_head(self._norm(inner.norm, x[0])).float()
+
+    # ------------------------------------------------------------------ decoding
+    @torch.no_grad()
+    def sample(self, model, prompts: list[list[int]], keys: Sequence, *, stop_ids, pad_id: int,
+               config: SamplingConfig, generator: Generators = None) -> SampleOutput:
+        """One continuation per prompt, row `i` continuing the cached episode `keys[i]` (see module docstring).
+        Same contract as `generation.sample` with a cache; `record_hidden` is not supported here."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ConfigError("every prompt needs at least one token")
+        if len(keys) != len(prompts) or len(set(keys)) != len(keys):
+            raise ConfigError("SlotDecoder.sample needs one distinct key per prompt")
+        if config.record_hidden:
+            raise ConfigError("SlotDecoder does not record hidden states; use generation.sample")
+        per_row = generator is not None and not isinstance(generator, torch.Generator)
+        if per_row and len(generator) != len(prompts):
+            raise ConfigError(f"{len(generator)} generators for {len(prompts)} prompts; give one per prompt")
+        parts = self._parts(model)
+        device = parts[4][4]
+        self._check_weights(model)
+        rows = [self._row(key) for key in keys]
+        new, reused = [], []
+        for r, p in zip(rows, prompts, strict=True):
+            n = _common_prefix(self.ids[r], p)
+            self.ids[r] = self.ids[r][:n]
+            new.append(list(p[n:]))
+            reused.append(n)
+        self._reserve(max(len(p) for p in prompts) + config.max_new_tokens, parts[4])
+        self.reused_tokens += sum(reused)
+        self.encoded_tokens += sum(len(x) for x in new)
+        logits = self._prefill(model, rows, new, parts)
+
+        stop_set = set(stop_ids)
+        gen_ids: list[list[int]] = [[] for _ in prompts]
+        gen_lp: list[list[float]] = [[] for _ in prompts]
+        t = config.logprob_temperature
+        live = list(range(len(prompts)))  # the prompts still generating
+        steps = 0
+        while True:
+            logp = torch.log_softmax(logits / t, dim=-1)
+            if config.greedy:
+                tok = logits.argmax(-1)
+            else:
+                probs = _top_p_filter(logits / t, config.top_p).softmax(-1)
+                tok = categorical(probs, [generator[i] for i in live] if per_row else generator)
+            tok_lp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            steps += 1
+            tok_l, lp_l = tok.tolist(), tok_lp.tolist()
+            going = []
+            for j, i in enumerate(live):
+                gen_ids[i].append(tok_l[j])
+                gen_lp[i].append(lp_l[j])
+                if tok_l[j] not in stop_set:
+                    going.append(j)
+            if steps == config.max_new_tokens or not going:
+                break
+            live = [live[j] for j in going]
+            feed = tok[going] if len(going) != len(tok_l) else tok
+            at = torch.tensor([len(prompts[i]) + len(gen_ids[i]) - 1 for i in live], dtype=torch.long,
+                              device=device)
+            logits = self._step(parts, [rows[i] for i in live], feed, at, model)
+        for r, p, g in zip(rows, prompts, gen_ids, strict=True):
+            self.ids[r] = list(p) + g[:-1]  # the last sampled token was never fed
+        stopped = [bool(g) and g[-1] in stop_set for g in gen_ids]
+        return SampleOutput(ids=gen_ids, logprobs=gen_lp, stopped=stopped, hidden=None,
+                            new_tokens=sum(len(g) for g in gen_ids),
+                            extra={"steps": steps, "encoded_tokens": sum(len(x) for x in new),
+                                   "reused_tokens": sum(reused)})
+
+    def _step(self, parts, rows: list[int], tok, pos, model) -> torch.Tensor:
+        """One decoding step: token `tok[j]` at position `pos[j]` of buffer row `rows[j]`; the next-token logits.
+
+        Attention runs as one masked call over every buffer row when most rows are decoding (the idle rows' outputs
+        are discarded), else one unmasked call per decoding row over exactly its own keys."""
+        inner, heads, kv_heads, dim, like = parts
+        n = tok.shape[0]
+        groups = heads // kv_heads
+        device = tok.device
+        rows_t = torch.tensor(rows, dtype=torch.long, device=device)
+        x = inner.embed_tokens(tok)[:, None]  # [n, 1, h]
+        cos, sin = inner.rotary_emb(x, pos[:, None])
+        cos, sin = cos[:, None], sin[:, None]
+        total = self.k[0].shape[0]
+        batched = n > 8 and 2 * n >= total
+        if batched:
+            upto = int(pos.max()) + 1
+            at = torch.zeros(total, dtype=torch.long, device=device).index_copy_(0, rows_t, pos)
+            mask = (torch.arange(upto, device=device)[None] <= at[:, None])[:, None, None]  # [R, 1, 1, upto]
+        else:
+            ends = (pos + 1).tolist()
+        for li, layer in enumerate(inner.layers):
+            att = layer.self_attn
+            h = self._norm(layer.input_layernorm, x)
+            q = self._rope(self._proj(att.q_proj, h).view(n, 1, heads, dim).transpose(1, 2), cos, sin)
+            k = self._rope(self._proj(att.k_proj, h).view(n, 1, kv_heads, dim).transpose(1, 2), cos, sin)
+            v = self._proj(att.v_proj, h).view(n, 1, kv_heads, dim).transpose(1, 2)
+            kb, vb = self.k[li], self.v[li]
+            kb[rows_t, :, pos] = k[:, :, 0]
+            vb[rows_t, :, pos] = v[:, :, 0]
+            if batched:
+                full = q.new_zeros((total, heads, 1, dim)).index_copy_(0, rows_t, q)
+                keys, values = self._kv_heads(kb[:, :, :upto], vb[:, :, :upto], groups)
+                o = F.scaled_dot_product_attention(full, keys, values, attn_mask=mask, scale=att.scaling)[rows_t]
+            else:
+                o = torch.cat([F.scaled_dot_product_attention(
+                    q[j: j + 1], *self._kv_heads(kb[r: r + 1, :, :e], vb[r: r + 1, :, :e], groups),
+                    scale=att.scaling) for j, (r, e) in enumerate(zip(rows, ends, strict=True))])
+            x = x + self._proj(att.o_proj, o.transpose(1, 2).reshape(n, 1, heads * dim))
+            x = x + self._mlp(layer, x)
+        return model.lm_head(self._norm(inner.norm, x[:, 0])).float()
+
+
+def _common_prefix(a: list[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of `a` and `b`, at most ``len(b) - 1`` (the last prompt token is always encoded:
+    it gives the next-token logits)."""
+    limit = min(len(a), len(b) - 1)
+    if limit <= 0:
+        return 0
+    if a[:limit] == list(b[:limit]):
+        return limit
+    x = torch.tensor(a[:limit])
+    y = torch.tensor(list(b[:limit]))
+    diff = (x != y).nonzero()
+    return int(diff[0]) if len(diff) else limit
