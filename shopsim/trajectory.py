@@ -174,6 +174,30 @@ def success_by_family(trajs) -> dict[str, float]:
     return {f: float(np.mean(v)) for f, v in sorted(fams.items())}
 
 
+def zero_variance_groups(trajs) -> dict[str, float]:
+    """Share of rollout groups (trajectories sharing a ``group_id``, at least two of them) whose returns are all equal,
+    overall (``zero_var_groups``) and per task family (``zero_var_groups/<family>``): a group-relative advantage is
+    zero for every member of such a group, so it adds nothing to a GRPO-style update. Empty without groups."""
+    groups: dict = {}
+    for t in trajs:
+        if t.group_id is not None:
+            groups.setdefault(t.group_id, []).append(t)
+    groups = {g: ts for g, ts in groups.items() if len(ts) > 1}
+    if not groups:
+        return {}
+    flat: dict[str, list[float]] = {}
+    overall = []
+    for ts in groups.values():
+        rewards = [float(t.total_reward) for t in ts]
+        zero = float(max(rewards) - min(rewards) <= 1e-9)
+        overall.append(zero)
+        fam = (ts[0].meta or {}).get("family")
+        if fam is not None:
+            flat.setdefault(str(fam), []).append(zero)
+    return {"zero_var_groups": float(np.mean(overall)),
+            **{f"zero_var_groups/{f}": float(np.mean(v)) for f, v in sorted(flat.items())}}
+
+
 #: `episode_metrics` keys whose mean `style_metrics` reports (the Shopping env's answer-latency proxy)
 LATENCY_KEYS = ("turns_before_first_answer", "chars_before_first_answer")
 

@@ -151,6 +151,9 @@ class LMConfig:
     value evaluates every run on the same episodes (paired comparisons across seeds and algorithms)."""
     checkpoint_every: int = bounded(1, min=0)
     """Save the checkpoint every N iterations (0: only after the last one)."""
+    log_kl_start: bool = True
+    """Log ``kl_start`` every iteration: the k1 estimate of KL(π_rollout ‖ π_start) on the sampled tokens, against a
+    frozen copy of the policy as it started (one forward pass over the batch; False: no copy is kept)."""
     device: str = "cpu"
     """Torch device of the policy, critic and update (e.g. "cuda")."""
 

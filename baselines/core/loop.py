@@ -53,9 +53,10 @@ log = logging.getLogger(__name__)
 STATE_FILE = "state.safetensors"
 #: the pickled state file of older versions: refused unread, since unpickling it could run code
 LEGACY_STATE_FILE = "state.pt"
-#: config fields that only say how often the run is saved, not what it computes: a run may be resumed with another
-#: value (e.g. a run started with state only at its end, continued with a state after every iteration)
-RESUME_FREE_FIELDS = frozenset({"checkpoint_every"})
+#: config fields that only say how often the run is saved or what it logs, not what it computes: a run may be
+#: resumed with another value (e.g. a run started with state only at its end, continued with a state after every
+#: iteration), and recorded runs keep their digest when a logging option is added
+RESUME_FREE_FIELDS = frozenset({"checkpoint_every", "log_kl_start"})
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
 STATE_FORMAT = 3
 

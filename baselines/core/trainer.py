@@ -34,7 +34,7 @@ import torch
 from baselines.base import TrainResult
 from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.errors import ConfigError
-from shopsim.trajectory import style_metrics, success_by_family
+from shopsim.trajectory import style_metrics, success_by_family, zero_variance_groups
 
 from .batch import Batch, build_batch
 from .config import Advantages, Ctx, LMConfig
@@ -234,6 +234,14 @@ class LMAlgorithm(LoopAlgorithm):
 
             self.ref_model = copy.deepcopy(self.model).eval()
             for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        # the policy as the run started (resumed runs rebuild it from their init before loading their state)
+        self.start_model = None
+        if c.log_kl_start:
+            import copy
+
+            self.start_model = copy.deepcopy(self.model).eval()
+            for p in self.start_model.parameters():
                 p.requires_grad_(False)
 
     # ------------------------------------------------------------------ one update
@@ -678,11 +686,14 @@ class LMAlgorithm(LoopAlgorithm):
         # the layout is detected from the recorded ids (a concat episode whose context was cut is split into
         # prefix-consistent rows, see build_batch)
         batch = build_batch(trajs, pad_id=self.pad_id, max_length=c.max_length)
+        diag = self.rollout_diagnostics(batch)
         self._update_gen.manual_seed(run.seed * 1_000_003 + it)
         m = self.update(batch, it, generator=self._update_gen)
         t2 = time.perf_counter()
         return {"iteration": it + 1, **cm,
                 "train_success": float(np.mean([t.success for t in trajs])),
+                **{f"train_success/{f}": v for f, v in success_by_family(trajs).items()},
+                **zero_variance_groups(trajs), **diag,
                 "train_score": float(np.mean([t.score for t in trajs])),
                 "train_return": float(np.mean([t.total_reward for t in trajs])),
                 "train_turns": float(np.mean([t.num_turns for t in trajs])),
@@ -692,6 +703,26 @@ class LMAlgorithm(LoopAlgorithm):
                 "rollout_s": t1 - t0, "update_s": t2 - t1,
                 "train_tokens_per_s": float(batch.attention_mask.sum()) * c.update_epochs / max(t2 - t1, 1e-9),
                 **m}
+
+    @torch.no_grad()
+    def rollout_diagnostics(self, batch: Batch) -> dict:
+        """What the rollouts say about the policy before the update: ``entropy_sampled`` (mean −log π of the sampled
+        tokens at the rollout temperature, an estimate of the policy's token entropy) and, with `log_kl_start`,
+        ``kl_start`` (mean of log π_rollout − log π_start over the sampled tokens: the k1 estimate of
+        KL(π_rollout ‖ π_start))."""
+        gen = batch.gen_mask.float()
+        n = float(gen.sum())
+        if n == 0:
+            return {}
+        behav = batch.old_logp
+        out = {"entropy_sampled": float(-(behav * gen).sum() / n)}
+        if self.start_model is not None:
+            start = torch.zeros_like(behav)
+            for r in self.micro_batches(batch, torch.arange(batch.num_rows, device=behav.device)):
+                start[r] = self._trimmed(lambda i, a, g: self._rows_forward(self.start_model, i, a, positions=g),
+                                         batch, r, batch.gen_mask[r])[0]
+            out["kl_start"] = float(((behav - start) * gen).sum() / n)
+        return out
 
     def evaluation(self, it: int) -> dict:
         c, seed = self.config, self.run.seed
