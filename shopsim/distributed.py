@@ -115,23 +115,56 @@ def _run_range(env_id: str, agent, specs, collect_kwargs: dict, agent_seed: int,
             "summary": _summary_sums(trajs)}
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a container's or ``taskset``'s share), else the
+    machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity masks on this platform
+        return os.cpu_count() or 1
+
+
+def torch_settings(max_threads: int | None = None) -> dict[str, Any]:
+    """This process's torch settings that decide a forward's float rounding: intra-op threads (at most
+    `max_threads`), deterministic algorithms, float32 matmul precision and default dtype (`apply_torch_settings`
+    gives a worker the same)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    return {"threads": max(1, min(threads, max_threads or threads)),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+            "matmul_precision": torch.get_float32_matmul_precision(),
+            "default_dtype": str(torch.get_default_dtype()).removeprefix("torch.")}
+
+
+def apply_torch_settings(settings: dict[str, Any]) -> None:
+    """Set `torch_settings` (from another process) in this one."""
+    import torch
+
+    torch.set_num_threads(int(settings["threads"]))
+    torch.use_deterministic_algorithms(bool(settings["deterministic"]),
+                                       warn_only=bool(settings.get("deterministic_warn_only", False)))
+    torch.set_float32_matmul_precision(settings["matmul_precision"])
+    torch.set_default_dtype(getattr(torch, settings["default_dtype"]))
+
+
 class ShardWorker:
     """A Ray actor body: runs episode ranges with its own env copies and a cached copy of the agent."""
 
-    def __init__(self, torch_threads: int = 1) -> None:
-        # one actor per CPU: torch's own thread pool would only oversubscribe the cores
-        try:
-            import torch
-
-            torch.set_num_threads(max(1, int(torch_threads)))
-        except ImportError:  # pragma: no cover - torch is a hard dependency
-            pass
+    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+        # the driver's settings (`torch_settings`), so a forward rounds as it would in the driver
+        apply_torch_settings(settings or {**torch_settings(), "threads": 1})
         self._agent_key = None
         self._agent = None
         self._weights_key = None
 
     def pid(self) -> int:
         return os.getpid()
+
+    def settings(self) -> dict[str, Any]:
+        """The worker's `torch_settings` (what it applied)."""
+        return torch_settings()
 
     def run(self, agent_key: str, agent_box: list, env_id: str, specs, collect_kwargs: dict, agent_seed: int,
             out: str | None = None, metadata: dict | None = None, weights: tuple[str, list] | None = None,
@@ -169,27 +202,103 @@ def _import_ray(option: str = "--workers / --ray-address"):
     return ray
 
 
+#: how long joining a cluster (--ray-address) may take before the command gives up (--ray-timeout)
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+#: joins the cluster at argv[1] in a child process, whose hang the parent can end (`_join_cluster`)
+_JOIN_PROBE = ("import sys, ray; ray.init(address=sys.argv[1], logging_level='error', log_to_driver=False); "
+               "print('joined', flush=True)")
+
+
+def _split_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of a ``HOST:PORT`` or ``ray://HOST:PORT`` address; None for ``auto`` and other forms."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    return (host.strip("[]"), int(port)) if sep and host and port.isdigit() else None
+
+
+def _join_cluster(ray, address: str, timeout_s: float) -> None:
+    """``ray.init(address=...)`` that ends within about `timeout_s` with one `ConfigError` line if no cluster
+    answers, leaving no process behind.
+
+    ``ray.init`` itself retries a silent address for minutes inside Ray's C++ core, where the process ignores
+    SIGTERM. So a ``HOST:PORT`` first gets a plain TCP connection (nothing listening is refused at once), then a
+    child process joins the cluster under a deadline (its process group is killed when it passes); only after it
+    joined does this process call ``ray.init``."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    where = f"--ray-address {address}"
+    hint = ("give the address that `ray start --head` printed (docs/scale.md), or --workers N for a local cluster "
+            "without --ray-address")
+    hostport = _split_address(address)
+    if hostport is None and address != "auto":
+        raise ConfigError(f"{where}: write HOST:PORT (e.g. 10.0.0.5:6379), ray://HOST:PORT or auto")
+    if hostport is not None:
+        try:
+            socket.create_connection(hostport, timeout=min(5.0, timeout_s)).close()
+        except socket.gaierror:
+            raise ConfigError(f"{where}: unknown host {hostport[0]}; {hint}") from None
+        except ConnectionRefusedError:
+            raise ConfigError(f"{where}: nothing listens there (connection refused); {hint}") from None
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot reach it ({exc.strerror or 'timed out'}); {hint}") from None
+    child = subprocess.Popen([sys.executable, "-c", _JOIN_PROBE, address], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # its own session: the child and anything it started
+        child.communicate()
+        raise ConfigError(f"{where}: no Ray cluster answered within {timeout_s:g} s; check the address and that "
+                          "this machine can reach it (Ray's ports, docs/scale.md), or allow longer with "
+                          "--ray-timeout") from None
+    if child.returncode != 0 or "joined" not in out:
+        errors = [ln.strip() for ln in err.splitlines() if "Error" in ln.split(":", 1)[0]]
+        reason = errors[-1] if errors else f"exit status {child.returncode}"
+        if "InvalidAuthToken" in err or "AuthenticationError" in err:
+            raise ConfigError(f"{where}: the cluster uses token authentication and this process has no token, or "
+                              "another one: set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, or "
+                              "~/.ray/auth_token as on the head node), or start every node with "
+                              "RAY_AUTH_MODE=disabled (docs/scale.md)") from None
+        if "Could not find any running Ray instance" in reason:
+            raise ConfigError(f"{where}: no Ray cluster runs on this machine; start one with `ray start --head` "
+                              "(docs/scale.md), or use --workers N for a local cluster") from None
+        raise ConfigError(f"{where}: cannot join the Ray cluster ({reason[:300]}); {hint}") from None
+    ray.init(address=address, logging_level="warning")
+
+
 class RayPool:
     """`workers` Ray actors (one CPU each) on a local cluster started here, or on the cluster at `address`.
 
     ``address=None, workers=N`` starts a local Ray instance with N CPUs unless this process already joined one
-    (then it is reused, e.g. a test's cluster); ``address="auto"`` or ``"HOST:6379"`` joins a cluster started with
-    ``ray start --head`` (then ``workers`` defaults to the cluster's CPU count). Use as a context manager; `close`
-    ends the actors (not the cluster). `option` names the setting in error messages (``--workers`` on the command
-    line, ``rollout_workers`` in a trainer's config)."""
+    (then it is reused, e.g. a test's cluster); N may not exceed the CPUs this process can use (`usable_cpus`).
+    ``address="auto"`` or ``"HOST:6379"`` joins a cluster started with ``ray start --head`` within
+    `connect_timeout_s` (then ``workers`` defaults to the cluster's CPU count). Each worker runs torch with this
+    process's settings (`torch_settings`), its threads capped at its share of the CPUs. Use as a context manager;
+    `close` ends the actors (not the cluster). `option` names the setting in error messages (``--workers`` on the
+    command line, ``rollout_workers`` in a trainer's config)."""
 
-    def __init__(self, workers: int | None = None, address: str | None = None, *, torch_threads: int = 1,
-                 option: str = "--workers") -> None:
+    def __init__(self, workers: int | None = None, address: str | None = None, *,
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, option: str = "--workers") -> None:
         ray = _import_ray("--workers / --ray-address" if option == "--workers" else option)
         if workers is not None and workers < 1:
             raise ConfigError(f"{option} must be at least 1, got {workers}")
         if workers is None and address is None:
             raise ConfigError("give --workers N (a local Ray cluster) or --ray-address ADDR (an existing one)")
+        machine = None  # the CPUs of a local cluster started here (it declares only one per worker)
         if not ray.is_initialized():
             if address is None:
+                # a local cluster gets the CPUs it is told; told more than there are, it starts every worker and
+                # they share the cores, so the run crawls (or waits on memory) instead of failing
+                cpus = machine = usable_cpus()
+                if workers > cpus:
+                    raise ConfigError(f"{option} {workers} needs {workers} CPUs (one per worker) but this process "
+                                      f"can use {cpus}; lower {option} to {cpus} or fewer, or run on a Ray cluster "
+                                      "with more CPUs (docs/scale.md)")
                 ray.init(num_cpus=workers, include_dashboard=False, logging_level="warning", log_to_driver=True)
             else:
-                ray.init(address=address, logging_level="warning")
+                _join_cluster(ray, address, connect_timeout_s)
         cpus = int(ray.cluster_resources().get("CPU", 0))
         if workers is None:
             workers = max(1, cpus)
@@ -198,8 +307,10 @@ class RayPool:
                               f"{cpus}; lower {option} or add nodes (docs/scale.md)")
         self.ray = ray
         self.workers = workers
+        # threads beyond a worker's share of the CPUs would only make the workers contend for cores
+        self.torch_settings = torch_settings(max_threads=max(1, (machine or cpus) // workers))
         remote = ray.remote(num_cpus=1, max_restarts=0)(ShardWorker)
-        self.actors = [remote.remote(torch_threads) for _ in range(workers)]
+        self.actors = [remote.remote(self.torch_settings) for _ in range(workers)]
         self._calls = 0
         self._shipped: tuple | None = None  # (agent, key, box) of the agent whose weights `collect` broadcasts
 

@@ -142,3 +142,93 @@ def test_cli_eval_workers_gives_the_metrics_of_a_single_process_eval(cluster, tm
 def test_more_workers_than_cluster_cpus_is_refused(cluster):
     with pytest.raises(ConfigError, match="needs 3 CPUs"):
         RayPool(3)
+
+
+@pytest.fixture
+def no_local_ray(monkeypatch):
+    """This process as if it had not joined a Ray cluster, and any in-process ``ray.init`` a test failure: the
+    checks below must refuse before it (they run whether or not the module's cluster is up)."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("ray.init was called before the bad setting was refused")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", forbidden)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def test_more_workers_than_this_machines_cpus_is_refused_before_ray_starts(no_local_ray):
+    """A local cluster declares the CPUs it is told, so the cluster check alone let 64 workers start on 2 cores."""
+    from shopsim.distributed import usable_cpus
+
+    n = usable_cpus() + 1
+    with pytest.raises(ConfigError, match=f"--workers {n} needs {n} CPUs .* this process can use {n - 1}; lower"):
+        RayPool(n)
+
+
+def _probe_children() -> list:
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True) if "ray.init" in " ".join(p.cmdline())]
+
+
+def test_ray_address_with_nothing_listening_is_refused_at_once(no_local_ray):
+    import time
+
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match="127.0.0.1:1: nothing listens there"):
+        RayPool(address="127.0.0.1:1")
+    assert time.monotonic() - t < 10
+    with pytest.raises(ConfigError, match="write HOST:PORT"):
+        RayPool(address="not an address")
+
+
+def test_ray_address_that_never_answers_times_out_leaving_no_process(no_local_ray):
+    """A port that accepts but never speaks Ray kept `ray.init` retrying for minutes in a process that ignored
+    SIGTERM; the join now gives up after the timeout and kills what it started."""
+    import socket
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        t = time.monotonic()
+        with pytest.raises(ConfigError, match="no Ray cluster answered within 3 s"):
+            RayPool(address=f"127.0.0.1:{silent.getsockname()[1]}", connect_timeout_s=3)
+        assert time.monotonic() - t < 20
+    assert _probe_children() == []
+
+
+def test_ray_address_auto_without_a_cluster_is_one_clean_error(no_local_ray, monkeypatch):
+    """``auto`` on a machine without a cluster gave Ray's traceback. Ray's ``auto`` also joins any cluster process
+    it finds running on the machine (another test session's local cluster), so the joining child here is shown
+    none: the machine Ray sees has no cluster."""
+    import shopsim.distributed as distributed
+
+    hide = ("import ray._private.services as s; f = lambda: []; f.cache_clear = lambda: None; "
+            "s.find_gcs_addresses = f; ")
+    monkeypatch.setattr(distributed, "_JOIN_PROBE", hide + distributed._JOIN_PROBE)
+    with pytest.raises(ConfigError, match="auto: no Ray cluster runs on this machine; start one with `ray start"):
+        RayPool(address="auto")
+    assert _probe_children() == []
+
+
+def test_workers_run_torch_with_the_drivers_settings(cluster):
+    """Workers take the driver's torch threads (up to their share of the CPUs), deterministic-algorithms mode,
+    matmul precision and default dtype, so their forwards round as the driver's do."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with RayPool(1) as pool:  # one worker of a 2-CPU cluster: both CPUs are its share
+            got = pool.ray.get(pool.actors[0].settings.remote())
+        with RayPool(2) as pool:  # two: one each, whatever the driver uses
+            capped = pool.ray.get(pool.actors[1].settings.remote())
+    finally:
+        torch.set_num_threads(threads)
+    assert got == {"threads": 2, "deterministic": torch.are_deterministic_algorithms_enabled(),
+                   "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+                   "matmul_precision": torch.get_float32_matmul_precision(), "default_dtype": "float32"}
+    assert got["deterministic"]  # tests/conftest.py turns it on in the driver; a fresh worker has it off
+    assert capped == {**got, "threads": 1}

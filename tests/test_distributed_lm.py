@@ -115,3 +115,32 @@ def test_rollout_workers_without_ray(monkeypatch):
     with pytest.raises(ConfigError, match="rollout_workers=2 needs Ray"):
         GRPOConfig(rollout_workers=2)
     assert GRPOConfig(rollout_workers=0).rollout_workers == 0
+
+
+#: docs/scale.md ("LM log-probs"): rows with workers have the single-process tokens, and log-probs within this
+LOGPROB_BOUND = 1e-4
+
+
+def test_shipped_lm_rows_on_workers_match_within_the_documented_bound(cluster):
+    """The shipped model's rows on two workers: the tokens, actions and rewards of the in-process run exactly, the
+    log-probs within `LOGPROB_BOUND` (float rounding of differently batched forwards), as docs/scale.md says."""
+    from pathlib import Path
+
+    import agents
+    from shopsim.distributed import RayPool
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "scale.md").read_text()
+    assert f"log-probs within {LOGPROB_BOUND:.0e}".replace("e-0", "e-") in doc
+    agent = agents.make("lm", ENV)
+    kw = dict(episodes=6, seed=0, split="train", num_envs=4, progress=False, env_kwargs={"max_turns": 3})
+    local = collect(ENV, agent, **kw)
+    with RayPool(workers=2) as pool:
+        remote = pool.collect(ENV, agent, **kw)
+    worst = 0.0
+    for x, y in zip(local, remote, strict=True):
+        assert (x.traj_id, x.task_id, x.seed, x.total_reward) == (y.traj_id, y.task_id, y.seed, y.total_reward)
+        for s, u in zip(x.turns, y.turns, strict=True):
+            assert (s.action_ids, s.action, s.observation, s.reward) == (u.action_ids, u.action, u.observation,
+                                                                        u.reward)
+            worst = max([worst, *(abs(a - b) for a, b in zip(s.action_logprobs, u.action_logprobs, strict=True))])
+    assert worst <= LOGPROB_BOUND, worst

@@ -51,15 +51,21 @@ def add_scale_arguments(p) -> None:
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run on an existing Ray cluster ('auto', or HOST:PORT of `ray start --head`); --workers "
                         "then defaults to the cluster's CPUs")
+    p.add_argument("--ray-timeout", type=float, default=None, metavar="SECONDS",
+                   help="give up joining the --ray-address cluster after this long (default 30)")
 
 
 def ray_pool(args: argparse.Namespace):
     """The `RayPool` that --workers / --ray-address ask for, or None."""
     if args.workers is None and args.ray_address is None:
         return None
-    from shopsim.distributed import RayPool
+    from shopsim.distributed import DEFAULT_CONNECT_TIMEOUT_S, RayPool
+    from shopsim.errors import ConfigError
 
-    return RayPool(args.workers, args.ray_address)
+    timeout = DEFAULT_CONNECT_TIMEOUT_S if args.ray_timeout is None else args.ray_timeout
+    if not timeout > 0:
+        raise ConfigError(f"--ray-timeout must be > 0 seconds, got {args.ray_timeout}")
+    return RayPool(args.workers, args.ray_address, connect_timeout_s=timeout)
 
 
 def _check_shopping_choice(values: list[str] | None, env_id: str, flag: str, allowed, what: tuple[str, str],
