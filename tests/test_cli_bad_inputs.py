@@ -241,7 +241,56 @@ CASES = [
                       "--out", str(t / "r.json")], "is a file, not a shopsim checkpoint folder"),
     ("leaderboard-missing-folder",
      lambda t, c, r: ["leaderboard", "--results", str(t / "nope"), "--out", str(t / "board")], "no such folder"),
+    # shopsim serve: every check before the "serving" line (and before any env is built)
+    ("serve-unknown-env", lambda t, c, r: ["serve", "--env", "shopsim/Nope-v0", "--port", "0"],
+     "shopsim serve exposes shopsim/Shopping-v0"),
+    ("serve-port-in-use", lambda t, c, r: ["serve", "--port", str(_busy_port()), "--env-kwargs",
+                                           '{"catalog_size": 2000}'], ("is in use", "choose another --port")),
+    ("serve-misspelled-env-option", lambda t, c, r: ["serve", "--port", "0", "--env-kwargs", '{"max_turn": 5}'],
+     "'max_turn'"),
+    # Ray: an address where nothing listens, more workers than CPUs
+    ("rollout-ray-address-nothing-listening",
+     lambda t, c, r: ["rollout", "--env", REPLENISHMENT, "--agent", "s_S", "--episodes", "1", "--no-progress",
+                      "--ray-address", "127.0.0.1:1", "--out", str(t / "d")], "127.0.0.1:1: nothing listens there"),
+    ("rollout-more-workers-than-cpus",
+     lambda t, c, r: ["rollout", "--env", REPLENISHMENT, "--agent", "s_S", "--episodes", "1", "--no-progress",
+                      "--workers", str(_cpus() + 1), "--out", str(t / "d")], "lower --workers"),
+    # results files and entry names the leaderboard would show wrongly
+    ("leaderboard-nan-mean", lambda t, c, r: _leaderboard_with(_nan_mean(r), "nan.json")(t, r),
+     "nan.json: holds NaN"),
+    ("eval-name-too-long",
+     lambda t, c, r: ["eval", "--env", REPLENISHMENT, "--agent", "s_S", "--name", "x" * 20_000, *TINY_EVAL,
+                      "--out", str(t / "r.json")], "--name is 20000 characters long"),
+    ("eval-name-with-a-bidi-override",
+     lambda t, c, r: ["eval", "--env", REPLENISHMENT, "--agent", "s_S", "--name", "evil\u202egnp.exe", *TINY_EVAL,
+                      "--out", str(t / "r.json")], "bidirectional-text control U+202E"),
 ]
+
+#: sockets held open for the test session, so the port they hold stays in use
+_HELD: list = []
+
+
+def _busy_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    _HELD.append(s)
+    return s.getsockname()[1]
+
+
+def _cpus() -> int:
+    from shopsim.distributed import usable_cpus
+
+    return usable_cpus()
+
+
+def _nan_mean(results: Path) -> str:
+    """The valid results file with its mean replaced by NaN (Python's json writes and reads that, JSON has none)."""
+    text = (results / "good.json").read_text()
+    assert '"mean": 10.0' in text
+    return text.replace('"mean": 10.0', '"mean": NaN')
 
 
 @pytest.mark.parametrize(("argv", "expected"), [pytest.param(build, text, id=name) for name, build, text in CASES])
