@@ -87,22 +87,47 @@ def _algo(name: str, args, env_kwargs: dict, **over):
     if name == "dapo":
         per["max_gen_batches"] = args.max_gen_batches
     if name == "tropd":
-        # the teacher is the checkpoint the start was weakened from (not TrOPD's default, a larger model), so the
-        # row measures recovery toward what the start lost; --teacher picks another
-        per["teacher"] = getattr(args, "teacher", None) or str(args.init or "data/lm/sft")
+        # from the weakened start the teacher is the checkpoint it was weakened from (not TrOPD's default, a larger
+        # model), so the row measures recovery toward what the start lost; from the shipped agent, TrOPD's own
+        # default (a larger model: the start distilled from itself learns nothing); --teacher picks another
+        teacher = getattr(args, "teacher", None)
+        if teacher is None and getattr(args, "start", "weaken") == "weaken":
+            teacher = str(args.init or "data/lm/sft")
+        if teacher is not None:
+            per["teacher"] = teacher
     if name == "midtrain":
         # the card's strategy prompt (and exemplar) keeps nothing from the weakened start (0 of 768 candidates
         # succeed), which would make the row plain GRPO: sample unprompted at the rollout temperature and let the
         # adherence check assign the correct samples to strategies (midtrain's [derived] fallback)
         per.update(strategy_prompt=False, exemplar=False, gen_temperature=args.temperature)
+    pool = tuple(getattr(args, "pool_ids", ()) or ())
+    if pool:
+        per["task_pool"] = pool
     common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
                   temperature=args.temperature,
                   task_families=tuple(getattr(args, "families", FAMILIES)), eval_split="dev,test",
                   eval_episodes=args.eval_episodes,
-                  eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=8,
+                  eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=num_envs(args),
                   # state after every iteration: a run the session stops (TrOPD, VAPO: long) resumes where it was
                   checkpoint_every=1)
     return baselines.make(name, env_id=ENV, **{**common, **per, **over})
+
+
+def num_envs(args) -> int:
+    """Env copies of every run's rollouts and evaluations: ``--num-envs``, else 32 from the shipped agent (one slot
+    decoder batch per iteration's rollouts) and 8 from the weakened start (the setting its recorded runs were
+    trained under; the rollouts are the same for any number: each episode samples from its own stream)."""
+    given = getattr(args, "num_envs", None)
+    if given:
+        return int(given)
+    return 32 if getattr(args, "start", "weaken") == "sft" else 8
+
+
+def default_init() -> Path:
+    """The shipped agent, `data/lm/sft`: the default ``--init``."""
+    from agents.lm.agent import default_checkpoint_dir
+
+    return default_checkpoint_dir()
 
 
 def evaluate_metrics(agent, split: str, n: int, env_kwargs: dict, args) -> dict:
@@ -127,6 +152,12 @@ def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict,
     if (out / "weaken.json").is_file():
         return json.loads((out / "weaken.json").read_text())
     agent = LMAgent(env_id=ENV, checkpoint=init)
+    if getattr(args, "start", "weaken") == "sft":  # the checkpoint as shipped: its weights, untouched
+        agent.save(out, env_kwargs={k: v for k, v in env_kwargs.items() if k != "max_turns"})
+        info = {"alpha": 0.0, "calib_success": None, "sft_success": None, "trace": [], "calib_tasks": 0,
+                "families": list(getattr(args, "families", FAMILIES)), "start": "sft"}
+        (out / "weaken.json").write_text(json.dumps(info, indent=2))
+        return info
     sft = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
     torch.manual_seed(seed)
     rand = AutoModelForCausalLM.from_config(agent.model.config).state_dict()
@@ -153,6 +184,47 @@ def weaken(init: Path, out: Path, target: float, n_calib: int, env_kwargs: dict,
     info = {"alpha": best[0], "calib_success": best[1], "sft_success": s0, "trace": trace, "calib_tasks": n_calib,
             "families": list(getattr(args, "families", FAMILIES)), "start": getattr(args, "start", "weaken")}
     (out / "weaken.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+SCREEN_SEED = 20_000  # the screened tasks and their rollouts (one draw, shared by every run of the protocol)
+
+
+def screen_pool(start_dir: Path, args, env_kwargs: dict) -> dict:
+    """The training task pool of ``--task-pool screened``: for each family, ``--screen-tasks`` train tasks (drawn with
+    `SCREEN_SEED`), each rolled out ``--screen-samples`` times by the start at the rollout temperature; a task is kept
+    when some of its rollouts succeed and some fail. Every group of rollouts on such a task can disagree, so a
+    group-relative update gets a signal from it, while the tasks the start always solves or always fails (most of
+    them, see `zero_var_groups` in the runs' metrics) would give none. Saved in ``OUT/start/pool-*.json`` and shared
+    by every run; the test tasks are untouched."""
+    from agents.lm.agent import LMAgent
+    from baselines.core.tasks import sample_tasks
+    from shopsim.rollout import collect
+
+    key = f"pool-{args.screen_tasks}x{args.screen_samples}-t{args.temperature}-m{args.max_turns}.json"
+    path = start_dir / key
+    if path.is_file():
+        return json.loads(path.read_text())
+    agent = LMAgent(env_id=ENV, checkpoint=start_dir, temperature=args.temperature,
+                    max_new_tokens=args.max_new_tokens)
+    k = args.screen_samples
+    info: dict = {"tasks_per_family": args.screen_tasks, "samples": k, "temperature": args.temperature,
+                  "families": {}, "pool": []}
+    for fam in args.families:
+        tasks = sample_tasks(ENV, "train", np.random.default_rng(SCREEN_SEED), args.screen_tasks, families=(fam,))
+        trajs = collect(ENV, agent, tasks=tasks, seeds=[SCREEN_SEED + i for i in range(len(tasks))], group_size=k,
+                        split="train", num_envs=num_envs(args), env_kwargs=env_kwargs, progress=False,
+                        agent_seed=SCREEN_SEED)
+        wins = [sum(bool(t.success) for t in trajs[i * k:(i + 1) * k]) for i in range(len(tasks))]
+        kept = sorted({int(t) for t, w in zip(tasks, wins, strict=True) if 0 < w < k})
+        info["families"][fam] = {"screened": len(tasks), "kept": len(kept), "success": float(np.mean(wins)) / k,
+                                 "always": sum(w == k for w in wins), "never": sum(w == 0 for w in wins)}
+        info["pool"] += kept
+        print(f"screen {fam}: kept {len(kept)} of {len(tasks)} (success {info['families'][fam]['success']:.2f}, "
+              f"always {info['families'][fam]['always']}, never {info['families'][fam]['never']})", flush=True)
+    if not info["pool"]:
+        raise SystemExit("no screened task is solved sometimes and failed sometimes; use --task-pool all")
+    path.write_text(json.dumps(info, indent=2))
     return info
 
 
@@ -196,17 +268,22 @@ def run(args, argv=None) -> None:
     # the rendering the checkpoint was fine-tuned on (e.g. numbered results), the benchmark's turn limit
     env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
     t0 = time.perf_counter()
-    target = args.target if args.start == "weaken" else float("inf")  # "init": α = 0, the checkpoint as it is
-    info = weaken(init, out / "start", target, args.calib, env_kwargs, args.bisect_steps, args)
+    info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     made = {"families": info.get("families", list(FAMILIES)), "start": info.get("start", "weaken")}
     if made != {"families": list(args.families), "start": args.start}:
         raise SystemExit(f"{out / 'start'} was made for {made}, not for families={args.families} start={args.start};"
                          " use another --out")
-    print(f"start checkpoint: alpha={info['alpha']:.3f}, dev success {info['calib_success']:.2f} "
-          f"(SFT {info['sft_success']:.2f}) [{time.perf_counter() - t0:.0f}s]")
-    if info["sft_success"] < args.target:
+    if args.start == "sft":
+        print(f"start checkpoint: {init} as shipped [{time.perf_counter() - t0:.0f}s]")
+    else:
+        print(f"start checkpoint: alpha={info['alpha']:.3f}, dev success {info['calib_success']:.2f} "
+              f"(SFT {info['sft_success']:.2f}) [{time.perf_counter() - t0:.0f}s]")
+    if args.start == "weaken" and info["sft_success"] < args.target:
         print(f"WARNING: the SFT checkpoint's dev success {info['sft_success']:.2f} is below the target "
               f"{args.target:.2f}; it is used unweakened and the comparison starts from there")
+    if args.task_pool == "screened":
+        args.pool_ids = screen_pool(out / "start", args, env_kwargs)["pool"]
+        print(f"training task pool: {len(args.pool_ids)} screened tasks")
     start_file = out / "start" / f"eval-{args.eval_episodes}.json"
     if start_file.is_file():
         start = json.loads(start_file.read_text())
@@ -261,7 +338,8 @@ def run(args, argv=None) -> None:
         command = "python -m benchmarks.learning_lm " + shlex.join(sys.argv[1:] if argv is None else argv)
         write_results(Path(args.results), rows, start, args, time.perf_counter() - t0, command, out, curves=curves,
                       digest=digest)
-        print(f"wrote {Path(args.results) / 'learning_lm.md'} and learning_lm.json")
+        md_path, json_path, _ = result_paths(Path(args.results), args.start)
+        print(f"wrote {md_path} and {json_path.name}")
 
 
 def expected_digests(args, env_kwargs: dict, algos=ALGOS) -> dict[str, str]:
@@ -407,13 +485,29 @@ def summary_table(rows: list[dict], families=FAMILIES) -> list[str]:
 
 
 
+#: the results files of each start: the table of record starts from the shipped agent
+RESULT_STEMS = {"sft": "learning_lm", "weaken": "learning_lm_weaken"}
+
+
+def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
+    """``(table .md, figures .json, curves .csv)`` of `start`'s table in `directory`."""
+    stem = RESULT_STEMS[start]
+    return directory / f"{stem}.md", directory / f"{stem}.json", directory / f"{stem}_curves.csv"
+
+
 #: the options that define a run of the protocol; runs recorded under other values are never reused
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
-                 "temperature", "max_new_tokens", "max_turns", "eval_episodes")
+                 "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
+                 "screen_samples")
+#: protocol options added after tables were recorded, at the value those tables were measured under
+PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None}
 
 
 def protocol_of(args) -> dict:
-    return {k: getattr(args, k) for k in PROTOCOL_KEYS}
+    out = {k: getattr(args, k, PROTOCOL_DEFAULTS.get(k)) for k in PROTOCOL_KEYS}
+    if out["task_pool"] != "screened":  # the screening options mean nothing without a screened pool
+        out["screen_tasks"] = out["screen_samples"] = None
+    return out
 
 
 def init_digest(init: Path) -> str:
@@ -430,11 +524,12 @@ def recorded_curves(directory: Path, args, start: dict, digest: str,
     reused when the protocol, the start's source weights or the start's evaluation differ. With `configs`
     (algorithm → `expected_digests`), a run is reused only when it was recorded under its algorithm's config
     digest now: changing an algorithm's benchmark settings retrains it instead of reporting the old runs."""
-    meta_path, curves_path = directory / "learning_lm.json", directory / "learning_lm_curves.csv"
+    _, meta_path, curves_path = result_paths(directory, args.start)
     if not (meta_path.is_file() and curves_path.is_file()):
         return [], "no recorded runs"
     meta = json.loads(meta_path.read_text())
-    if {k: meta.get("protocol", {}).get(k) for k in PROTOCOL_KEYS} != json.loads(json.dumps(protocol_of(args))):
+    recorded = {k: meta.get("protocol", {}).get(k, PROTOCOL_DEFAULTS.get(k)) for k in PROTOCOL_KEYS}
+    if recorded != json.loads(json.dumps(protocol_of(args))):
         return [], f"{meta_path} was measured under another protocol"
     if meta.get("init_sha256") != digest:
         return [], f"{meta_path} was measured from other start weights"
@@ -472,6 +567,7 @@ def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: 
     from shopsim.paths import write_text_atomic
 
     directory.mkdir(parents=True, exist_ok=True)
+    md_path, json_path, curves_path = result_paths(directory, args.start)
     protocol = {**protocol_of(args), "seeds": args.seeds}
     seeds = sorted({sd for r in rows for sd in r["seeds"]})
     train_s = sum(float(c.get("train_s") or 0) for c in curves or [] if c["algo"] != "start"
@@ -487,8 +583,8 @@ def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: 
         w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         w.writerows(curves)
-        write_text_atomic(directory / "learning_lm_curves.csv", buf.getvalue())
-    write_text_atomic(directory / "learning_lm.json", json.dumps({**meta, "rows": rows}, indent=2, default=float))
+        write_text_atomic(curves_path, buf.getvalue())
+    write_text_atomic(json_path, json.dumps({**meta, "rows": rows}, indent=2, default=float))
     fam = ", ".join(args.families)
     md = ["# Learning benchmark: Shopping LM algorithms", "",
           "Generated by `benchmarks/learning_lm.py`; do not edit by hand.", "",
@@ -510,7 +606,7 @@ def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: 
     if notes:
         md += ["Rollouts count every episode a run sampled, those before its first RL iteration included:", "",
                *notes, ""]
-    write_text_atomic(directory / "learning_lm.md", "\n".join(md))
+    write_text_atomic(md_path, "\n".join(md))
 
 
 def _write(out: Path, curves: list[dict], start: dict, args) -> list[dict]:
@@ -588,9 +684,17 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="(algorithm, seed) runs in parallel processes")
     p.add_argument("--families", default="all",
                    help="task families trained and evaluated, comma-separated, or 'all' (default %(default)s)")
-    p.add_argument("--start", choices=("weaken", "init"), default="weaken",
-                   help="weaken: interpolate --init toward a random model until dev success ≈ --target; "
-                        "init: start from --init as it is")
+    p.add_argument("--start", choices=tuple(RESULT_STEMS), default="sft",
+                   help="sft: --init as shipped, untouched (the table of record, learning_lm.{md,json}); weaken: "
+                        "interpolate --init toward a random model until dev success ≈ --target "
+                        "(learning_lm_weaken.{md,json})")
+    p.add_argument("--task-pool", choices=("screened", "all"), default="all",
+                   help="training tasks: 'screened' draws them from train tasks the start both solves and fails "
+                        "(`screen_pool`), 'all' from the whole train split of the families")
+    p.add_argument("--screen-tasks", type=int, default=64, help="train tasks screened per family")
+    p.add_argument("--screen-samples", type=int, default=4, help="rollouts per screened task")
+    p.add_argument("--num-envs", type=int, default=None,
+                   help="env copies of rollouts and evaluations (default: 32 from sft, 8 from weaken)")
     p.add_argument("--results", default=None,
                    help="also write learning_lm.md and learning_lm.json (gains with 95%% intervals, command, commit, "
                         "seeds, wall time) into this folder, e.g. docs/results")

@@ -93,7 +93,9 @@ def test_grpo_with_two_rollout_workers_logs_the_single_process_curve(cluster, tm
         runs[workers] = _rows(tmp_path / f"w{workers}" / "metrics.csv")
     single, ray_rows = runs[0], runs[2]
     assert len(single) == len(ray_rows) == 2
-    exact = ["iteration", "rollouts", "gen_tokens", "tokens_encoded_per_turn", "train_turns"]
+    # (not tokens_encoded_per_turn: a slot reuses its previous episode's system prompt, so what is encoded depends
+    # on which slot of which worker ran an episode; the episodes themselves do not)
+    exact = ["iteration", "rollouts", "gen_tokens", "train_turns"]
     close = ["train_success", "train_score", "train_return", "loss", "loss_policy", "entropy", "grad_norm",
              "dev_success", "dev_score"]
     for a, b in zip(single, ray_rows, strict=True):

@@ -41,17 +41,20 @@ def test_gains_are_paired_differences_with_t_intervals():
     assert "| grpo | 3 | 64 | 0.20 | 0.30 | +0.10 [" in table and "| yes |" in table and "| no |" in table
 
 
-def test_write_results_records_the_protocol(tmp_path):
+@pytest.mark.parametrize(("start", "stem"), [("sft", "learning_lm"), ("weaken", "learning_lm_weaken")])
+def test_write_results_records_the_protocol(tmp_path, start, stem):
     rows = summarise(_curves(), START, 2, FAMS)
-    args = SimpleNamespace(families=list(FAMS), start="weaken", target=0.3, iterations=2, rollouts=32, group_size=8,
+    args = SimpleNamespace(families=list(FAMS), start=start, target=0.3, iterations=2, rollouts=32, group_size=8,
                            minibatches=4, lr=1e-4, temperature=0.5, max_new_tokens=48, max_turns=15,
                            eval_episodes=100, seeds=[0, 1, 2], init=None)
     write_results(tmp_path, rows, START, args, 125.0, "python -m benchmarks.learning_lm --iterations 2")
-    data = json.loads((tmp_path / "learning_lm.json").read_text())
+    data = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert data["protocol"]["start"] == start
     assert data["command"].endswith("--iterations 2") and data["seeds"] == [0, 1, 2] and data["wall_s"] == 125.0
     assert data["commit"] and data["protocol"]["families"] == list(FAMS)
     assert [r["algo"] for r in data["rows"]] == ["grpo", "mpo"]
-    md = (tmp_path / "learning_lm.md").read_text()
+    md = (tmp_path / f"{stem}.md").read_text()
+    assert f"start: `{start}`" in md
     assert "--iterations 2" in md and "2.1 min" in md and "| mpo | 2 |" in md
 
 
@@ -85,7 +88,7 @@ def _args(tmp_path, **over):
     try:
         main(["--iterations", "2", "--families", ",".join(FAMS), "--out", str(tmp_path / "out"),
               "--results", str(tmp_path / "results"), "--init", str(tmp_path / "init"), "--algos", "grpo", "mpo",
-              "--seeds", "0", "1"])
+              "--seeds", "0", "1", "--start", "weaken"])
     finally:
         lm.run = real
     for k, v in over.items():
@@ -134,7 +137,7 @@ def test_runs_recorded_in_the_results_folder_are_reused_under_the_same_protocol_
     shutil.rmtree(tmp_path / "out")
     invoke(_args(tmp_path))
     assert trained[2:] == [("grpo", 1), ("mpo", 1)]  # seed 0 came from the results folder
-    data = json.loads((tmp_path / "results" / "learning_lm.json").read_text())
+    data = json.loads((tmp_path / "results" / "learning_lm_weaken.json").read_text())
     assert {r["algo"]: r["seeds"] for r in data["rows"]} == {"grpo": [0, 1], "mpo": [0, 1]}
     assert data["train_s_total"] == pytest.approx(4 * 6.0)
     grpo = next(r for r in data["rows"] if r["algo"] == "grpo")
@@ -197,16 +200,42 @@ def test_config_digest_ignores_only_the_save_cadence():
 
 
 def test_tropd_distils_from_the_unweakened_checkpoint_unless_told_otherwise(monkeypatch):
-    """The row's teacher is the checkpoint the start was weakened from (the shipped one by default, so the digests
-    of runs recorded before TrOPD's own default changed still match); --teacher picks another."""
+    """From the weakened start the row's teacher is the checkpoint the start was weakened from (the shipped one by
+    default, so the digests of runs recorded before TrOPD's own default changed still match); from the shipped
+    agent it is TrOPD's own default, the larger model (distilling the start from itself teaches nothing);
+    --teacher picks another."""
     import benchmarks.learning_lm as lm
     from baselines.tropd import TrOPDConfig
 
     seen = []
     monkeypatch.setattr(lm, "run", lambda a, argv=None: seen.append(a))
+    lm.main(["--start", "weaken"])
+    lm.main(["--start", "weaken", "--init", "/some/ckpt"])
+    lm.main(["--start", "weaken", "--teacher", "data/lm/sft-small"])
     lm.main([])
-    lm.main(["--init", "/some/ckpt"])
-    lm.main(["--teacher", "data/lm/sft-small"])
+    lm.main(["--teacher", "/t"])
     teachers = [lm._algo("tropd", a, {}).config.teacher for a in seen]
-    assert teachers == ["data/lm/sft", "/some/ckpt", "data/lm/sft-small"]
-    assert TrOPDConfig().teacher != "data/lm/sft"  # the benchmark does not simply follow the class default
+    assert teachers == ["data/lm/sft", "/some/ckpt", "data/lm/sft-small", TrOPDConfig().teacher, "/t"]
+    assert TrOPDConfig().teacher != "data/lm/sft"  # the weakened protocol does not simply follow the class default
+
+
+def test_the_sft_start_is_the_shipped_checkpoint_untouched(tmp_path, monkeypatch):
+    """`--start sft` (the default) saves the shipped weights as they are: no interpolation toward a random model,
+    no calibration evaluation; the start's evaluation then runs on exactly those weights."""
+    import torch
+
+    import benchmarks.learning_lm as lm
+    from agents.lm.model import load_model
+
+    def no_eval(*a, **k):
+        raise AssertionError("the sft start needs no calibration")
+
+    monkeypatch.setattr(lm, "evaluate", no_eval)
+    args = SimpleNamespace(start="sft", families=list(FAMS))
+    init = lm.default_init()
+    info = lm.weaken(init, tmp_path / "start", 0.3, 40, {"max_turns": 40}, 6, args)
+    assert info["alpha"] == 0.0 and info["start"] == "sft"
+    shipped, start = load_model(init).state_dict(), load_model(tmp_path / "start").state_dict()
+    assert shipped.keys() == start.keys()
+    assert all(torch.equal(shipped[k], start[k]) for k in shipped)
+    assert json.loads((tmp_path / "start" / "weaken.json").read_text())["start"] == "sft"

@@ -57,6 +57,9 @@ LEGACY_STATE_FILE = "state.pt"
 #: resumed with another value (e.g. a run started with state only at its end, continued with a state after every
 #: iteration), and recorded runs keep their digest when a logging option is added
 RESUME_FREE_FIELDS = frozenset({"checkpoint_every", "log_kl_start"})
+#: config fields added after runs were recorded, at the value that computes what those runs computed: left out of
+#: the digest while they hold it, so the recorded runs (whose run.json lacks them) keep their digest
+DIGEST_NEUTRAL = {"task_pool": []}
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
 STATE_FORMAT = 3
 
@@ -137,7 +140,8 @@ def config_digest(config: dict) -> str:
     with the same digest compute the same thing (a benchmark reuses a recorded run only under the same digest)."""
     import hashlib
 
-    kept = {k: v for k, v in _jsonable(config).items() if k not in RESUME_FREE_FIELDS}
+    kept = {k: v for k, v in _jsonable(config).items()
+            if k not in RESUME_FREE_FIELDS and not (k in DIGEST_NEUTRAL and v == DIGEST_NEUTRAL[k])}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
