@@ -239,3 +239,37 @@ def test_the_sft_start_is_the_shipped_checkpoint_untouched(tmp_path, monkeypatch
     assert shipped.keys() == start.keys()
     assert all(torch.equal(shipped[k], start[k]) for k in shipped)
     assert json.loads((tmp_path / "start" / "weaken.json").read_text())["start"] == "sft"
+
+
+def test_the_screened_pool_keeps_the_tasks_the_start_both_solves_and_fails(tmp_path, monkeypatch):
+    """A task enters the training pool when some of its screening rollouts succeed and some fail; the pool is saved
+    in the start folder and reused; the screening rollouts are the start's own at the rollout temperature."""
+    import benchmarks.learning_lm as lm
+    import shopsim.rollout
+
+    seen = {}
+
+    class FakeAgent:
+        def __init__(self, env_id, checkpoint, temperature, max_new_tokens):
+            seen["temperature"] = temperature
+
+    def fake_collect(env_id, agent, *, tasks, group_size, **kw):
+        out = []
+        for t in tasks:  # task % 3: 0 always solved, 1 never, 2 half the time
+            for r in range(group_size):
+                out.append(SimpleNamespace(success=(t % 3 == 0) or (t % 3 == 2 and r % 2 == 0)))
+        return out
+
+    import agents.lm.agent
+
+    monkeypatch.setattr(agents.lm.agent, "LMAgent", FakeAgent)
+    monkeypatch.setattr(shopsim.rollout, "collect", fake_collect)
+    args = SimpleNamespace(screen_tasks=12, screen_samples=4, temperature=1.0, max_turns=40, max_new_tokens=48,
+                           families=["bundle"], start="sft", num_envs=None)
+    info = lm.screen_pool(tmp_path, args, {})
+    assert info["pool"] and all(t % 3 == 2 for t in info["pool"])
+    fam = info["families"]["bundle"]
+    assert fam["kept"] == len(info["pool"]) and fam["always"] + fam["never"] + fam["kept"] == 12
+    assert seen["temperature"] == 1.0
+    monkeypatch.setattr(shopsim.rollout, "collect", lambda *a, **k: pytest.fail("the saved pool is reused"))
+    assert lm.screen_pool(tmp_path, args, {}) == info
