@@ -1,6 +1,7 @@
 """One GRPO iteration of the Shopping LM agent, through the previous path and the current default, in one run.
 
-    .venv/bin/python -m benchmarks.bench_lm_rl [--quick] [--json PATH] [--threads N] [--repeats N]
+    .venv/bin/python -m benchmarks.bench_lm_rl [--quick] [--json PATH] [--threads N] [--repeats N] [--results DIR]
+    .venv/bin/python -m benchmarks.bench_lm_rl --results docs/results    # the committed table
 
 An iteration is 16 find_and_buy rollouts (2 training tasks x a group of 8, fixed task ids and seeds, the same for
 both paths) followed by GRPO's update on them; the two paths take turns, one iteration each. The two paths:
@@ -57,8 +58,9 @@ Printed per path, and written as JSON (current path at the top level, baseline u
   one padded forward instead of row by row (``SamplingConfig.prefill``); ``prefill_batch_same_actions`` says
   whether they ended with the same actions (they should: each episode samples from its own stream).
 
-The table goes to ``docs/results/bench_lm_rl.md`` and the figures to ``docs/results/bench_lm_rl.json`` beside it
-(generated; the command, commit and wall time are in both); ``--json PATH`` writes the figures to a further file.
+With ``--results DIR`` the table goes to ``DIR/bench_lm_rl.md`` and the figures to ``DIR/bench_lm_rl.json`` beside
+it (``--results docs/results``: the committed table; generated, the command, commit and wall time are in both);
+without it no table is written. ``--json PATH`` writes the figures to a further file.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ from shopsim.errors import ConfigError
 
 ENV_ID = "shopsim/Shopping-v0"
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results" / "bench_lm_rl.md"
+#: the table's file name in the ``--results`` folder (its figures: the same stem, .json)
+TABLE = "bench_lm_rl.md"
 
 
 def _commit() -> str:
@@ -356,7 +359,8 @@ def main(argv=None) -> int:
     p.add_argument("--baseline-checkpoint", default=str(ROOT / "data" / "lm" / "sft-window"))
     p.add_argument("--checkpoint", default=str(ROOT / "data" / "lm" / "sft"))
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
-    p.add_argument("--no-table", action="store_true", help=f"do not rewrite {RESULTS.relative_to(ROOT)} and its .json")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help=f"write the table DIR/{TABLE} and its .json (the committed one: docs/results; default: none)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     iterations = a.iterations or (1 if a.quick else 3)
@@ -393,7 +397,8 @@ def main(argv=None) -> int:
            "wall_s": time.perf_counter() - t0}
     res["command"] = "python -m benchmarks.bench_lm_rl" + (" --quick" if a.quick else "") + \
         (f" --iterations {a.iterations}" if a.iterations else "") + \
-        (f" --repeats {a.repeats}" if a.repeats != 2 else "") + (f" --threads {a.threads}" if a.threads != 2 else "")
+        (f" --repeats {a.repeats}" if a.repeats != 2 else "") + \
+        (f" --threads {a.threads}" if a.threads != 2 else "") + (f" --results {a.results}" if a.results else "")
     print(f"iteration speedup {res['iteration_speedup']:.1f}x as run, {res['iteration_speedup_every_row']:.1f}x "
           f"with every row (CPU time: {res['iteration_speedup_cpu']:.1f}x, "
           f"{res['iteration_speedup_every_row_cpu']:.1f}x) (baseline {base['rollout_s'] + base['update_s']:.1f}s, "
@@ -403,10 +408,12 @@ def main(argv=None) -> int:
     from shopsim.paths import write_text_atomic
 
     figures = json.dumps(res, indent=2, default=str)
-    if not a.no_table:
+    if a.results:
         # the table and its figures are one result: write both, so the JSON never lags the table
-        write_table(res, RESULTS, res["command"])
-        write_text_atomic(RESULTS.with_suffix(".json"), figures)
+        table = Path(a.results) / TABLE
+        write_table(res, table, res["command"])
+        write_text_atomic(table.with_suffix(".json"), figures)
+        print(f"wrote {table} and {table.with_suffix('.json').name}")
     if a.json:
         write_text_atomic(a.json, figures)
     return 0

@@ -1,6 +1,7 @@
 """Scale-out figures: Ray rollout throughput and the driver's memory while writing a sharded dataset.
 
-    python -m benchmarks.bench_scale [--quick] [--json PATH]
+    python -m benchmarks.bench_scale [--quick] [--json PATH] [--results DIR]
+    python -m benchmarks.bench_scale --results docs/results    # the committed table
 
 * **Throughput**: Replenishment-v0 episodes/s of the (s, S) agent written to Parquet, by the single-process runner
   (`shopsim.rollout.collect` into one `DatasetWriter` file, what ``shopsim rollout`` does without ``--workers``)
@@ -17,7 +18,9 @@ Ray starts its worker processes at niceness 15. On a machine that other jobs loa
 slower than a normal-priority process, so this benchmark starts its Ray cluster with ``RAY_worker_niceness=0``
 (Ray's own setting): the single-process reference, the driver and the workers compete for the cores on equal terms.
 
-The table goes to ``docs/results/bench_scale.md`` (generated; command, commit, seeds and wall time are in it).
+With ``--results DIR`` the table goes to ``DIR/bench_scale.md`` and the figures to ``DIR/bench_scale.json``
+(``--results docs/results``: the committed table; generated, command, commit, seeds and wall time are in it); without
+it no table is written.
 Throughput on a shared machine is noisy: the figures are what this run measured, with the load it had.
 """
 
@@ -33,8 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results" / "bench_scale.md"
+#: the table's file name in the ``--results`` folder (its figures: the same stem, .json)
+TABLE = "bench_scale.md"
 ENV_ID = "shopsim/Replenishment-v0"
 #: Ray's setting for the niceness of its worker processes (default 15)
 RAY_WORKER_NICENESS = "RAY_worker_niceness"
@@ -164,7 +167,8 @@ def main(argv=None) -> int:
                    help="episodes per shard of the memory run (default 40 quick, 1024 full)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
-    p.add_argument("--no-table", action="store_true", help=f"do not rewrite {RESULTS.relative_to(ROOT)}")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help=f"write the table DIR/{TABLE} and its .json (the committed one: docs/results; default: none)")
     a = p.parse_args(argv)
     import ray
     import torch
@@ -199,10 +203,11 @@ def main(argv=None) -> int:
           f"({100 * mem['growth_10_to_100_pct']:+.1f}%)")
     if a.json:
         write_text_atomic(a.json, json.dumps(res, indent=2, default=str))
-    if not a.no_table:
-        write_table(res, RESULTS)
-        write_text_atomic(RESULTS.with_suffix(".json"), json.dumps(res, indent=2, default=str))
-        print(f"wrote {RESULTS}")
+    if a.results:
+        table = Path(a.results) / TABLE
+        write_table(res, table)
+        write_text_atomic(table.with_suffix(".json"), json.dumps(res, indent=2, default=str))
+        print(f"wrote {table}")
     return 0
 
 

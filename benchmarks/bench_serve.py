@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_serve --quick      # 2k catalog, 16 expert episodes
     .venv/bin/python -m benchmarks.bench_serve              # 10k catalog, 64 expert episodes
+    .venv/bin/python -m benchmarks.bench_serve --results docs/results   # the same, into the committed table
 
 The scripted expert's actions are recorded once (`benchmarks.bench_shopping.record`), then replayed on the same
 seeds and tasks (so the same episodes) three ways: in process (`ShoppingEnv.step`, the reference), through one
@@ -9,8 +10,9 @@ seeds and tasks (so the same episodes) three ways: in process (`ShoppingEnv.step
 `--clients` concurrent clients of that server (each replaying the plan, episodes interleaved). Every path replays
 the plan once untimed first, so the catalog, index and search caches are warm in both processes. The server runs
 in its own process, as in use, so client and server do not share a GIL; on a machine with fewer free cores than
-clients + 1 the concurrent figure is bounded by the CPU. The table goes to ``docs/results/bench_serve.md``
-(generated; command, commit, seeds and wall time are in it).
+clients + 1 the concurrent figure is bounded by the CPU. With ``--results DIR`` the table goes to
+``DIR/bench_serve.md`` and the figures to ``DIR/bench_serve.json`` (``--results docs/results``: the committed table;
+generated, command, commit, seeds and wall time are in it); without it no table is written.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "docs" / "results" / "bench_serve.md"
+#: the table's file name in the ``--results`` folder (its figures: the same stem, .json)
+TABLE = "bench_serve.md"
 
 
 def _plan(size: int, episodes: int) -> list[tuple[dict, list[str]]]:
@@ -139,7 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=None, help="catalog size (default 2,000 quick, 10,000 full)")
     p.add_argument("--clients", type=int, default=4, help="concurrent clients of the last path")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
-    p.add_argument("--no-table", action="store_true", help=f"do not rewrite {RESULTS.relative_to(ROOT)}")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help=f"write the table DIR/{TABLE} and its .json (the committed one: docs/results; default: none)")
     a = p.parse_args(argv)
     from shopsim.leaderboard.results import git_commit
 
@@ -158,7 +162,7 @@ def main(argv=None) -> int:
         proc.wait(timeout=30)
     command = "python -m benchmarks.bench_serve" + (" --quick" if a.quick else "") + \
         "".join(f" --{k} {v}" for k, v in (("episodes", a.episodes), ("size", a.size)) if v is not None) + \
-        (f" --clients {a.clients}" if a.clients != 4 else "")
+        (f" --clients {a.clients}" if a.clients != 4 else "") + (f" --results {a.results}" if a.results else "")
     res = {"command": command, "commit": git_commit(), "episodes": episodes, "catalog_size": size,
            "seeds": list(range(episodes)), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
            "load_average": load,
@@ -169,11 +173,13 @@ def main(argv=None) -> int:
           f"   {one['steps_per_s'] / ref['steps_per_s']:.2f}x in process")
     print(f"  server, {a.clients} clients          {many['steps_per_s']:8.0f} steps/s   "
           f"{many['step_ms_per_client']:.3f} ms/step per client   {many['steps_per_s'] / ref['steps_per_s']:.2f}x")
-    if not a.no_table:
-        write_table(res, RESULTS)
+    if a.results:
+        table = Path(a.results) / TABLE
+        write_table(res, table)
         from shopsim.paths import write_text_atomic
 
-        write_text_atomic(RESULTS.with_suffix(".json"), json.dumps(res, indent=2))
+        write_text_atomic(table.with_suffix(".json"), json.dumps(res, indent=2))
+        print(f"wrote {table}")
     if a.json:
         from shopsim.paths import write_text_atomic
 

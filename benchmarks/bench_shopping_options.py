@@ -4,6 +4,7 @@
     python -m benchmarks.bench_shopping_options                  # every test task (500 per family)
     python -m benchmarks.bench_shopping_options --json runs/bench/bench_shopping_options.json
     python -m benchmarks.bench_shopping_options --lm-checkpoint data/lm/sft    # + the shipped LM agent (minutes)
+    python -m benchmarks.bench_shopping_options --lm-checkpoint data/lm/sft --results docs/results   # the table
 
 * **Instructions** (``instruction_style``): over the test tasks of find_and_buy, clarify_and_buy and bundle, the
   share of tasks whose stated attribute and option values all appear word for word in the instruction
@@ -18,7 +19,8 @@
 * **The shipped LM agent** (``--lm-checkpoint``): its find_and_buy success under each option, through
   ``python -m shopsim.cli eval`` (reference: the defaults it was trained on).
 
-The tables go to ``docs/results/shopping_options.md`` (and ``.json``) (generated: command, commit, seeds, wall time).
+With ``--results DIR`` the tables go to ``DIR/shopping_options.md`` (and ``.json``) (``--results docs/results``: the
+committed tables; generated: command, commit, seeds, wall time); without it no table is written.
 """
 
 from __future__ import annotations
@@ -185,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also evaluate this LM checkpoint (e.g. data/lm/sft) under each option (minutes)")
     p.add_argument("--lm-tasks", type=int, default=200, help="find_and_buy test tasks for the LM agent")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON here")
-    p.add_argument("--results", type=Path, default=ROOT / "docs" / "results",
-                   help="folder of shopping_options.{md,json} (default docs/results)")
+    p.add_argument("--results", type=Path, default=None, metavar="DIR",
+                   help="write the tables DIR/shopping_options.{md,json} (the committed ones: docs/results; "
+                        "default: none)")
     a = p.parse_args(argv)
     from shopsim.leaderboard.results import git_commit
     from shopsim.paths import write_text_atomic
@@ -213,9 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in res["lm_agent"].items():
             print(f"LM agent, {name:28s} success {r['success_rate']:.3f}", flush=True)
     res["wall_s"] = time.perf_counter() - t0
-    a.results.mkdir(parents=True, exist_ok=True)
-    write_markdown(res, a.results / "shopping_options.md")
-    write_text_atomic(a.results / "shopping_options.json", json.dumps(res, indent=2))
+    if a.results is not None:
+        a.results.mkdir(parents=True, exist_ok=True)
+        write_markdown(res, a.results / "shopping_options.md")
+        write_text_atomic(a.results / "shopping_options.json", json.dumps(res, indent=2))
+        print(f"wrote {a.results / 'shopping_options.md'} and shopping_options.json")
     if a.json is not None:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(a.json, json.dumps(res, indent=2))

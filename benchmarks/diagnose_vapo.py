@@ -12,8 +12,10 @@ multi-turn episodes, starting from a checkpoint (default the shipped ``data/lm/s
    trajectories; and the weight λ^(l−1) with which the final reward's TD error reaches the first generated token
    (γ = 1): how much of the outcome the first action's advantage still sees through GAE.
 
-Writes ``docs/results/vapo_diagnosis.md`` (and ``--json PATH``) with the command, commit, seed and wall time.
-Run: ``python -m benchmarks.diagnose_vapo [--quick]``.
+With ``--results DIR`` writes ``DIR/vapo_diagnosis.md`` and its figures ``DIR/vapo_diagnosis.json`` (``--json PATH``:
+the figures to a further file) with the command, commit, seed and wall time; without it no table is written.
+Run: ``python -m benchmarks.diagnose_vapo [--quick] [--json PATH] [--results DIR]``; the committed table:
+``python -m benchmarks.diagnose_vapo --threads 1 --rollouts 16 --results docs/results``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from benchmarks.bench_lm_rl import _commit
 
 ENV_ID = "shopsim/Shopping-v0"
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results" / "vapo_diagnosis.md"
+#: the table's file name in the ``--results`` folder (its figures: the same stem, .json)
+TABLE = "vapo_diagnosis.md"
 FAMILIES = ("find_and_buy", "clarify_and_buy")
 
 
@@ -117,8 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="16 rollouts, 10 steps, one critic lr")
-    p.add_argument("--json", default=None)
-    p.add_argument("--no-table", action="store_true")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help=f"write the table DIR/{TABLE} and its .json (the committed one: docs/results; default: none)")
     args = p.parse_args(argv)
     if args.quick:
         args.rollouts, args.pretrain_steps, args.critic_lrs = 16, 10, args.critic_lrs[-1:]
@@ -139,12 +143,15 @@ def main(argv=None) -> int:
            "checkpoint": str(shown), "temperature": args.temperature, "seed": args.seed,
            "pretrain_steps": args.pretrain_steps, "pretrain_batches": args.pretrain_batches,
            "rollouts": args.rollouts, "runs": runs, "wall_s": time.perf_counter() - t0}
-    if args.json:
-        from shopsim.paths import write_text_atomic
+    from shopsim.paths import write_text_atomic
 
+    if args.json:
         write_text_atomic(args.json, json.dumps(res, indent=2))
-    if not args.no_table:
-        write_table(res, RESULTS)
+    if args.results:
+        table = Path(args.results) / TABLE
+        write_table(res, table)
+        write_text_atomic(table.with_suffix(".json"), json.dumps(res, indent=2))
+        print(f"wrote {table} and {table.with_suffix('.json').name}")
     return 0
 
 

@@ -2,7 +2,8 @@
 ``data/lm/sft`` and the larger TrOPD teacher ``data/lm/sft-small`` (docs/agents.md).
 
     python -m benchmarks.eval_shipped_lm [--checkpoints data/lm/sft data/lm/sft-small] [--tasks 100]
-                                         [--families all] [--threads 2] [--results docs/results] [--json PATH]
+                                         [--families all] [--threads 2] [--results DIR] [--json PATH]
+    python -m benchmarks.eval_shipped_lm --results docs/results    # the committed table
 
 Each (checkpoint, family) cell is `shopsim eval`'s protocol with ``--env-kwargs '{"family": F}'``: the first
 ``--tasks`` test tasks, the protocol's eval seeds, greedy decoding, no reference run. clarify_and_buy gets
@@ -11,8 +12,9 @@ families get one, because under greedy decoding their tries replay the same epis
 Wilson interval over the cell's episodes.
 
 A finished cell is kept in ``OUT/<checkpoint name>-<weights digest>/<family>.json``, so an interrupted run resumes
-and retrained weights are never reported from an old cell. Writes ``DIR/shipped_lm.md`` and ``shipped_lm.json``
-(the table, each checkpoint's parameters and bytes on disk, command, commit, wall time).
+and retrained weights are never reported from an old cell. With ``--results DIR`` writes ``DIR/shipped_lm.md`` and
+``shipped_lm.json`` (the table, each checkpoint's parameters and bytes on disk, command, commit, wall time;
+``--results docs/results``: the committed table); without it no table is written.
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ def main(argv=None) -> int:
     p.add_argument("--clarify-tries", type=int, default=4, help="tries per clarify_and_buy task")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="runs/eval_shipped_lm", help="finished cells (resume)")
-    p.add_argument("--results", default="docs/results", help="folder of shipped_lm.md / .json ('': none)")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write the table DIR/shipped_lm.md and .json (the committed one: docs/results; default: none)")
     p.add_argument("--json", default=None, help="also write the measurements to this JSON file")
     a = p.parse_args(argv)
     a.families = list(FAMILIES) if a.families == "all" else [f for f in a.families.split(",") if f]

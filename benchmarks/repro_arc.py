@@ -2,7 +2,8 @@
 
     python -m benchmarks.repro_arc [--out runs/seedcheck] [--seeds 0 1 2] [--style-bias 0.1]
            [--variants grpo_bias arc_bias arc grpo] [--iterations 10] [--rollouts 32] [--group-size 8]
-           [--eval-episodes 50] [--eval-every 10]
+           [--eval-episodes 50] [--eval-every 10] [--results DIR]
+    python -m benchmarks.repro_arc --out runs/seedcheck --results docs/results    # the committed check
 
 The claim (ARC card, "What a faithful reproduction shows", [derived] from the seed digest): give the reward a
 deliberate style bias, a small bonus for direct recommendations (the Shopping env's ``style_bias`` option adds
@@ -34,8 +35,9 @@ reward) are listed as references when they hold a finished ``metrics.csv``.
 Reported per variant (mean ± std over seeds, final evaluation): test success overall and per family, the share of
 test episodes that asked a question (overall and on clarify_and_buy), the answer-latency proxy (turns and characters
 before the first user-visible message), the question share of the training rollouts (first iteration and mean of the
-last three) and the token entropy (first and last iteration). Writes ``docs/results/arc_check.md`` and
-``docs/results/arc_check.json`` (table, command, commit, seeds, wall time).
+last three) and the token entropy (first and last iteration). Prints the table; with ``--results DIR`` writes
+``DIR/arc_check.md`` and ``DIR/arc_check.json`` (table, command, commit, seeds, wall time;
+``--results docs/results``: the committed check); without it no table is written.
 """
 
 from __future__ import annotations
@@ -53,8 +55,6 @@ import torch
 from benchmarks.learning_lm import ARC_M, ARC_N, ENV, _algo, add_protocol_arguments, evaluate_metrics, weaken
 from shopsim.leaderboard.results import git_commit
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results"
 #: variant -> (algorithm, biased reward, extra config)
 VARIANTS = {
     "grpo_bias": ("grpo", True, {}),
@@ -318,12 +318,14 @@ def write_results(out: Path, args, start: dict, wall: float) -> dict:
         *strat,
         "",
     ]
-    write_text_atomic(RESULTS / "arc_check.md", "\n".join(text))
     res = {"command": cmd, "commit": git_commit(), "seeds": args.seeds, "wall_s": wall, "style_bias": args.style_bias,
            "settings": {k: v for k, v in vars(args).items() if not callable(v)}, "start": start,
            "runs": {v: {str(s): m for s, m in d.items()} for v, d in per_seed.items()},
            "references": {n: runs for n, runs in refs.items()}}
-    write_text_atomic(RESULTS / "arc_check.json", json.dumps(res, indent=2, default=str))
+    if args.results:
+        results = Path(args.results)
+        write_text_atomic(results / "arc_check.md", "\n".join(text))
+        write_text_atomic(results / "arc_check.json", json.dumps(res, indent=2, default=str))
     return {**res, "text": "\n".join(text)}
 
 
@@ -343,6 +345,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--report-only", action="store_true", help="only rewrite the table from finished runs")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write DIR/arc_check.md and .json (the committed check: docs/results; default: none)")
     p.add_argument("--no-progress", action="store_true")
     # the learning benchmark's remaining settings, at its defaults
     add_protocol_arguments(p)

@@ -3,6 +3,8 @@ fraction of the rollouts.
 
     python -m benchmarks.repro_basis [--out runs/seedcheck] [--seeds 0 1 2] [--iterations 10] [--rollouts 32]
         [--group-size 8] [--eval-episodes 50] [--eval-every 10] [--task-pool 16] [--mse-tasks 64] [--equal]
+        [--results DIR]
+    python -m benchmarks.repro_basis --results docs/results    # the committed check
     python -m benchmarks.repro_basis --quick    # 1 seed, 2 iterations, into runs/repro_basis_quick
 
 The claims (Gong et al., arXiv 2605.27293): BASIS's baseline predicts the realised reward far better than a batch
@@ -28,9 +30,10 @@ temperature, per-turn token limit, turn limit, optimizer steps per iteration, pa
     GRPO and GiGPO runs of the learning benchmark found in ``OUT/grpo`` and ``OUT/gigpo`` (same start, iterations
     and evaluation) are the references; this script never trains them. A finished run is reused, not retrained.
 
-Writes ``docs/results/basis_check.md`` and ``docs/results/basis_check.json`` (tables, command, git commit, seeds,
-wall time; ``--results DIR`` elsewhere, ``--quick`` into OUT) and ``OUT/basis_mse/rewards.json`` (the rewards of
-(a), reused by a rerun).
+Prints the tables; with ``--results DIR`` writes ``DIR/basis_check.md`` and ``DIR/basis_check.json`` (tables,
+command, git commit, seeds, wall time; ``--results docs/results``: the committed check; ``--quick`` without
+``--results``: into OUT; otherwise no table is written). Always writes ``OUT/basis_mse/rewards.json`` (the rewards
+of (a), reused by a rerun).
 """
 
 from __future__ import annotations
@@ -48,8 +51,6 @@ import torch
 from benchmarks.learning_lm import ENV, FAMILIES, _algo, add_protocol_arguments, evaluate_metrics, weaken
 from shopsim.leaderboard.results import git_commit
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results"
 N_REF = 8
 N_GROUP = 8
 
@@ -249,16 +250,17 @@ def write_results(args, start: dict, mse: list[dict], mse_data: dict | None, run
                      f" | {_fmt(m('offline_mean_baseline_mse'), '.4f')} | {_fmt(m('basis_active_share'))} | "
                      f"{_fmt(m('beta_star_log10_mean'))} | {_fmt(m('train_success'))} |")
     lines.append("")
-    results = Path(args.results)
-    from shopsim.paths import write_text_atomic
+    if args.results:
+        results = Path(args.results)
+        from shopsim.paths import write_text_atomic
 
-    write_text_atomic(results / "basis_check.md", "\n".join(lines))
-    payload = {"command": ["python", "-m", "benchmarks.repro_basis", *sys.argv[1:]], "commit": git_commit(),
-               "seeds": args.seeds, "wall_s": wall, "start": start,
-               "settings": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, list))},
-               "mse": mse, "mse_rollouts": mse_data["rollouts"] if mse_data else 0,
-               "runs": {k: v for k, v in runs.items()}}
-    write_text_atomic(results / "basis_check.json", json.dumps(payload, indent=2, default=float))
+        write_text_atomic(results / "basis_check.md", "\n".join(lines))
+        payload = {"command": ["python", "-m", "benchmarks.repro_basis", *sys.argv[1:]], "commit": git_commit(),
+                   "seeds": args.seeds, "wall_s": wall, "start": start,
+                   "settings": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, list))},
+                   "mse": mse, "mse_rollouts": mse_data["rollouts"] if mse_data else 0,
+                   "runs": {k: v for k, v in runs.items()}}
+        write_text_atomic(results / "basis_check.json", json.dumps(payload, indent=2, default=float))
     print("\n".join(lines))
 
 
@@ -326,7 +328,9 @@ def main(argv=None) -> int:
     add_protocol_arguments(p)
     p.add_argument("--eval-episodes", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--results", default=str(RESULTS), help="folder of basis_check.md/.json (default docs/results)")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write DIR/basis_check.md and .json (the committed check: docs/results; default: none, OUT "
+                        "with --quick)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--quick", action="store_true",
                    help="1 seed, 2 iterations, 8 rollouts (G = 4), 4-task pool, 8 MSE tasks, 12 eval episodes")
@@ -337,7 +341,7 @@ def main(argv=None) -> int:
         args.calib, args.bisect_steps, args.max_turns = 12, 4, 10
         if args.out == "runs/seedcheck":
             args.out = "runs/repro_basis_quick"
-        if args.results == str(RESULTS):  # a smoke run never replaces the committed check
+        if args.results is None:  # a smoke run's tables stay beside its runs
             args.results = args.out
     run(args)
     return 0

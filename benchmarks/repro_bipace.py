@@ -1,7 +1,7 @@
 """Reproduction check of BiPACE (docs/algorithms/bipace.md) against GiGPO on Shopping-v0 at the same budget.
 
     python -m benchmarks.repro_bipace [--out runs/seedcheck] [--seeds 0 1 2] [--iterations 10] [--rollouts 32]
-        [--group-size 8] [--eval-episodes 50] [--eval-every 10] [--overhead-rollouts 32]
+        [--group-size 8] [--eval-episodes 50] [--eval-every 10] [--overhead-rollouts 32] [--results DIR]
 
 Claims checked (Wang et al., arXiv 2606.25556): hidden-state clusters leave fewer singleton step groups than
 GiGPO's exact anchor-state groups; success improves over GiGPO; no giant cluster forms (watch the P90 cluster size).
@@ -20,8 +20,8 @@ checkpoint: the same rollouts (tasks, seeds, sampling generator) collected with 
 same batches are grouped both ways (GiGPO's anchors, BiPACE's clusters) for paired singleton shares. That
 measurement is saved in ``OUT/bipace-overhead.json`` and reused by later calls with the same settings.
 
-Writes ``docs/results/bipace_check.md`` and ``docs/results/bipace_check.json`` (table, command, git commit, seeds,
-wall time).
+Prints the table; with ``--results DIR`` writes ``DIR/bipace_check.md`` and ``DIR/bipace_check.json`` (table,
+command, git commit, seeds, wall time; ``--results docs/results``: the committed check).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from benchmarks.learning_lm import (
 from shopsim.leaderboard.results import git_commit
 from shopsim.paths import write_text_atomic
 
-ROOT = Path(__file__).resolve().parents[1]
 #: BiPACE arms: the card's defaults and two ablations (config overrides)
 VARIANTS = {"bipace": {}, "bipace-distinct": {"eps_pairs": "distinct"}, "bipace-state": {"baseline": "state"}}
 ARMS = ("grpo", "gigpo", *VARIANTS)
@@ -268,7 +267,8 @@ def main(argv=None) -> int:
     p.add_argument("--arms", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
                    help="BiPACE arms to train (the card's defaults and two ablations; none: only summarise)")
     p.add_argument("--train-refs", action="store_true", help="also train missing grpo / gigpo runs")
-    p.add_argument("--results", default=str(ROOT / "docs" / "results"))
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write DIR/bipace_check.md and .json (the committed check: docs/results; default: none)")
     # learning_lm's protocol settings (same defaults)
     add_protocol_arguments(p)
     p.add_argument("--no-progress", action="store_true")
@@ -325,11 +325,12 @@ def main(argv=None) -> int:
             "commit": commit, "seeds": args.seeds, "iterations": args.iterations, "rollouts": args.rollouts,
             "group_size": args.group_size, "eval_episodes": args.eval_episodes, "eval_seed": EVAL_SEED,
             "wall_s": time.perf_counter() - t0}
-    results = Path(args.results)
-    write_text_atomic(results / "bipace_check.json",
-                      json.dumps({"meta": meta, "start": start, "arms": res, "overhead": ov}, indent=2, default=float))
     text = render(res, start, ov, meta)
-    write_text_atomic(results / "bipace_check.md", text)
+    if args.results:
+        results = Path(args.results)
+        write_text_atomic(results / "bipace_check.json", json.dumps({"meta": meta, "start": start, "arms": res,
+                                                                     "overhead": ov}, indent=2, default=float))
+        write_text_atomic(results / "bipace_check.md", text)
     print(text)
     return 0
 

@@ -2,6 +2,8 @@
 ablation at the same budget, from the learning benchmark's weakened start.
 
     python -m benchmarks.repro_delta [--out runs/seedcheck] [--seeds 0 1 2] [--iterations 10] [--arms ...]
+        [--results DIR]
+    python -m benchmarks.repro_delta --results docs/results   # the committed check
     python -m benchmarks.repro_delta --quick     # 1 seed, 3 short iterations: a few CPU minutes, not a result
 
 The claims (Zhang, Wu, Lin, arXiv 2605.21467; the card's Shopping reading):
@@ -26,9 +28,11 @@ reference, never trained here. Runs go to ``OUT/delta_check/<arm>/seed<S>``; a f
 unfinished one resumes. After the runs, one batch of rollouts of the start checkpoint is scored with DelTA's
 coefficients and the tokens with the highest and lowest mean λ are decoded.
 
-Writes ``docs/results/delta_check.md`` and ``delta_check.json`` (``--results``): final success, gain over the start
-with 95% intervals, the reward curve (mean train return per iteration, first and second half), the λ statistics,
-the decoded tokens, the command, commit, seeds and wall time. Results are rewritten after every finished run.
+With ``--results DIR`` writes ``DIR/delta_check.md`` and ``delta_check.json`` (``--results docs/results``: the
+committed check; ``--quick`` without it: ``OUT/results``; otherwise no table is written): final success, gain over
+the start with 95% intervals, the reward curve (mean train return per iteration, first and second half), the λ
+statistics, the decoded tokens, the command, commit, seeds and wall time. Results are rewritten after every finished
+run.
 """
 
 from __future__ import annotations
@@ -233,7 +237,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="DelTA reproduction check (see module docstring)")
     p.add_argument("--init", default=None, help="SFT checkpoint folder (default data/lm/sft)")
     p.add_argument("--out", default="runs/seedcheck")
-    p.add_argument("--results", default="docs/results")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write DIR/delta_check.md and .json (the committed check: docs/results; default: none, "
+                        "OUT/results with --quick)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--iterations", type=int, default=10)
@@ -246,7 +252,7 @@ def main(argv=None) -> int:
                    help="do not decode tokens again (the table already in the results json is kept)")
     p.add_argument("--quick", action="store_true",
                    help="1 seed, 3 iterations × 8 rollouts (G = 4), 12 eval tasks, into runs/repro_delta_quick with "
-                        "its results there (not docs/results)")
+                        "its table there (OUT/results unless --results)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
@@ -254,7 +260,7 @@ def main(argv=None) -> int:
         a.eval_episodes, a.eval_every, a.calib, a.bisect_steps, a.max_turns = 12, 3, 12, 4, 10
         if a.out == p.get_default("out"):
             a.out = "runs/repro_delta_quick"
-        if a.results == p.get_default("results"):
+        if a.results is None:  # a smoke run's table stays beside its runs
             a.results = str(Path(a.out) / "results")
     a.families, a.start = list(FAMILIES), "weaken"
     command = "python -m benchmarks.repro_delta " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -278,19 +284,23 @@ def main(argv=None) -> int:
             start[split] = m[f"{split}_success"]
             start.update({f"{split}/{f}": m[f"{split}_success/{f}"] for f in FAMILIES if f"{split}_success/{f}" in m})
         start_file.write_text(json.dumps(start))
-    results = Path(a.results)
+    results = Path(a.results) if a.results else None
     tokens = None
     if not a.no_tokens:
         tokens = token_table(out, a, env_kwargs)
-    elif (results / "delta_check.json").is_file():  # keep the table an earlier invocation decoded
+    elif results is not None and (results / "delta_check.json").is_file():  # keep the tokens an earlier run decoded
         tokens = json.loads((results / "delta_check.json").read_text()).get("tokens")
     for seed in a.seeds:  # seed-major: an interrupted check still compares the arms on the same seeds
         for arm in a.arms:
             secs = train_arm(arm, seed, a, env_kwargs, out)
             print(f"{arm} seed {seed}: {'reused' if secs == 0 else f'{secs:.0f}s'}", flush=True)
-            write(results, out, start, a, time.perf_counter() - t0, command, tokens)
-    write(results, out, start, a, time.perf_counter() - t0, command, tokens)
-    print(f"wrote {results / 'delta_check.md'}")
+            if results is not None:
+                write(results, out, start, a, time.perf_counter() - t0, command, tokens)
+    if results is not None:
+        write(results, out, start, a, time.perf_counter() - t0, command, tokens)
+        print(f"wrote {results / 'delta_check.md'}")
+    else:
+        print("no table written (pass --results DIR, e.g. --results docs/results)")
     return 0
 
 

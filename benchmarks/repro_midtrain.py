@@ -1,7 +1,8 @@
 """Reproduction check of mid-training (card §14, docs/algorithms/midtrain.md) on Shopping-v0 against GRPO.
 
     python -m benchmarks.repro_midtrain [--out runs/seedcheck] [--arms diverse more_tasks star incorrect]
-        [--seeds 0 1 2] [--iterations 10] [--num-tasks 8] [--quick] [--results docs/results]
+        [--seeds 0 1 2] [--iterations 10] [--num-tasks 8] [--quick] [--results DIR]
+    python -m benchmarks.repro_midtrain --out runs/seedcheck --results docs/results    # the committed check
 
 The claims (RRV et al., arXiv 2605.08472, through the card's shopsim reading):
 
@@ -20,7 +21,8 @@ star and incorrect use ``--num-tasks`` tasks × every strategy, more_tasks uses 
 (in rotation), so all four generate the same number of candidates. Every finished run under OUT is summarised, so
 the arms can be run in several invocations. Besides the trainers' own dev/test evaluation, the script evaluates
 (greedy, the same test episodes) the start, each mid-trained checkpoint (before RL) and each final checkpoint, GRPO's
-included, for the strategy-mix share. Writes ``--results``/midtrain_check.md and .json (generated).
+included, for the strategy-mix share. Prints the summary; with ``--results DIR`` writes ``DIR/midtrain_check.md``
+and .json (generated; ``--results docs/results``: the committed check); without it no table is written.
 """
 
 from __future__ import annotations
@@ -295,7 +297,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-exemplar", action="store_true", help="strategy description only, no expert exemplar")
     p.add_argument("--no-strategy-prompt", action="store_true",
                    help="generate without strategy prompts; the adherence check assigns samples to strategies")
-    p.add_argument("--results", default="docs/results")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write DIR/midtrain_check.md and .json (the committed check: docs/results; default: none)")
     p.add_argument("--quick", action="store_true", help="diverse + more_tasks, seed 0, 3 iterations, 4 tasks, "
                                                         "20 eval episodes")
     p.add_argument("--note", default="", help="a sentence for the results page (e.g. what was not run)")

@@ -2,7 +2,8 @@
 (OPD, K1 on every token) against TrOPD, with a student started on a different mode from the teacher.
 
     python -m benchmarks.repro_tropd [--out runs/seedcheck] [--seeds 0 1 2] [--iterations 10] [--rollouts 32]
-                                     [--arms opd tropd] [--teacher data/lm/sft] [--results docs/results]
+                                     [--arms opd tropd] [--teacher data/lm/sft] [--results DIR]
+    python -m benchmarks.repro_tropd --results docs/results    # the committed check
 
 Protocol (the learning benchmark's, `benchmarks.learning_lm`):
 
@@ -22,7 +23,8 @@ Protocol (the learning benchmark's, `benchmarks.learning_lm`):
   top-k forward KL to the teacher in the first and last iteration; dev/test success at the end. GRPO runs of the
   same budget found in ``OUT/grpo/seed<S>`` (the learning benchmark's) are added as a reference row, read-only.
 
-Writes ``<results>/<name>.md`` and ``<name>.json`` (table, command, commit, seeds, wall time, teacher).
+With ``--results DIR`` writes ``DIR/<name>.md`` and ``<name>.json`` (table, command, commit, seeds, wall time,
+teacher; ``--results docs/results``: the committed check); without it no table is written.
 """
 
 from __future__ import annotations
@@ -238,6 +240,8 @@ def run(args, argv) -> dict:
     if args.results:
         write_results(Path(args.results), table, meta)
         print(f"wrote {Path(args.results) / args.name}.md and {args.name}.json")
+    else:
+        print("no table written (pass --results DIR, e.g. --results docs/results)")
     return table
 
 
@@ -256,7 +260,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--start", choices=("weaken", "init"), default="weaken")
-    p.add_argument("--results", default="docs/results", help="folder of tropd_check.md / .json ('' : none)")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write DIR/NAME.md and .json (the committed check: docs/results; default: none)")
     p.add_argument("--name", default="tropd_check",
                    help="runs go to OUT/NAME/<arm>/seed<S>, results to NAME.md / NAME.json (e.g. one name per teacher)")
     p.add_argument("--note", action="append", help="a line added to the results' notes (e.g. a reduced budget)")

@@ -1,6 +1,8 @@
 """WAPO's reproduction check on Shopping-v0: stability and entropy of WAPO against GRPO at the same budget.
 
     python -m benchmarks.repro_wapo [--out runs/seedcheck] [--seeds 0 1 2] [--iterations 10] [--no-grpo-bins]
+        [--results DIR]
+    python -m benchmarks.repro_wapo --out runs/seedcheck --results docs/results    # the committed check
 
 The card's claim (arXiv 2606.16154; docs/algorithms/wapo.md): trained on positive-advantage trajectories only, WAPO
 trains stably (no entropy collapse or blow-up, no grad-norm spikes) and ends at or above GRPO; in GRPO runs that
@@ -19,8 +21,9 @@ on fixed episodes. Arms, each with ``--seeds``:
 * ``grpo+bins``: the same GRPO with WAPO's logging (the four token bins and the entropy over every generated token,
   `TokenBinLogging`; the update is unchanged), in ``OUT/wapo_check/grpo/seed<S>`` (``--no-grpo-bins``: skipped).
 
-A finished run in OUT is reused, not retrained. Writes ``docs/results/wapo_check.md`` and ``wapo_check.json``
-(``--results``): final dev/test success, per-iteration means over seeds of train success, grad norm, entropy and the
+A finished run in OUT is reused, not retrained. Prints the table; with ``--results DIR`` writes
+``DIR/wapo_check.md`` and ``wapo_check.json`` (``--results docs/results``: the committed check; without it no table
+is written): final dev/test success, per-iteration means over seeds of train success, grad norm, entropy and the
 bins, and stability indicators (largest grad norm, largest iteration-to-iteration entropy change), with the command,
 git commit, seeds and wall time.
 """
@@ -42,7 +45,6 @@ from baselines.wapo import TokenBinLogging
 from benchmarks.learning_lm import ENV, FAMILIES, _algo, _train_one, add_protocol_arguments, evaluate_metrics, weaken
 from shopsim.leaderboard.results import git_commit
 
-ROOT = Path(__file__).resolve().parents[1]
 BINS = ("pos_peak", "pos_valley", "neg_peak", "neg_valley", "zero_adv_tokens")
 
 
@@ -215,7 +217,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="WAPO vs GRPO stability check (see module docstring)")
     p.add_argument("--init", default=None, help="SFT checkpoint folder (default data/lm/sft)")
     p.add_argument("--out", default="runs/seedcheck")
-    p.add_argument("--results", default=str(ROOT / "docs" / "results"), help="folder of wapo_check.md/.json")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write DIR/wapo_check.md and .json (the committed check: docs/results; default: none)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--rollouts", type=int, default=32)
@@ -264,13 +267,14 @@ def main(argv=None) -> int:
            "families": list(FAMILIES), "wall_s": time.perf_counter() - t0, "arms": arms}
     res["train_s"] = float(sum(p["wall_s"] for s in arms.values() for p in s["per_seed"].values()))
     res["reading"] = _reading(arms)
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    from shopsim.paths import write_text_atomic
-
-    write_text_atomic(results / "wapo_check.json", json.dumps(res, indent=2, default=float))
     md = _markdown(res)
-    write_text_atomic(results / "wapo_check.md", md)
+    if args.results:
+        results = Path(args.results)
+        results.mkdir(parents=True, exist_ok=True)
+        from shopsim.paths import write_text_atomic
+
+        write_text_atomic(results / "wapo_check.json", json.dumps(res, indent=2, default=float))
+        write_text_atomic(results / "wapo_check.md", md)
     print(md)
     return 0
 
