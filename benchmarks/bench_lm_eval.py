@@ -13,10 +13,11 @@ episodes: the first ``--tasks`` test tasks, whose families take turns, eval seed
 
 Figures: ``episodes_per_s`` and ``tokens_per_s`` per path (tokens = prompt tokens the model encoded plus tokens it
 generated), ``eval_speedup`` (slots over reference, wall time), ``actions_identical`` (every episode's actions and
-rewards equal), ``inference_efficiency`` (the time a forward-only pass of the same model over one packed batch of the
-episodes' final contexts would take for the tokens the slot path ran over, divided by the path's time: the packed
-pass is timed right after each chunk, so both see the same machine load; 1.0 is evaluation at the model's compute
-rate). The sampled path is measured the same way at temperature 0.7 with each episode's own stream
+rewards equal), ``inference_efficiency`` (the time a forward-only pass of the same model over one packed batch
+would take for the tokens the slot path ran over, divided by the path's time; the batch is the episodes' final
+contexts concatenated and cut into 16 rows of 512 tokens, timed right after each chunk so that both see the same
+machine load; 1.0 is evaluation at the model's compute rate).
+The sampled path is measured the same way at temperature 0.7 with each episode's own stream
 (`shopsim.rollout.episode_seed`): ``sample_speedup`` and ``sample_identical`` (the same tokens for the same seeds).
 The tasks run in chunks, the paths alternating chunk by chunk so both see the same machine load.
 
@@ -88,15 +89,21 @@ def run_chunk(agent, protocol, slots: int, *, sampled: bool) -> dict:
             "contexts": [list(tr.turns[-1].prompt_ids) + list(tr.turns[-1].action_ids) for tr in trajs]}
 
 
-def packed_rate(model, contexts: list[list[int]], pad_id: int, repeats: int = 3) -> float:
-    """Tokens per second of one forward-only pass (no cache, no gradient) over `contexts` packed into one
-    right-padded batch; the fastest of `repeats`. Padding is not counted as tokens."""
+#: tokens per row of the packed reference batch (sequence packing: the contexts concatenated and cut into rows)
+PACKED_ROW = 512
+
+
+def packed_rate(model, contexts: list[list[int]], pad_id: int, rows: int, repeats: int = 3) -> float:
+    """Tokens per second of one forward-only pass (no cache, no gradient) over one packed batch: the `contexts`
+    concatenated and cut into `rows` rows of `PACKED_ROW` tokens (fewer when they run out), the fastest of
+    `repeats`. Each row attends within itself, so the reference's attention per token is that of 512-token
+    sequences: shorter than a late concat turn's context, a demanding reference."""
     import torch
 
-    from agents.lm.generation import pack
-
-    ids, mask, _ = pack(contexts, [[] for _ in contexts], pad_id)
-    real = int(mask.sum())
+    flat = [t for c in contexts for t in c][: rows * PACKED_ROW]
+    n = max(1, len(flat) // PACKED_ROW)
+    ids = torch.tensor(flat[: n * PACKED_ROW], dtype=torch.long).view(n, PACKED_ROW)
+    mask = torch.ones_like(ids)
     best = float("inf")
     with torch.no_grad():
         model(input_ids=ids[:1, :8], attention_mask=mask[:1, :8])  # warm-up
@@ -104,7 +111,7 @@ def packed_rate(model, contexts: list[list[int]], pad_id: int, repeats: int = 3)
             t0 = time.perf_counter()
             model(input_ids=ids, attention_mask=mask, logits_to_keep=1)
             best = min(best, time.perf_counter() - t0)
-    return real / best
+    return ids.numel() / best
 
 
 def _totals(cells: list[dict]) -> dict:
@@ -134,8 +141,8 @@ def run(args) -> dict:
         cells["reference"].append(run_chunk(ref, protocol, REFERENCE_SLOTS, sampled=False))
         cells["slots"].append(run_chunk(fast, protocol, slots, sampled=False))
         # the packed reference right after the chunk it is compared with, under the same machine load
-        cells["slots"][-1]["packed_tokens_per_s"] = packed_rate(fast.model, cells["slots"][-1]["contexts"]
-                                                                [: args.packed_rows], fast.policy.pad_id)
+        cells["slots"][-1]["packed_tokens_per_s"] = packed_rate(fast.model, cells["slots"][-1]["contexts"],
+                                                                fast.policy.pad_id, args.packed_rows)
         print(f"chunk {c}: reference {cells['reference'][-1]['wall_s']:.1f}s, "
               f"slots {cells['slots'][-1]['wall_s']:.1f}s", flush=True)
         if not args.no_sample and c < args.sample_chunks:
@@ -196,7 +203,8 @@ def write_table(res: dict, directory: Path) -> None:
               f"**{res['actions_identical']}** (generated tokens identical: {res['tokens_identical']})",
               f"- **inference_efficiency {res['inference_efficiency']:.2f}**: {s['tokens_per_s']:.0f} tokens/s against "
               f"{', '.join(map(str, res['packed_tokens_per_s']))} tokens/s of one forward-only pass over "
-              f"{res['packed_rows']} of each chunk's final contexts packed in one batch, timed after the chunk "
+              f"one packed batch ({res['packed_rows']} rows of {PACKED_ROW} tokens cut from the chunk's final "
+              f"contexts), timed after the chunk "
               f"(reference path: {res['reference_inference_efficiency']:.2f})"]
     if "sample_speedup" in res:
         rs, ss = res["reference_sampled"], res["slots_sampled"]
@@ -223,7 +231,8 @@ def main(argv=None) -> int:
     p.add_argument("--slots", type=int, default=None, help="env copies of the slot path (default: the agent's)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--checkpoint", default=str(ROOT / "data" / "lm" / "sft"))
-    p.add_argument("--packed-rows", type=int, default=16, help="final contexts in the packed reference batch")
+    p.add_argument("--packed-rows", type=int, default=16,
+                   help=f"rows of {PACKED_ROW} tokens in the packed reference batch")
     p.add_argument("--no-sample", action="store_true", help="skip the sampled path")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     p.add_argument("--results", default=None, help="write the committed table DIR/bench_lm_eval.{md,json}")

@@ -102,7 +102,7 @@ def _algo(name: str, args, env_kwargs: dict, **over):
         per.update(strategy_prompt=False, exemplar=False, gen_temperature=args.temperature)
     pool = tuple(getattr(args, "pool_ids", ()) or ())
     if pool:
-        per["task_pool"] = pool
+        per["train_task_ids"] = pool
     common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
                   temperature=args.temperature,
                   task_families=tuple(getattr(args, "families", FAMILIES)), eval_split="dev,test",

@@ -123,7 +123,7 @@ class LMConfig:
     """Extra reset options for training episodes (e.g. {"family": "find_and_buy"})."""
     task_families: tuple[str, ...] = ()
     """Restrict training/eval tasks to these task families (empty: all)."""
-    task_pool: tuple[int, ...] = ()
+    train_task_ids: tuple[int, ...] = ()
     """Draw each iteration's training tasks from these train-split task ids (uniformly, with the rollout generator);
     empty: from the whole train split (in `task_families`). A benchmark screens such a pool once for tasks on which
     the start policy both succeeds and fails, so that groups of rollouts disagree (benchmarks/learning_lm.py)."""

@@ -487,11 +487,11 @@ class LMAlgorithm(LoopAlgorithm):
 
     # ------------------------------------------------------------------ rollouts
     def train_tasks(self, env_id: str, rng: np.random.Generator, n: int) -> list | None:
-        """n training task ids drawn from `task_pool`, else from the env's train split (None: let the env draw from
+        """n training task ids drawn from `train_task_ids`, else from the env's train split (None: let the env draw from
         the seed)."""
         from baselines.core.tasks import sample_tasks
 
-        pool = self.config.task_pool
+        pool = self.config.train_task_ids
         if pool:
             return [int(pool[int(i)]) for i in rng.integers(0, len(pool), size=n)]
         return sample_tasks(env_id, "train", rng, n, families=self.config.task_families)
