@@ -114,13 +114,13 @@ def _algo(name: str, args, env_kwargs: dict, **over):
 
 
 def num_envs(args) -> int:
-    """Env copies of every run's rollouts and evaluations: ``--num-envs``, else 32 from the shipped agent (one slot
+    """Env copies of every run's rollouts and evaluations: ``--num-envs``, else 64 from the shipped agent (one slot
     decoder batch per iteration's rollouts) and 8 from the weakened start (the setting its recorded runs were
     trained under; the rollouts are the same for any number: each episode samples from its own stream)."""
     given = getattr(args, "num_envs", None)
     if given:
         return int(given)
-    return 32 if getattr(args, "start", "weaken") == "sft" else 8
+    return 64 if getattr(args, "start", "weaken") == "sft" else 8
 
 
 def default_init() -> Path:
@@ -694,7 +694,7 @@ def main(argv=None) -> int:
     p.add_argument("--screen-tasks", type=int, default=64, help="train tasks screened per family")
     p.add_argument("--screen-samples", type=int, default=4, help="rollouts per screened task")
     p.add_argument("--num-envs", type=int, default=None,
-                   help="env copies of rollouts and evaluations (default: 32 from sft, 8 from weaken)")
+                   help="env copies of rollouts and evaluations (default: 64 from sft, 8 from weaken)")
     p.add_argument("--results", default=None,
                    help="also write learning_lm.md and learning_lm.json (gains with 95%% intervals, command, commit, "
                         "seeds, wall time) into this folder, e.g. docs/results")

@@ -112,7 +112,7 @@ class LMAgent(Agent):
     learns = True
     #: env copies an evaluation runs for this agent (`shopsim.leaderboard.evaluate.run_seeds`): one decoding batch
     #: of this many episodes amortises each step's fixed cost; the actions do not depend on it
-    eval_slots = 32
+    eval_slots = 64
 
     def __init__(self, env_id: str = "shopsim/Shopping-v0", checkpoint: str | Path | None = None,
                  context_mode: str = _UNSET, temperature: float = 1.0, top_p: float = 1.0,

@@ -12,9 +12,10 @@ when sampling, log-probs equal up to float rounding — with far less work per d
 * **Packed prefill**: the new tokens of every row are concatenated into one sequence for the projections and the
   feed-forward (no padding), and only attention runs per row, over that row's own buffer, so a long first prompt
   in the batch does not make every row pay for its length.
-* **Batched decoding in place**: every step writes the decoding rows' keys/values into their buffers and attends
-  with one masked call over the buffer while most rows are decoding, or one unmasked call per row once most have
-  finished their action; rows that have stopped cost nothing, and no cache is ever copied.
+* **Decoding in place**: every step runs the projections and feed-forward of the decoding rows together, writes
+  their keys/values into their own buffers and attends once per row over exactly its positions (no padding, no
+  mask: rows of very different lengths cost what they hold); rows that have stopped cost nothing, and no cache is
+  ever copied.
 * The layers' own modules (norms, projections, rotary embedding, MLP) do the arithmetic; only the KV bookkeeping,
   masks and attention call are this module's, so a trained model's weights are read as they are at call time.
 
@@ -53,69 +54,74 @@ def supports(model) -> bool:
                                 and not hasattr(layer.self_attn, "q_norm") for layer in layers)
 
 
+class _Row:
+    """One episode slot's cache: the ids whose keys/values are stored, and one ``[layers, 2, kv_heads, capacity,
+    head_dim]`` buffer of their keys (index 0) and values (index 1), the sequence left-aligned."""
+
+    __slots__ = ("ids", "kv")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.kv: torch.Tensor | None = None
+
+    def reserve(self, n: int, like) -> None:
+        """Room for `n` positions, keeping the stored ones (grows geometrically, by whole rows: only this episode's
+        buffer is copied)."""
+        layers, kv_heads, dim, dtype, device = like
+        if self.kv is not None and (self.kv.dtype != dtype or self.kv.device != device
+                                    or self.kv.shape[0] != layers or self.kv.shape[2] != kv_heads):
+            self.kv, self.ids = None, []
+        have = 0 if self.kv is None else self.kv.shape[3]
+        if n <= have:
+            return
+        # never read past a row's stored length, so the buffer need not be zeroed
+        kv = torch.empty((layers, 2, kv_heads, max(n, 2 * have, 256), dim), dtype=dtype, device=device)
+        if self.kv is not None and self.ids:
+            kv[:, :, :, : len(self.ids)] = self.kv[:, :, :, : len(self.ids)]
+        self.kv = kv
+
+
 class SlotDecoder:
     """Decoding with one KV cache per episode key (see module docstring).
 
-    The caches live in one buffer per layer, ``[rows, kv_heads, capacity, head_dim]``; an episode key (the rollout
-    slot) owns a row and its stored sequence is left-aligned in it. `drop` keeps the row's content: the key's next
-    episode starts with the same system prompt, which the longest-common-prefix check then reuses. Stored keys/values
-    are only reused for the same tokens at the same positions under the same weights: a change of the model's
-    parameters (an optimizer step, a load) empties every row before the next call."""
+    Each key (the rollout slot) owns a `_Row` buffer sized to its own sequence. `drop` keeps the row's content: the
+    key's next episode starts with the same system prompt, which the longest-common-prefix check then reuses; `clear`
+    forgets every sequence but keeps the buffers for the next collect. Stored keys/values are only reused for the same
+    tokens at the same positions under the same weights: a change of the model's parameters (an optimizer step, a
+    load) empties every row before the next call. Attention always reads exactly a row's own positions, never
+    padding, so rows of very different lengths cost what they hold."""
 
     def __init__(self) -> None:
-        self.row_of: dict = {}
-        self.ids: list[list[int]] = []  # per row: the tokens whose keys/values are stored
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
+        self.rows: dict = {}
         self.weights: tuple | None = None
+        self.fused: list = []  # per layer: (q|k|v weight, bias), (gate|up weight, bias), built per weights version
         self.reused_tokens = 0
         self.encoded_tokens = 0
 
     def clear(self) -> None:
-        self.row_of.clear()
-        self.ids, self.k, self.v, self.weights = [], [], [], None
+        for row in self.rows.values():
+            row.ids = []
 
     def drop(self, key) -> None:
         """The key's episode ended: its row is kept for its next episode's common head (see class docstring)."""
-
-    def _row(self, key) -> int:
-        r = self.row_of.get(key)
-        if r is None:
-            r = self.row_of[key] = len(self.ids)
-            self.ids.append([])
-        return r
 
     def _check_weights(self, model) -> None:
         """Forget every stored sequence when the model's parameters changed since they were encoded (in-place
         updates bump a tensor's version counter; replaced tensors have a new address)."""
         sig = (id(model),) + tuple((p.data_ptr(), p._version) for p in model.parameters())
         if sig != self.weights:
-            self.ids = [[] for _ in self.ids]
-            self.weights = sig
-
-    def _reserve(self, capacity: int, like) -> None:
-        """Buffers with a row for every owned row and room for `capacity` positions (capacity grows geometrically;
-        new positions are zero, so masked positions are always finite)."""
-        rows = len(self.ids)
-        layers, kv_heads, dim, dtype, device = like
-        have_rows = self.k[0].shape[0] if self.k else 0
-        have_cap = self.k[0].shape[2] if self.k else 0
-        if self.k and (self.k[0].dtype != dtype or self.k[0].device != device or len(self.k) != layers):
             self.clear()
-            self._reserve(capacity, like)
-            return
-        if rows <= have_rows and capacity <= have_cap:
-            return
-        cap = have_cap if capacity <= have_cap else max(capacity, 2 * have_cap, 128)
-        for store in (self.k, self.v):
-            for li in range(layers):
-                buf = torch.zeros((rows, kv_heads, cap, dim), dtype=dtype, device=device)
-                if li < len(store):
-                    old = store[li]
-                    buf[: old.shape[0], :, : old.shape[2]] = old
-                    store[li] = buf
-                else:
-                    store.append(buf)
+            self.weights = sig
+            self.fused = [(self._cat(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                           self._cat(layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in model.model.layers]
+
+    @staticmethod
+    def _cat(*lins):
+        """One projection for several that read the same input (one matrix product per step instead of several;
+        each output is the same dot product of the same row and column)."""
+        weight = torch.cat([lin.weight.detach() for lin in lins])
+        bias = None if lins[0].bias is None else torch.cat([lin.bias.detach() for lin in lins])
+        return weight, bias
 
     # ------------------------------------------------------------------ model pieces
     @staticmethod
@@ -146,10 +152,11 @@ class SlotDecoder:
     def _proj(lin, x):
         return F.linear(x, lin.weight, lin.bias)
 
-    def _mlp(self, layer, x):
-        mlp = layer.mlp
-        h = self._norm(layer.post_attention_layernorm, x)
-        return self._proj(mlp.down_proj, mlp.act_fn(self._proj(mlp.gate_proj, h)) * self._proj(mlp.up_proj, h))
+    def _mlp(self, layer, x, wgu, bgu):
+        """`LlamaMLP` with the gate and up projections as one product."""
+        gu = F.linear(self._norm(layer.post_attention_layernorm, x), wgu, bgu)
+        half = gu.shape[-1] // 2
+        return self._proj(layer.mlp.down_proj, layer.mlp.act_fn(gu[..., :half]) * gu[..., half:])
 
     @staticmethod
     def _kv_heads(keys, values, groups: int):
@@ -158,7 +165,7 @@ class SlotDecoder:
         return keys, values
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, model, rows: list[int], new: list[list[int]], parts) -> torch.Tensor:
+    def _prefill(self, model, rows: list[_Row], new: list[list[int]], parts) -> torch.Tensor:
         """Encode every row's `new` tokens after its stored ones (packed), store their keys/values and return the
         next-token logits of each row ``[B, vocab]`` (float32).
 
@@ -166,7 +173,7 @@ class SlotDecoder:
         tokens' outputs feed nothing but the logits nobody reads); their keys and values are still stored."""
         inner, heads, kv_heads, dim, like = parts
         device = like[4]
-        lens = [len(self.ids[r]) for r in rows]
+        lens = [len(r.ids) for r in rows]
         counts = [len(x) for x in new]
         flat = torch.tensor([t for x in new for t in x], dtype=torch.long, device=device)
         pos = torch.cat([torch.arange(n, n + c, device=device) for n, c in zip(lens, counts, strict=True)])
@@ -182,25 +189,30 @@ class SlotDecoder:
         masks = [torch.ones((c, n + c), dtype=torch.bool, device=device).tril(diagonal=n) if c > 1 else None
                  for n, c in zip(lens, counts, strict=True)]
         final = len(inner.layers) - 1
+        qd, kd = heads * dim, kv_heads * dim
         for li, layer in enumerate(inner.layers):
             att = layer.self_attn
+            (wqkv, bqkv), (wgu, bgu) = self.fused[li]
             h = self._norm(layer.input_layernorm, x)
-            k = self._proj(att.k_proj, h).view(1, -1, kv_heads, dim).transpose(1, 2)
-            v = self._proj(att.v_proj, h).view(1, -1, kv_heads, dim).transpose(1, 2)
-            k = self._rope(k, cos, sin)
-            if li == final:
+            if li == final:  # keys and values of every token, a query for each row's last token only
+                kv = F.linear(h, wqkv[qd:], None if bqkv is None else bqkv[qd:])
+                k = self._rope(kv[..., :kd].view(1, -1, kv_heads, dim).transpose(1, 2), cos, sin)
+                v = kv[..., kd:].view(1, -1, kv_heads, dim).transpose(1, 2)
                 h, x = h[:, last], x[:, last]
-                q = self._proj(att.q_proj, h).view(1, -1, heads, dim).transpose(1, 2)
-                q = self._rope(q, cos[:, :, last], sin[:, :, last])
+                q = F.linear(h, wqkv[:qd], None if bqkv is None else bqkv[:qd]).view(1, -1, heads, dim)
+                q = self._rope(q.transpose(1, 2), cos[:, :, last], sin[:, :, last])
             else:
-                q = self._rope(self._proj(att.q_proj, h).view(1, -1, heads, dim).transpose(1, 2), cos, sin)
-            kb, vb = self.k[li], self.v[li]
+                qkv = F.linear(h, wqkv, bqkv)
+                q = self._rope(qkv[..., :qd].view(1, -1, heads, dim).transpose(1, 2), cos, sin)
+                k = self._rope(qkv[..., qd: qd + kd].view(1, -1, kv_heads, dim).transpose(1, 2), cos, sin)
+                v = qkv[..., qd + kd:].view(1, -1, kv_heads, dim).transpose(1, 2)
             outs = []
-            for i, r in enumerate(rows):
+            for i, row in enumerate(rows):
                 a, b, n, c = offsets[i], offsets[i + 1], lens[i], counts[i]
-                kb[r, :, n: n + c] = k[0, :, a:b]
-                vb[r, :, n: n + c] = v[0, :, a:b]
-                keys, values = self._kv_heads(kb[r: r + 1, :, : n + c], vb[r: r + 1, :, : n + c], groups)
+                buf = row.kv[li]
+                buf[0, :, n: n + c] = k[0, :, a:b]
+                buf[1, :, n: n + c] = v[0, :, a:b]
+                keys, values = self._kv_heads(buf[0:1, :, : n + c], buf[1:2, :, : n + c], groups)
                 if li == final:  # the row's last token sees every key: no mask
                     outs.append(F.scaled_dot_product_attention(q[:, :, i: i + 1], keys, values, scale=att.scaling))
                 else:
@@ -208,7 +220,7 @@ class SlotDecoder:
                                                                scale=att.scaling))
             o = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, -1, heads * dim)
             x = x + self._proj(att.o_proj, o)
-            x = x + self._mlp(layer, x)
+            x = x + self._mlp(layer, x, wgu, bgu)
         return model.lm_head(self._norm(inner.norm, x[0])).float()
 
     # ------------------------------------------------------------------ decoding
@@ -227,16 +239,16 @@ class SlotDecoder:
         if per_row and len(generator) != len(prompts):
             raise ConfigError(f"{len(generator)} generators for {len(prompts)} prompts; give one per prompt")
         parts = self._parts(model)
-        device = parts[4][4]
+        like = parts[4]
         self._check_weights(model)
-        rows = [self._row(key) for key in keys]
+        rows = [self.rows.setdefault(key, _Row()) for key in keys]
         new, reused = [], []
-        for r, p in zip(rows, prompts, strict=True):
-            n = _common_prefix(self.ids[r], p)
-            self.ids[r] = self.ids[r][:n]
+        for row, p in zip(rows, prompts, strict=True):
+            row.reserve(len(p) + config.max_new_tokens, like)
+            n = _common_prefix(row.ids, p)
+            row.ids = row.ids[:n]
             new.append(list(p[n:]))
             reused.append(n)
-        self._reserve(max(len(p) for p in prompts) + config.max_new_tokens, parts[4])
         self.reused_tokens += sum(reused)
         self.encoded_tokens += sum(len(x) for x in new)
         logits = self._prefill(model, rows, new, parts)
@@ -267,57 +279,43 @@ class SlotDecoder:
                 break
             live = [live[j] for j in going]
             feed = tok[going] if len(going) != len(tok_l) else tok
-            at = torch.tensor([len(prompts[i]) + len(gen_ids[i]) - 1 for i in live], dtype=torch.long,
-                              device=device)
+            at = [len(prompts[i]) + len(gen_ids[i]) - 1 for i in live]
             logits = self._step(parts, [rows[i] for i in live], feed, at, model)
-        for r, p, g in zip(rows, prompts, gen_ids, strict=True):
-            self.ids[r] = list(p) + g[:-1]  # the last sampled token was never fed
+        for row, p, g in zip(rows, prompts, gen_ids, strict=True):
+            row.ids = list(p) + g[:-1]  # the last sampled token was never fed
         stopped = [bool(g) and g[-1] in stop_set for g in gen_ids]
         return SampleOutput(ids=gen_ids, logprobs=gen_lp, stopped=stopped, hidden=None,
                             new_tokens=sum(len(g) for g in gen_ids),
                             extra={"steps": steps, "encoded_tokens": sum(len(x) for x in new),
                                    "reused_tokens": sum(reused)})
 
-    def _step(self, parts, rows: list[int], tok, pos, model) -> torch.Tensor:
-        """One decoding step: token `tok[j]` at position `pos[j]` of buffer row `rows[j]`; the next-token logits.
-
-        Attention runs as one masked call over every buffer row when most rows are decoding (the idle rows' outputs
-        are discarded), else one unmasked call per decoding row over exactly its own keys."""
+    def _step(self, parts, rows: list[_Row], tok, pos: list[int], model) -> torch.Tensor:
+        """One decoding step: token `tok[j]` at position `pos[j]` of row `rows[j]`; the next-token logits. The
+        projections and feed-forward run over the rows together, attention once per row over exactly its keys."""
         inner, heads, kv_heads, dim, like = parts
         n = tok.shape[0]
         groups = heads // kv_heads
-        device = tok.device
-        rows_t = torch.tensor(rows, dtype=torch.long, device=device)
         x = inner.embed_tokens(tok)[:, None]  # [n, 1, h]
-        cos, sin = inner.rotary_emb(x, pos[:, None])
+        cos, sin = inner.rotary_emb(x, torch.tensor(pos, dtype=torch.long, device=tok.device)[:, None])
         cos, sin = cos[:, None], sin[:, None]
-        total = self.k[0].shape[0]
-        batched = n > 8 and 2 * n >= total
-        if batched:
-            upto = int(pos.max()) + 1
-            at = torch.zeros(total, dtype=torch.long, device=device).index_copy_(0, rows_t, pos)
-            mask = (torch.arange(upto, device=device)[None] <= at[:, None])[:, None, None]  # [R, 1, 1, upto]
-        else:
-            ends = (pos + 1).tolist()
+        qd, kd = heads * dim, kv_heads * dim
         for li, layer in enumerate(inner.layers):
             att = layer.self_attn
-            h = self._norm(layer.input_layernorm, x)
-            q = self._rope(self._proj(att.q_proj, h).view(n, 1, heads, dim).transpose(1, 2), cos, sin)
-            k = self._rope(self._proj(att.k_proj, h).view(n, 1, kv_heads, dim).transpose(1, 2), cos, sin)
-            v = self._proj(att.v_proj, h).view(n, 1, kv_heads, dim).transpose(1, 2)
-            kb, vb = self.k[li], self.v[li]
-            kb[rows_t, :, pos] = k[:, :, 0]
-            vb[rows_t, :, pos] = v[:, :, 0]
-            if batched:
-                full = q.new_zeros((total, heads, 1, dim)).index_copy_(0, rows_t, q)
-                keys, values = self._kv_heads(kb[:, :, :upto], vb[:, :, :upto], groups)
-                o = F.scaled_dot_product_attention(full, keys, values, attn_mask=mask, scale=att.scaling)[rows_t]
-            else:
-                o = torch.cat([F.scaled_dot_product_attention(
-                    q[j: j + 1], *self._kv_heads(kb[r: r + 1, :, :e], vb[r: r + 1, :, :e], groups),
-                    scale=att.scaling) for j, (r, e) in enumerate(zip(rows, ends, strict=True))])
+            (wqkv, bqkv), (wgu, bgu) = self.fused[li]
+            qkv = F.linear(self._norm(layer.input_layernorm, x), wqkv, bqkv)
+            q = self._rope(qkv[..., :qd].view(n, 1, heads, dim).transpose(1, 2), cos, sin)
+            k = self._rope(qkv[..., qd: qd + kd].view(n, 1, kv_heads, dim).transpose(1, 2), cos, sin)
+            v = qkv[..., qd + kd:].view(n, 1, kv_heads, dim).transpose(1, 2)
+            kv = torch.stack((k, v), dim=1)  # [n, 2, kv_heads, 1, dim]
+            outs = []
+            for j, (row, p) in enumerate(zip(rows, pos, strict=True)):
+                buf = row.kv[li]
+                buf[:, :, p: p + 1] = kv[j]
+                keys, values = self._kv_heads(buf[0:1, :, : p + 1], buf[1:2, :, : p + 1], groups)
+                outs.append(F.scaled_dot_product_attention(q[j: j + 1], keys, values, scale=att.scaling))
+            o = torch.cat(outs)
             x = x + self._proj(att.o_proj, o.transpose(1, 2).reshape(n, 1, heads * dim))
-            x = x + self._mlp(layer, x)
+            x = x + self._mlp(layer, x, wgu, bgu)
         return model.lm_head(self._norm(inner.norm, x[:, 0])).float()
 
 

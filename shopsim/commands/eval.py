@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--whole-split", action="store_true",
                    help="every task, eval seed and try of the split file instead of the env's default protocol size")
     p.add_argument("--num-envs", type=positive_int, default=None,
-                   help="env copies stepped together (default: the agent's evaluation batch: 32 for the LM agent, "
+                   help="env copies stepped together (default: the agent's evaluation batch: 64 for the LM agent, "
                         "8 for the others)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--env-kwargs", default=None, metavar="JSON",
