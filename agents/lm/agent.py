@@ -25,9 +25,10 @@ Interface for trainers (kept stable; the RL baselines build on it):
   ``pin_first_turn=True``) is reused. The records are the same as without it (tested). ``agent.stats`` counts
   turns, prompt tokens and ``encoded_tokens`` (what the model actually ran over).
 * ``decoder="auto"`` (default) decodes Llama-family models with `agents.lm.decoder.SlotDecoder` (one KV buffer per
-  episode, packed prefill, batched in-place decoding: the same greedy actions and per-row draws as the reference
-  path at several times its speed); ``decoder="hf"`` keeps the reference path, `agents.lm.generation.sample` over
-  the `PrefixCache`, which is also used for other architectures and whenever ``record_hidden`` is on.
+  episode, packed prefill, in-place decoding with per-row attention: the same greedy actions and per-row draws as
+  the reference path at about three times its speed); ``decoder="hf"`` keeps the reference path,
+  `agents.lm.generation.sample` over the `PrefixCache`, which is also used for other architectures and whenever
+  ``record_hidden`` is on.
   ``agent.generate(prompts, keys)`` runs whichever applies (trainers that build their own prompts use it).
 * ``agent.save(dir)`` writes ``save_pretrained`` (safetensors) model + tokenizer + the shopsim manifest;
   ``LMAgent.from_checkpoint(dir, env_id=...)`` / ``agents.load_checkpoint(dir)`` rebuild it.

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from agents.lm.generation import Generators, SampleOutput, SamplingConfig, _top_p_filter, categorical
+from agents.lm.generation import Generators, SampleOutput, SamplingConfig, next_tokens
 from shopsim.errors import ConfigError
 
 #: model types whose decoder layers this module drives (their attention is Llama's: q/k/v/o projections, rotary
@@ -256,17 +256,10 @@ class SlotDecoder:
         stop_set = set(stop_ids)
         gen_ids: list[list[int]] = [[] for _ in prompts]
         gen_lp: list[list[float]] = [[] for _ in prompts]
-        t = config.logprob_temperature
         live = list(range(len(prompts)))  # the prompts still generating
         steps = 0
         while True:
-            logp = torch.log_softmax(logits / t, dim=-1)
-            if config.greedy:
-                tok = logits.argmax(-1)
-            else:
-                probs = _top_p_filter(logits / t, config.top_p).softmax(-1)
-                tok = categorical(probs, [generator[i] for i in live] if per_row else generator)
-            tok_lp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            tok, tok_lp = next_tokens(logits, config, [generator[i] for i in live] if per_row else generator)
             steps += 1
             tok_l, lp_l = tok.tolist(), tok_lp.tolist()
             going = []

@@ -139,6 +139,27 @@ def categorical(probs: torch.Tensor, generator: Generators = None) -> torch.Tens
     return torch.minimum(tok, last)
 
 
+def next_tokens(logits: torch.Tensor, config: SamplingConfig, generator: Generators = None):
+    """One token per row of `logits` [B, V] as `config` says (arg-max, or a draw at its temperature and top-p from
+    `generator`: one for the batch or one per row), and its recorded log-prob ``log_softmax(logits / T)[token]``
+    (T = `SamplingConfig.logprob_temperature`). Returns ``(tokens [B], log-probs [B])``."""
+    t = config.logprob_temperature
+    logp = torch.log_softmax(logits / t, dim=-1)
+    if config.greedy:
+        tok = logits.argmax(-1)
+    else:
+        probs = _top_p_filter(logits / t, config.top_p).softmax(-1)
+        per_row = generator is not None and not isinstance(generator, torch.Generator)
+        if not config.multinomial:
+            tok = categorical(probs, generator)
+        elif per_row:
+            tok = torch.cat([torch.multinomial(probs[b: b + 1], 1, generator=g) for b, g in enumerate(generator)])
+            tok = tok.squeeze(-1)
+        else:
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
 # transformers >= 5.2x names the KV cache `cache`; older versions `past_key_values`
 def _cache_of(out):
     return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
@@ -408,7 +429,6 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
     spare = torch.Generator().manual_seed(0) if per_row and config.keep_finished else None
     gen_ids: list[list[int]] = [[] for _ in range(batch)]
     gen_lp: list[list[float]] = [[] for _ in range(batch)]
-    t = config.logprob_temperature
     steps = 0
     fed_hidden: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # states of fed generated tokens
 
@@ -429,22 +449,10 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
             cache.store(keys[i], seq, kv, h)
 
     while True:
-        logp = torch.log_softmax(logits / t, dim=-1)
-        if config.greedy:
-            tok = logits.argmax(-1)
-        else:
-            probs = _top_p_filter(logits / t, config.top_p).softmax(-1)
-            # the rows still in the batch; a finished row kept in it (keep_finished) draws from a throw-away
-            # stream so that its own stream does not advance
-            gen = ([spare if b in done else generator[i] for b, i in enumerate(alive)] if per_row else generator)
-            if not config.multinomial:
-                tok = categorical(probs, gen)
-            elif per_row:
-                tok = torch.cat([torch.multinomial(probs[b: b + 1], 1, generator=g) for b, g in enumerate(gen)])
-                tok = tok.squeeze(-1)
-            else:
-                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        tok_lp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        # the rows still in the batch; a finished row kept in it (keep_finished) draws from a throw-away stream so
+        # that its own stream does not advance
+        gen = ([spare if b in done else generator[i] for b, i in enumerate(alive)] if per_row else generator)
+        tok, tok_lp = next_tokens(logits, config, gen)
         steps += 1
         tok_l, lp_l = tok.tolist(), tok_lp.tolist()
         for b, i in enumerate(alive):
