@@ -40,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from shopsim.commands import removing_unused_outputs
+
     try:
-        result = args.func(args)
+        with removing_unused_outputs():
+            result = args.func(args)
     except ShopsimError as exc:
         print(f"shopsim {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -10,10 +10,13 @@ strategy, agent, return, success...), so the file is a flat table that `pandas.r
   `shopsim.paths.atomic_path`) and renames it over the final name only in `close()`. An interrupted run leaves no
   file under the final name, the reader refuses any file without the `shopsim` completion record in its footer, and
   the next writer into the folder removes the temporary file of a killed writer.
-* **Sharded**: a folder of ``part-00000.parquet``, ``part-00001.parquet``... with a ``manifest.json`` (written by
+* **Sharded**: a folder of ``part-00000.parquet``, ``part-00001.parquet``... with a ``_manifest.json`` (written by
   `shopsim.distributed.rollout_to_shards`, e.g. ``shopsim rollout --workers N``) is read as one dataset by every
   reader here, its shards in episode order; an unfinished folder (``"complete": false``) is refused with a message
-  saying to rerun its command. Hugging Face ``datasets.load_dataset(FOLDER)`` reads the parts as one split.
+  saying to rerun its command. The manifest's leading underscore makes the folder a plain Parquet dataset for other
+  readers (pyarrow's dataset discovery, hence ``pandas.read_parquet(FOLDER)``, skips names starting with ``_`` or
+  ``.``), and Hugging Face ``datasets.load_dataset(FOLDER)`` reads the parts as one split. Folders written before
+  the rename hold ``manifest.json`` (`LEGACY_MANIFEST`), which is still read.
 * **Metadata**: a JSON record in the Parquet footer (key ``shopsim``): schema version, env config, catalog seed and
   size, agent, package versions and creation time. The creation time is taken from ``SOURCE_DATE_EPOCH`` when set
   (the reproducible-builds convention), so the same seed gives byte-identical files; otherwise it is the wall clock
@@ -41,8 +44,11 @@ from shopsim.paths import atomic_path
 from shopsim.trajectory import SCHEMA_VERSION, Trajectory, Turn, to_jsonable
 
 METADATA_KEY = b"shopsim"
-#: the index of a sharded dataset folder
-MANIFEST = "manifest.json"
+#: the index of a sharded dataset folder; the leading underscore hides it from pyarrow's (and pandas') discovery of the
+#: folder's Parquet files
+MANIFEST = "_manifest.json"
+#: the index's name in folders written by shopsim 0.x before the rename (read, and replaced on resume)
+LEGACY_MANIFEST = "manifest.json"
 
 _EPISODE_FIELDS = [
     ("env_id", pa.string()), ("task_id", pa.string()), ("split", pa.string()), ("seed", pa.int64()),
@@ -235,13 +241,22 @@ def write_dataset(path: str | os.PathLike, trajectories, metadata: dict | None =
 
 
 # ---------------------------------------------------------------------- reading
+def manifest_file(folder: str | os.PathLike) -> Path | None:
+    """The manifest of the sharded dataset folder `folder` (`MANIFEST`, else an older folder's `LEGACY_MANIFEST`),
+    or None if it has neither."""
+    for name in (MANIFEST, LEGACY_MANIFEST):
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    return None
+
+
 def dataset_files(path: str | os.PathLike) -> list[Path]:
     """The Parquet files of the dataset at `path`: the file itself, or a sharded folder's shards in episode order."""
     path = Path(path)
     if not path.is_dir():
         return [path]
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
+    manifest_path = manifest_file(path)
+    if manifest_path is None:
         raise DatasetError(f"{path} is a folder without {MANIFEST}; give a dataset file, or a folder written by "
                            f"`shopsim rollout --workers N --out {path}`")
     try:

@@ -4,12 +4,15 @@ Two entry points, both built on `shopsim.rollout.collect`:
 
 * `rollout_to_shards` writes a planned list of episodes (`shopsim.rollout.plan_episodes`) as a **sharded dataset**:
   a folder of ``part-00000.parquet``, ``part-00001.parquet``... (shard k holds episodes
-  ``[k * shard_episodes, (k + 1) * shard_episodes)`` in episode order) plus ``manifest.json``. Each shard is one
+  ``[k * shard_episodes, (k + 1) * shard_episodes)`` in episode order) plus ``_manifest.json``. Each shard is one
   `shopsim.datasets.DatasetWriter` file, so it appears only once complete; its footer records the shard's range
   and the run's fingerprint. Rerunning the same command skips every shard already on disk and runs only the missing
   ranges, so a run whose worker (or driver) died resumes where it stopped. The manifest is rewritten (atomically)
-  after every finished shard and says ``"complete": true`` once all are there; `shopsim.datasets` reads the folder
-  as one dataset, and Hugging Face ``datasets.load_dataset(FOLDER)`` reads its Parquet files as one split.
+  after every finished shard, and only after the driver found that shard's file where it reads it (the folder is
+  made absolute before it reaches the workers, so a worker whose working directory differs from the driver's writes
+  into the same folder); it says ``"complete": true`` once all are there. `shopsim.datasets` reads the folder as one
+  dataset; ``pandas.read_parquet(FOLDER)`` (the manifest's leading underscore hides it from pyarrow) and Hugging
+  Face ``datasets.load_dataset(FOLDER)`` read its Parquet files as one table, one split.
 * `RayPool.collect` has `collect`'s signature and result: it splits the episodes into ranges, runs them on the
   pool's actors and returns the trajectories in episode order (the evaluator's ``collect=`` hook). Inside
   ``with using(pool):`` every evaluation (`shopsim.leaderboard.evaluate`, hence ``shopsim eval`` and
@@ -47,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shopsim.datasets import MANIFEST
+from shopsim.datasets import LEGACY_MANIFEST, MANIFEST, manifest_file
 from shopsim.errors import ConfigError, ShopsimError
 
 MANIFEST_FORMAT = "shopsim-shards/1"
@@ -107,12 +110,15 @@ def _run_range(env_id: str, agent, specs, collect_kwargs: dict, agent_seed: int,
               "progress": False}
     if out is None:
         return collect(env_id, agent, **kwargs)
+    import socket
+
     from shopsim.datasets import DatasetWriter
 
     with DatasetWriter(out, metadata=metadata) as writer:
         trajs = collect(env_id, agent, writer=writer, **kwargs)
+    # "host": where it was written, for the driver's message if it cannot see the file (not kept in the manifest)
     return {"file": Path(out).name, "start": specs[0].index, "stop": specs[-1].index + 1, "turns": writer.num_turns,
-            "summary": _summary_sums(trajs)}
+            "summary": _summary_sums(trajs), "host": socket.gethostname()}
 
 
 def usable_cpus() -> int:
@@ -486,6 +492,20 @@ def _write_manifest(out: Path, manifest: dict) -> None:
     from shopsim.paths import write_text_atomic
 
     write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    # a folder from before the rename: its old manifest would now only stop pyarrow from reading the folder
+    (out / LEGACY_MANIFEST).unlink(missing_ok=True)
+
+
+def _missing_shard_error(out: Path, lost: list[tuple[str, str | None]]) -> ShopsimError:
+    import socket
+
+    name, host = lost[0]
+    here = socket.gethostname()
+    where = f"a worker on {host}" if host and host != here else "a worker"
+    more = f" (and {len(lost) - 1} more shards)" if len(lost) > 1 else ""
+    return ShopsimError(f"{where} wrote {out / name}{more}, but this process (on {here}) does not find it there; "
+                        "--out must be a folder every Ray node writes at the same path (a shared file system, "
+                        "docs/scale.md); the manifest is not marked complete")
 
 
 def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequence, metadata: dict,
@@ -497,7 +517,9 @@ def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequ
     `shopsim.rollout.collect` (num_envs, env_kwargs, vector...); `on_shard(record)` runs in the driver after each
     shard is recorded (e.g. to sample memory)."""
     t0 = time.perf_counter()
-    out = Path(out)
+    # absolute before it reaches a worker: a relative path would be taken from the worker's working directory (where
+    # `ray start` ran), not the command's
+    out = Path(out).expanduser().absolute()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; a sharded dataset is a folder, give a folder path")
     out.mkdir(parents=True, exist_ok=True)
@@ -505,8 +527,8 @@ def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequ
     shard_episodes = shard_episodes or default_shard_episodes(len(specs))
     ranges = shard_ranges(len(specs), shard_episodes)
     fingerprint = run_fingerprint(metadata, len(specs), shard_episodes)
-    old = out / MANIFEST
-    if old.is_file():
+    old = manifest_file(out)
+    if old is not None:
         try:
             previous = json.loads(old.read_text()).get("run")
         except ValueError:
@@ -525,7 +547,14 @@ def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequ
     manifest = {"format": MANIFEST_FORMAT, "run": fingerprint, "metadata": metadata, "episodes": len(specs),
                 "shard_episodes": shard_episodes, "num_shards": len(ranges), "complete": False, "shards": []}
 
+    lost: list[tuple[str, str | None]] = []  # shards a worker reported written that this process cannot see
+
     def record(k: int, rec: dict) -> None:
+        host = rec.pop("host", None)
+        footer = _shard_footer(out / rec["file"])
+        if not footer or footer.get("run") != fingerprint or (footer.get("start"), footer.get("stop")) != ranges[k]:
+            lost.append((rec["file"], host))
+            return
         done[k] = rec
         manifest["shards"] = [done[i] for i in sorted(done)]
         manifest["complete"] = len(done) == len(ranges)
@@ -565,6 +594,8 @@ def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequ
             jobs = [(key, box, env_id, specs[ranges[k][0]:ranges[k][1]], collect_kwargs, agent_seed,
                      str(out / shard_name(k)), job_meta(k)) for k in todo]
             pool.map(jobs, on_done=lambda j, rec: record(todo[j], rec))
+        if lost:
+            raise _missing_shard_error(out, lost)
         if not todo:  # nothing to run: make sure the manifest lists what is there
             manifest["shards"] = [done[i] for i in sorted(done)]
             manifest["complete"] = True

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import ray  # in the dev extra that `make test` installs
 
-from shopsim.datasets import read_episodes, read_metadata, read_trajectories, read_turns
-from shopsim.distributed import RayPool, default_shard_episodes, rollout_to_shards, shard_ranges
+from shopsim.datasets import LEGACY_MANIFEST, MANIFEST, read_episodes, read_metadata, read_trajectories, read_turns
+from shopsim.distributed import RayPool, _run_range, default_shard_episodes, rollout_to_shards, shard_ranges
 from shopsim.errors import ConfigError, DatasetError, ShopsimError
 from shopsim.rollout import collect, plan_episodes
 from shopsim.testing import COUNT_ID, CountExpert, CountRandom, make_count_env
@@ -74,7 +74,7 @@ def test_cli_workers_gives_the_rows_of_a_single_process_run(cluster, epoch, tmp_
     for k in range(3):
         name = f"part-{k:05d}.parquet"
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
-    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "ray" / MANIFEST).read_text())
     assert manifest["complete"] and [s["start"] for s in manifest["shards"]] == [0, 4, 8]
     assert read_metadata(tmp_path / "ray")["num_shards"] == 3
     assert "3 shards: 3 run now" in capsys.readouterr().out
@@ -116,6 +116,81 @@ def test_in_process_resume_and_a_different_run_is_refused(tmp_path):
     assert hf["traj_id"] == list(read_turns(out)["traj_id"])  # Hugging Face reads the shards as one split
     with pytest.raises(ConfigError, match="different run"):
         _count_shards(out, CountRandom(), n=10)
+
+
+def test_pandas_reads_a_sharded_folder_and_an_old_folder_still_resumes(tmp_path):
+    """The README says pandas reads the output: a folder holding ``manifest.json`` made pyarrow's discovery fail
+    ("Could not read schema"); the manifest's leading underscore hides it. A folder written before the rename
+    (``manifest.json``) is still read and resumed, and its old manifest replaced."""
+    import pandas as pd
+
+    out = tmp_path / "d"
+    _count_shards(out, CountRandom())
+    parts = sorted(out.glob("part-*.parquet"))
+    assert len(parts) == 6 and (out / MANIFEST).is_file() and not (out / LEGACY_MANIFEST).exists()
+    whole = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+    got = pd.read_parquet(out)
+    assert len(got) == len(whole) > 0
+    pd.testing.assert_frame_equal(got, whole)
+    assert list(got["traj_id"]) == list(read_turns(out)["traj_id"])
+    before = read_turns(out)
+    (out / MANIFEST).rename(out / LEGACY_MANIFEST)  # a folder from before the rename
+    assert read_turns(out).equals(before)
+    assert len(read_trajectories(out)) == 12
+    again = _count_shards(out, CountRandom())
+    assert (again.ran, again.skipped) == (0, 6)
+    assert (out / MANIFEST).is_file() and not (out / LEGACY_MANIFEST).exists()
+    pd.testing.assert_frame_equal(pd.read_parquet(out), whole)
+
+
+class _ElsewherePool:
+    """A pool whose worker runs on another machine: it writes each shard at the path it is given, but in its own
+    file system (here: under `root`), where the driver cannot see it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def put_agent(self, agent):
+        return "key", [agent]
+
+    def map(self, jobs, on_done):
+        for j, (_key, box, env_id, specs, kwargs, seed, out, meta) in enumerate(jobs):
+            elsewhere = self.root / Path(out).relative_to(Path(out).anchor)
+            elsewhere.parent.mkdir(parents=True, exist_ok=True)
+            on_done(j, _run_range(env_id, box[0], specs, kwargs, seed, str(elsewhere), meta))
+
+
+def test_a_shard_the_driver_cannot_see_fails_the_run_instead_of_completing_it(tmp_path):
+    """Workers that wrote their shards where the driver does not read them (another machine's disk, another working
+    directory) gave a manifest marked complete and a success message; now the run stops with what to change."""
+    out = tmp_path / "d"
+    with pytest.raises(ShopsimError, match=r"part-00000.parquet \(and 5 more shards\), but this process .* does not "
+                                           r"find it there; --out must be a folder every Ray node writes"):
+        _count_shards(out, CountRandom(), pool=_ElsewherePool(tmp_path / "other-node"))
+    assert len(list((tmp_path / "other-node").rglob("part-*.parquet"))) == 6  # the worker did write them
+    assert not (out / MANIFEST).exists() or not json.loads((out / MANIFEST).read_text())["complete"]
+    with pytest.raises(DatasetError):
+        read_turns(out)
+
+
+def test_relative_out_lands_in_the_drivers_folder_whatever_the_workers_cwd(cluster, tmp_path, monkeypatch):
+    """`shopsim rollout --ray-address ... --out D` handed the workers the relative path D, so they wrote D/part-*
+    under their own working directory (where `ray start` ran) while the driver marked its empty D complete."""
+    worker_cwd, user = tmp_path / "where-ray-started", tmp_path / "user"
+    worker_cwd.mkdir()
+    user.mkdir()
+    monkeypatch.chdir(user)
+    with RayPool(2) as pool:
+        ray.get([a.__ray_call__.remote(lambda _self, d: os.chdir(d), str(worker_cwd)) for a in pool.actors])
+        assert set(ray.get([a.__ray_call__.remote(lambda _self: os.getcwd()) for a in pool.actors])) == {
+            str(worker_cwd)}
+        run = _count_shards("D", CountExpert(), pool)
+    assert run.ran == 6 and run.manifest["complete"]
+    assert sorted(p.name for p in (user / "D").glob("part-*.parquet")) == [f"part-{k:05d}.parquet" for k in range(6)]
+    assert not (worker_cwd / "D").exists()
+    ref = collect(COUNT_ID, CountExpert(), env_fns=[make_count_env] * 2, num_envs=2, episodes=12, seed=3,
+                  progress=False)
+    assert [t.to_dict() for t in read_trajectories("D")] == [t.to_dict() for t in ref]
 
 
 def test_pool_collect_matches_collect(cluster):
@@ -232,3 +307,20 @@ def test_workers_run_torch_with_the_drivers_settings(cluster):
                    "matmul_precision": torch.get_float32_matmul_precision(), "default_dtype": "float32"}
     assert got["deterministic"]  # tests/conftest.py turns it on in the driver; a fresh worker has it off
     assert capped == {**got, "threads": 1}
+
+
+def test_a_failed_connect_leaves_no_empty_output_folder(no_local_ray, tmp_path, capsys):
+    """`--ray-address` to a cluster that does not answer stopped the command but left the folders made for --out."""
+    from shopsim.cli import main
+
+    dead = ["--ray-address", "127.0.0.1:1", "--no-progress"]
+    assert main(["rollout", "--env", REPLENISHMENT, "--agent", "s_S", "--episodes", "2", *dead,
+                 "--out", str(tmp_path / "new" / "D")]) == 2
+    assert main(["eval", "--env", REPLENISHMENT, "--agent", "s_S", "--tasks", "1", *dead,
+                 "--out", str(tmp_path / "results" / "x.json")]) == 2
+    assert capsys.readouterr().err.count("nothing listens there") == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()  # a folder that was there before the command stays
+    assert main(["rollout", "--env", REPLENISHMENT, "--agent", "s_S", "--episodes", "2", *dead,
+                 "--out", str(tmp_path / "kept")]) == 2
+    assert (tmp_path / "kept").is_dir()

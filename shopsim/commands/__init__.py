@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from shopsim.errors import ShopsimError
+
+#: folders `writable_output` created in this command, outermost first (`removing_unused_outputs`)
+_CREATED: list[Path] = []
+
+
+@contextlib.contextmanager
+def removing_unused_outputs():
+    """Run a command so that, if it fails, the folders `writable_output` created for it that are still empty are
+    removed again: a command that stopped before writing (e.g. on a Ray cluster it could not join) leaves no empty
+    output folder behind. Folders that existed before are never touched."""
+    _CREATED.clear()
+    try:
+        yield
+    except BaseException:
+        for folder in reversed(_CREATED):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only an empty folder goes
+        raise
+    finally:
+        _CREATED.clear()
 
 
 def writable_output(path: str | os.PathLike, *, is_dir: bool = False, flag: str = "--out") -> Path:
@@ -15,7 +36,9 @@ def writable_output(path: str | os.PathLike, *, is_dir: bool = False, flag: str 
     the command will write: a permission bit, a read-only or pseudo file system (``/proc``), a name too long for
     the file system or a file where a folder is needed all show up here, as a `ShopsimError` naming `flag`, rather
     than as a traceback after the work is done. The probe for a file is the temporary sibling that the atomic
-    writers use (`shopsim.paths.atomic_path`), so its name is as long as any name the command will create.
+    writers use (`shopsim.paths.atomic_path`), so its name is as long as any name the command will create. The
+    folders it creates are removed again if the command fails while they are still empty
+    (`removing_unused_outputs`, around every command of `shopsim.cli.main`).
     """
     from shopsim.paths import atomic_path
 
@@ -30,7 +53,9 @@ def writable_output(path: str | os.PathLike, *, is_dir: bool = False, flag: str 
         blocker = next((a for a in (folder, *folder.parents) if a.exists()), None)
         if blocker is not None and not blocker.is_dir():
             raise ShopsimError(f"{flag} {p}: {blocker} is a file, not a folder; choose a writable path")
+        missing = [a for a in (folder, *folder.parents) if not a.exists()]
         folder.mkdir(parents=True, exist_ok=True)
+        _CREATED.extend(reversed(missing))  # outermost first
         probe = folder / f".shopsim-probe-{os.getpid()}" if is_dir else atomic_path(p)
         with open(probe, "xb"):
             pass
