@@ -221,6 +221,33 @@ def _split_address(address: str) -> tuple[str, int] | None:
     return (host.strip("[]"), int(port)) if sep and host and port.isdigit() else None
 
 
+def _client_auth_env() -> dict[str, str]:
+    """What a driver joining a cluster by address needs for Ray's token authentication: ``RAY_AUTH_MODE=token`` when
+    the mode is unset and a token is available here (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
+    ``~/.ray/auth_token``), else nothing.
+
+    That is the rule `ray start --head` applies (Ray 2.60: token mode when a token exists, and any earlier local
+    ``ray.init`` on the machine wrote one), but ``ray.init(address=HOST:PORT)`` skips it, so a driver joining such a
+    head by address was refused (InvalidAuthToken). A token-mode driver also joins a head without authentication."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return {}  # the user's choice
+    try:
+        from ray._raylet import AuthenticationTokenLoader
+    except ImportError:  # a Ray without token authentication
+        return {}
+    return {"RAY_AUTH_MODE": "token"} if AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True) else {}
+
+
+def _use_auth_env(env: dict[str, str]) -> None:
+    """Apply `_client_auth_env` to this process before it joins (Ray reads the mode from its cached config)."""
+    if not env:
+        return
+    os.environ.update(env)
+    from ray._raylet import Config
+
+    Config.initialize("")  # re-read RAY_AUTH_MODE, as Ray's own `_enable_token_auth` does
+
+
 def _join_cluster(ray, address: str, timeout_s: float) -> None:
     """``ray.init(address=...)`` that ends within about `timeout_s` with one `ConfigError` line if no cluster
     answers, leaving no process behind.
@@ -249,8 +276,9 @@ def _join_cluster(ray, address: str, timeout_s: float) -> None:
             raise ConfigError(f"{where}: nothing listens there (connection refused); {hint}") from None
         except OSError as exc:
             raise ConfigError(f"{where}: cannot reach it ({exc.strerror or 'timed out'}); {hint}") from None
+    auth = _client_auth_env()
     child = subprocess.Popen([sys.executable, "-c", _JOIN_PROBE, address], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, **auth})
     try:
         out, err = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -263,22 +291,26 @@ def _join_cluster(ray, address: str, timeout_s: float) -> None:
         errors = [ln.strip() for ln in err.splitlines() if "Error" in ln.split(":", 1)[0]]
         reason = errors[-1] if errors else f"exit status {child.returncode}"
         if "InvalidAuthToken" in err or "AuthenticationError" in err:
-            raise ConfigError(f"{where}: the cluster uses token authentication and this process has no token, or "
-                              "another one: set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, or "
-                              "~/.ray/auth_token as on the head node), or start every node with "
+            have = "another token than the cluster's" if auth or os.environ.get("RAY_AUTH_MODE") == "token" else \
+                "no token"
+            raise ConfigError(f"{where}: the cluster uses token authentication and this process has {have}: give "
+                              "it the head's token (`ray get-auth-token` there; RAY_AUTH_TOKEN=... or "
+                              "~/.ray/auth_token here), or start every node and run this command with "
                               "RAY_AUTH_MODE=disabled (docs/scale.md)") from None
         if "Could not find any running Ray instance" in reason:
             raise ConfigError(f"{where}: no Ray cluster runs on this machine; start one with `ray start --head` "
                               "(docs/scale.md), or use --workers N for a local cluster") from None
         raise ConfigError(f"{where}: cannot join the Ray cluster ({reason[:300]}); {hint}") from None
+    _use_auth_env(auth)
     ray.init(address=address, logging_level="warning")
 
 
 class RayPool:
     """`workers` Ray actors (one CPU each) on a local cluster started here, or on the cluster at `address`.
 
-    ``address=None, workers=N`` starts a local Ray instance with N CPUs unless this process already joined one
-    (then it is reused, e.g. a test's cluster); N may not exceed the CPUs this process can use (`usable_cpus`).
+    ``address=None, workers=N`` starts a new local Ray instance with N CPUs (beside any cluster already running on
+    the machine) unless this process already joined one (then it is reused, e.g. a test's cluster); N may not
+    exceed the CPUs this process can use (`usable_cpus`).
     ``address="auto"`` or ``"HOST:6379"`` joins a cluster started with ``ray start --head`` within
     `connect_timeout_s` (then ``workers`` defaults to the cluster's CPU count). Each worker runs torch with this
     process's settings (`torch_settings`), its threads capped at its share of the CPUs. Use as a context manager;
@@ -302,7 +334,10 @@ class RayPool:
                     raise ConfigError(f"{option} {workers} needs {workers} CPUs (one per worker) but this process "
                                       f"can use {cpus}; lower {option} to {cpus} or fewer, or run on a Ray cluster "
                                       "with more CPUs (docs/scale.md)")
-                ray.init(num_cpus=workers, include_dashboard=False, logging_level="warning", log_to_driver=True)
+                # address="local": a new instance even while another cluster runs on the machine (`ray start`,
+                # RAY_ADDRESS), which a plain ray.init would join and then refuse num_cpus for
+                ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="warning",
+                         log_to_driver=True)
             else:
                 _join_cluster(ray, address, connect_timeout_s)
         cpus = int(ray.cluster_resources().get("CPU", 0))
