@@ -110,6 +110,10 @@ class RecPGConfig:
     no_repeat: bool = False
     """Exclude history and earlier path items while decoding (rollouts and evaluation). False = ProRL's setting
     (duplicates possible, charged CTR := 0)."""
+    grad_var: bool = False
+    """Log the per-iteration gradient variance (`grad_var`, `grad_var_rel` columns): the policy-gradient loss is
+    back-propagated once per prompt group and the step takes the mean of the group gradients (the same gradient up to
+    float rounding). Off by default: one backward pass per iteration."""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -132,18 +136,50 @@ class RunningStats:
         """values [N, k] (rows = real items)."""
         if self.frozen or not len(values):
             return
-        n_b = len(values)
-        mean_b = values.mean(0)
-        m2_b = ((values - mean_b) ** 2).sum(0)
-        tot = self.count + n_b
-        delta = mean_b - self.mean
-        self.mean = self.mean + delta * n_b / tot
-        self.m2 = self.m2 + m2_b + delta ** 2 * self.count * n_b / tot
-        self.count = tot
+        self.count, self.mean, self.m2 = _chan_update(self.count, self.mean, self.m2, values)
 
     @property
     def std(self) -> np.ndarray:
         return np.sqrt(self.m2 / np.maximum(self.count, 1))
+
+
+def _chan_update(count, mean, m2, values: np.ndarray):
+    """Merge a batch values [N, k] into running (count, mean, m2) (Chan et al.'s parallel Welford step)."""
+    n_b = len(values)
+    mean_b = values.mean(0)
+    m2_b = ((values - mean_b) ** 2).sum(0)
+    tot = count + n_b
+    delta = mean_b - mean
+    return tot, mean + delta * n_b / tot, m2 + m2_b + delta ** 2 * count * n_b / tot
+
+
+class PositionStats(RunningStats):
+    """Running mean/std per path position: row 0 pools every position, row k + 1 holds position k (0-based);
+    `frozen` stops updates. Used by ProRL's centering='position' ([derived], docs/algorithms/prorl.md)."""
+
+    def __init__(self, length: int, k: int, min_count: int = 2):
+        self.count = np.zeros((length + 1, k))
+        self.mean = np.zeros((length + 1, k))
+        self.m2 = np.zeros((length + 1, k))
+        self.frozen = False
+        self.min_count = min_count
+
+    def update(self, values: np.ndarray, positions: np.ndarray | None = None) -> None:
+        """values [N, k] (rows = real items) at path positions [N] (0-based)."""
+        if self.frozen or not len(values):
+            return
+        rows = [(0, np.ones(len(values), dtype=bool))]
+        rows += [(j + 1, positions == j) for j in range(len(self.count) - 1)]
+        for row, sel in rows:
+            if sel.any():
+                self.count[row], self.mean[row], self.m2[row] = _chan_update(self.count[row], self.mean[row],
+                                                                             self.m2[row], values[sel])
+
+    def per_position(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) [L, k] per position; a position with fewer than `min_count` items takes the pooled row."""
+        few = self.count[1:] < self.min_count
+        std = self.std
+        return np.where(few, self.mean[:1], self.mean[1:]), np.where(few, std[:1], std[1:])
 
 
 def position_advantages(step_r: np.ndarray, lengths: np.ndarray, group_ids: np.ndarray, gamma: float = 1.0):
@@ -261,15 +297,14 @@ class _RecPG(LoopAlgorithm):
         scores = self.scorer.score(hist, tgt, items, invalid=self.invalid_rule)
         item_adv, eos_adv, astats = self.advantages(scores, lengths, group_ids, epoch)
         len_t = torch.as_tensor(lengths)
-        tok_lp = token_logprobs(self.policy, self.agent.vocab, prompts, gen_ids)
-        ref_lp = None
-        if self.ref is not None:
-            with torch.no_grad():
-                ref_lp = token_logprobs(self.ref, self.agent.vocab, prompts, gen_ids)
-        loss, lstats = self.objective(tok_lp, ref_lp, len_t, torch.as_tensor(item_adv, dtype=torch.float32),
-                                      torch.as_tensor(eos_adv, dtype=torch.float32))
-        self.opt.zero_grad()
-        loss.backward()
+        item_adv_t = torch.as_tensor(item_adv, dtype=torch.float32)
+        eos_adv_t = torch.as_tensor(eos_adv, dtype=torch.float32)
+        if c.grad_var:
+            loss, lstats = self._grouped_backward(prompts, gen_ids, len_t, item_adv_t, eos_adv_t, group_ids)
+        else:
+            loss, lstats = self._loss(prompts, gen_ids, len_t, item_adv_t, eos_adv_t)
+            self.opt.zero_grad()
+            loss.backward()
         gnorm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm))
         self.opt.step()
         self.sched.step()
@@ -285,6 +320,41 @@ class _RecPG(LoopAlgorithm):
                                           / max(1, scores.step_mask.sum())),
                 "eos_adv_mean": float(eos_adv[lengths < L_MAX].mean()) if (lengths < L_MAX).any() else 0.0,
                 "valid_rollouts": float(real_rollout.mean()), **lstats, **astats}
+
+    def _loss(self, prompts, gen_ids, lengths, item_adv, eos_adv):
+        """The objective on these rollouts (teacher-forced log-probs of the policy and, with a KL, the reference)."""
+        tok_lp = token_logprobs(self.policy, self.agent.vocab, prompts, gen_ids)
+        ref_lp = None
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_lp = token_logprobs(self.ref, self.agent.vocab, prompts, gen_ids)
+        return self.objective(tok_lp, ref_lp, lengths, item_adv, eos_adv)
+
+    def _grouped_backward(self, prompts, gen_ids, lengths, item_adv, eos_adv, group_ids):
+        """`grad_var`: the loss's gradient per prompt group g_p; sets .grad to their mean (= the batch gradient, the
+        groups being equal in size) and logs grad_var = Σ_p ‖g_p − ḡ‖² / (P − 1), the trace of the per-prompt
+        gradient covariance, and grad_var_rel = grad_var / ‖ḡ‖²."""
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        flats, losses, stats = [], [], []
+        for g in np.unique(group_ids):
+            rows = torch.as_tensor(np.flatnonzero(group_ids == g))
+            loss_g, st = self._loss(prompts[rows], gen_ids[rows], lengths[rows], item_adv[rows], eos_adv[rows])
+            grads = torch.autograd.grad(loss_g, params, allow_unused=True)
+            flats.append(torch.cat([(torch.zeros_like(p) if gr is None else gr).reshape(-1)
+                                    for p, gr in zip(params, grads, strict=True)]))
+            losses.append(loss_g.detach())
+            stats.append(st)
+        flat = torch.stack(flats)
+        mean = flat.mean(0)
+        var = float(((flat - mean) ** 2).sum() / max(1, len(flats) - 1))
+        self.opt.zero_grad()
+        offset = 0
+        for p in params:
+            p.grad = mean[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        out = {k: float(np.mean([st[k] for st in stats])) for k in stats[0]}
+        out.update(grad_var=var, grad_var_rel=var / max(float(mean.pow(2).sum()), 1e-30))
+        return torch.stack(losses).mean(), out
 
     def eval_due(self, it: int, last: bool) -> bool:
         return last or it % self.config.eval_every == 0
@@ -427,11 +497,15 @@ class ProRLConfig(RecPGConfig):
     """mo_min_std: floor of the running std in the normalisation."""
     credit: Literal["position", "path"] = "position"
     """'position' (ProRL) or 'path' (ablation: every item gets the whole centred path return minus the group mean)."""
-    centering: Literal["component", "fused"] = "component"
+    centering: Literal["component", "fused", "position", "none"] = "component"
     """'component' (ProRL's code: each of IoI, IoR, CTR centred and scaled by its own running statistics, then
-    fused with w_ctr/L_max, w_ioi, w_ior) or 'fused' ([derived] reading of the paper's "subtract the expected step
+    fused with w_ctr/L_max, w_ioi, w_ior); 'fused' ([derived] reading of the paper's "subtract the expected step
     reward": the env's raw fused step reward w_ctr·CTR + w_ioi·IoI + w_ior·IoR/n_items is centred and scaled
-    by one running mean/std, same Welford/freeze/min_std rules)."""
+    by one running mean/std, same Welford/freeze/min_std rules); 'position' ([derived]: as 'component' but with
+    running statistics per path position k, so that E[r_k] ≈ 0 holds at every position and not only on average
+    over positions when the step rewards depend on k, see docs/algorithms/prorl.md; a position with fewer than 2
+    real items in the statistics uses the pooled ones); 'none' (ablation, the ladder's first rung: the env's raw
+    fused step reward, uncentred, as `reinforce` uses)."""
     item_logprob: Literal["mean", "sum"] = "mean"
     """'mean' (docs/algorithms/prorl.md: ℓ_k = mean of the item's 4 token log-probs) or 'sum' (ablation: the item's
     full log-prob, so item tokens get 4x the gradient relative to the EOS token)."""
@@ -453,6 +527,16 @@ class ProRL(_RecPG):
         """r_k = w_ctr·r̃_CTR/L_max + w_ioi·r̃_IoI + w_ior·r̃_IoR with r̃ = (r − μ)/max(σ, min_std)."""
         c = self.config
         real = scores.valid & ~scores.duplicate
+        if c.centering == "none":  # the ladder's first rung: the raw fused reward, nothing subtracted
+            return self.raw_fused(scores)
+        if c.centering == "position":  # [derived] statistics per path position k
+            comps = np.stack([scores.ioi, scores.ior, scores.ctr], -1)  # [B, L, 3]
+            if update:
+                self.stats.update(comps[real], np.nonzero(real)[1])
+            mean, std = (x[: comps.shape[1]] for x in self.stats.per_position())  # [L, 3]
+            z = (comps - mean[None]) / np.maximum(std, c.min_std)[None]
+            r = c.w_ioi * z[..., 0] + c.w_ior * z[..., 1] + c.w_ctr * z[..., 2] / L_MAX
+            return r * scores.step_mask
         if c.centering == "fused":  # one statistic of the env's raw fused step reward (a derived reading)
             f = self.raw_fused(scores)[..., None]  # [B, L, 1]
             if update:
@@ -472,7 +556,9 @@ class ProRL(_RecPG):
         return w.fuse(scores.ioi, scores.ior, scores.ctr) * scores.step_mask
 
     def _new_stats(self) -> RunningStats:
-        return RunningStats(1 if self.config.centering == "fused" else 3)
+        if self.config.centering == "position":
+            return PositionStats(L_MAX, 3)
+        return RunningStats(1 if self.config.centering in ("fused", "none") else 3)
 
     def advantages(self, scores, lengths, group_ids, epoch):
         if not hasattr(self, "stats"):
@@ -486,9 +572,11 @@ class ProRL(_RecPG):
             ret = torch.as_tensor(r.sum(1))
             a = group_normalize(ret, torch.as_tensor(group_ids), mode="mean").numpy()
             item_adv, eos_adv = a[:, None] * (np.arange(L_MAX)[None] < lengths[:, None]), a
-        names = ("fused",) if self.config.centering == "fused" else COMPONENTS
-        st = {f"mu_{k}": float(m) for k, m in zip(names, self.stats.mean, strict=False)}
-        st.update({f"sigma_{k}": float(s) for k, s in zip(names, self.stats.std, strict=False)})
+        names = {"none": (), "fused": ("fused",)}.get(self.config.centering, COMPONENTS)
+        pooled = self.config.centering == "position"  # row 0: the statistics over every position
+        mean, std = (self.stats.mean[0], self.stats.std[0]) if pooled else (self.stats.mean, self.stats.std)
+        st = {f"mu_{k}": float(m) for k, m in zip(names, mean, strict=False)}
+        st.update({f"sigma_{k}": float(s) for k, s in zip(names, std, strict=False)})
         st["stats_frozen"] = float(self.stats.frozen)
         st["step_reward_mean"] = float(r.sum() / max(1, scores.step_mask.sum()))
         return item_adv, eos_adv, st

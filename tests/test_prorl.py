@@ -308,3 +308,76 @@ def test_no_repeat_needs_the_prompts_and_is_saved(tmp_path):
     agent.save(tmp_path / "ck")
     back = RecPolicyAgent.from_checkpoint(tmp_path / "ck")
     assert back.no_repeat and back.vocab.no_repeat and back.valid_only
+
+
+class _FrontLoaded:
+    """Three users' sampled paths from a reference policy whose step rewards fall along the path: the first item
+    earns IoI 2, every later item 0.5 (IoR and CTR flat); users 0 and 1 stop after 3 items, user 2 after 2."""
+
+    ioi = np.array([[2.0, 0.5, 0.5, 0.0], [2.0, 0.5, 0.5, 0.0], [2.0, 0.5, 0.0, 0.0]])
+    ior = np.zeros((3, 4))
+    ctr = np.zeros((3, 4))
+    step_mask = np.array([[True, True, True, False], [True, True, True, False], [True, True, False, False]])
+    valid = step_mask
+    duplicate = np.zeros((3, 4), dtype=bool)
+
+
+def test_component_centering_charges_later_items_the_mean_item_and_position_centering_does_not():
+    """Front-loaded step rewards (as the SFT start's on ProactiveRec-v0): ProRL's per-item mean μ_IoI = 8.5/8 sits
+    above every item after the first, so each one is charged (0.5 − μ)/σ < 0 and the user that stops early gets a
+    positive advantage for stopping, from the reference policy's own paths; per-position statistics centre each
+    position on its own mean, so no item is charged for being late and stopping earns no credit."""
+    s = _FrontLoaded
+    lengths, gids = np.array([3, 3, 2]), np.zeros(3, dtype=int)
+    comp = ProRL(min_std=0.1)
+    comp.stats = comp._new_stats()
+    r = comp.centred_rewards(s, update=True)
+    assert comp.stats.mean[0] == pytest.approx(8.5 / 8)
+    assert (r[:, 1:][s.step_mask[:, 1:]] < 0).all()  # every later item is charged
+    pos = ProRL(min_std=0.1, centering="position")
+    pos.stats = pos._new_stats()
+    rp = pos.centred_rewards(s, update=True)
+    np.testing.assert_allclose(rp, 0.0, atol=1e-12)  # each position's items are at that position's mean
+    adv_c, _ = position_advantages(r, lengths, gids)
+    adv_p, _ = position_advantages(rp, lengths, gids)
+    assert adv_c[2, 2] > 0.1  # component: user 2's EOS at k = 2 is credited over the others' third item
+    assert adv_p[2, 2] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_position_stats_per_position_with_pooled_fallback_and_freeze():
+    st = ProRL(centering="position")._new_stats()
+    vals = np.array([[1.0, 10.0, 0.1], [3.0, 30.0, 0.3], [5.0, 50.0, 0.5]])
+    st.update(vals, np.array([0, 0, 1]))
+    mean, std = st.per_position()
+    np.testing.assert_allclose(st.mean[0], vals.mean(0))  # pooled row
+    np.testing.assert_allclose(mean[0], vals[:2].mean(0))  # position 1: its own two items
+    np.testing.assert_allclose(std[0], vals[:2].std(0))
+    np.testing.assert_allclose(mean[1], vals.mean(0))  # position 2: one item (< min_count 2) -> pooled
+    np.testing.assert_allclose(mean[5], vals.mean(0))  # never seen -> pooled
+    st.frozen = True
+    st.update(vals + 100, np.array([0, 0, 1]))
+    np.testing.assert_allclose(st.per_position()[0][0], vals[:2].mean(0))
+
+
+def test_centering_none_is_the_raw_fused_reward():
+    algo = ProRL(centering="none")
+    algo._n_items = 100
+    algo.stats = algo._new_stats()
+    s = _FrontLoaded
+    np.testing.assert_allclose(algo.centred_rewards(s, update=True), np.where(s.step_mask, s.ioi, 0.0))
+
+
+def test_grad_var_logs_the_per_prompt_variance_and_steps_with_the_same_gradient(tmp_path):
+    """grad_var=True: same parameters after a step as the single backward pass (up to float rounding), plus the
+    per-iteration variance columns."""
+    runs = {}
+    for gv in (False, True):
+        algo = ProRL(**{**TINY, "prompts_per_iter": 4, "grad_var": gv})
+        runs[gv] = algo.train(ENV_ID, iterations=2, seed=0, out_dir=tmp_path / str(gv), progress=False,
+                              agent=_tiny_agent())
+    for a, b in zip(runs[False].agent.model.parameters(), runs[True].agent.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    h = runs[True].history
+    assert all(r["grad_var"] > 0 and r["grad_var_rel"] > 0 for r in h)
+    assert "grad_var" not in runs[False].history[0]
+    assert [r["loss"] for r in h] == pytest.approx([r["loss"] for r in runs[False].history], rel=1e-5)
