@@ -104,7 +104,7 @@ def _algo(name: str, args, env_kwargs: dict, **over):
     if pool:
         per["train_task_ids"] = pool
     common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
-                  temperature=args.temperature,
+                  temperature=args.temperature, top_p=getattr(args, "top_p", 1.0),
                   task_families=tuple(getattr(args, "families", FAMILIES)), eval_split="dev,test",
                   eval_episodes=args.eval_episodes,
                   eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=num_envs(args),
@@ -201,15 +201,17 @@ def screen_pool(start_dir: Path, args, env_kwargs: dict) -> dict:
     from baselines.core.tasks import sample_tasks
     from shopsim.rollout import collect
 
-    key = f"pool-{args.screen_tasks}x{args.screen_samples}-t{args.temperature}-m{args.max_turns}.json"
+    top_p = getattr(args, "top_p", 1.0)
+    key = (f"pool-{args.screen_tasks}x{args.screen_samples}-t{args.temperature}"
+           f"{'' if top_p == 1.0 else f'-p{top_p}'}-m{args.max_turns}.json")
     path = start_dir / key
     if path.is_file():
         return json.loads(path.read_text())
-    agent = LMAgent(env_id=ENV, checkpoint=start_dir, temperature=args.temperature,
+    agent = LMAgent(env_id=ENV, checkpoint=start_dir, temperature=args.temperature, top_p=top_p,
                     max_new_tokens=args.max_new_tokens)
     k = args.screen_samples
     info: dict = {"tasks_per_family": args.screen_tasks, "samples": k, "temperature": args.temperature,
-                  "families": {}, "pool": []}
+                  "top_p": top_p, "families": {}, "pool": []}
     for fam in args.families:
         tasks = sample_tasks(ENV, "train", np.random.default_rng(SCREEN_SEED), args.screen_tasks, families=(fam,))
         trajs = collect(ENV, agent, tasks=tasks, seeds=[SCREEN_SEED + i for i in range(len(tasks))], group_size=k,
@@ -498,9 +500,9 @@ def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
 #: the options that define a run of the protocol; runs recorded under other values are never reused
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
-                 "screen_samples")
+                 "screen_samples", "top_p")
 #: protocol options added after tables were recorded, at the value those tables were measured under
-PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None}
+PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0}
 
 
 def protocol_of(args) -> dict:
@@ -655,6 +657,9 @@ def add_protocol_arguments(p) -> None:
     p.add_argument("--temperature", type=float, default=0.5,
                    help="rollout sampling temperature (the weakened start succeeds on ~5%% of dev tasks at 1.0, "
                         "21%% at 0.7, 27%% at 0.5; greedy 32%%)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus mass of the rollouts' draws (1.0: off); log-probs stay those of the whole "
+                        "distribution")
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)

@@ -6,7 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+import baselines
 from benchmarks.learning_lm import summarise, summary_table, write_results
+from shopsim.errors import ConfigError
 
 FAMS = ("find_and_buy", "clarify_and_buy")
 START = {"dev": 0.3, "test": 0.2, "test/find_and_buy": 0.4, "test/clarify_and_buy": 0.0}
@@ -250,8 +252,8 @@ def test_the_screened_pool_keeps_the_tasks_the_start_both_solves_and_fails(tmp_p
     seen = {}
 
     class FakeAgent:
-        def __init__(self, env_id, checkpoint, temperature, max_new_tokens):
-            seen["temperature"] = temperature
+        def __init__(self, env_id, checkpoint, temperature, max_new_tokens, top_p=1.0):
+            seen["temperature"], seen["top_p"] = temperature, top_p
 
     def fake_collect(env_id, agent, *, tasks, group_size, **kw):
         out = []
@@ -270,6 +272,26 @@ def test_the_screened_pool_keeps_the_tasks_the_start_both_solves_and_fails(tmp_p
     assert info["pool"] and all(t % 3 == 2 for t in info["pool"])
     fam = info["families"]["bundle"]
     assert fam["kept"] == len(info["pool"]) and fam["always"] + fam["never"] + fam["kept"] == 12
-    assert seen["temperature"] == 1.0
+    assert seen["temperature"] == 1.0 and seen["top_p"] == 1.0
     monkeypatch.setattr(shopsim.rollout, "collect", lambda *a, **k: pytest.fail("the saved pool is reused"))
     assert lm.screen_pool(tmp_path, args, {}) == info
+    # a nucleus-sampled protocol screens with its own draws, into its own pool file
+    monkeypatch.setattr(shopsim.rollout, "collect", fake_collect)
+    nucleus = lm.screen_pool(tmp_path, SimpleNamespace(**{**vars(args), "top_p": 0.9}), {})
+    assert seen["top_p"] == 0.9 and nucleus["top_p"] == 0.9 and len(list(tmp_path.glob("pool-*.json"))) == 2
+
+
+def test_top_p_reaches_the_rollouts_and_keeps_recorded_digests():
+    """`LMConfig.top_p` is the rollouts' nucleus mass (the agent's sampling config); at its default 1.0 it is left
+    out of the config digest, so runs recorded before the option existed are still reused."""
+    from baselines.core.loop import config_digest
+
+    algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", top_p=0.8, temperature=0.7)
+    agent = SimpleNamespace(sampling=SimpleNamespace(temperature=1.0, top_p=1.0, greedy=True))
+    algo._configure_agent(agent)
+    assert (agent.sampling.temperature, agent.sampling.top_p, agent.sampling.greedy) == (0.7, 0.8, False)
+    old = {"lr": 1e-4, "temperature": 0.7}
+    assert config_digest(old) == config_digest({**old, "top_p": 1.0})
+    assert config_digest(old) != config_digest({**old, "top_p": 0.9})
+    with pytest.raises(ConfigError, match="top_p"):
+        baselines.make("grpo", env_id="shopsim/Shopping-v0", top_p=1.5)

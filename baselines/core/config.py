@@ -114,6 +114,10 @@ class LMConfig:
     # rollouts
     temperature: float = bounded(1.0, gt=0)
     """Sampling temperature of the rollouts; log-probs are computed at the same temperature."""
+    top_p: float = bounded(1.0, gt=0, max=1)
+    """Nucleus mass of the rollouts' draws (1.0: off). The recorded and recomputed log-probs stay those of the whole
+    distribution at `temperature`, as in verl and TRL with vLLM sampling, so the ratio of the first update step is
+    exactly 1; what changes is which tokens can be drawn."""
     max_new_tokens: int | None = bounded(None, min=1)
     """Per-turn generation limit (None: the agent's default)."""
     context_mode: Literal["concat", "window"] | None = None

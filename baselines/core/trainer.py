@@ -203,6 +203,8 @@ class LMAlgorithm(LoopAlgorithm):
         if samp is not None:
             if hasattr(samp, "temperature"):
                 samp.temperature = c.temperature
+            if hasattr(samp, "top_p"):
+                samp.top_p = c.top_p
             if c.max_new_tokens is not None and hasattr(samp, "max_new_tokens"):
                 samp.max_new_tokens = c.max_new_tokens
             if hasattr(samp, "greedy"):
