@@ -120,3 +120,33 @@ def test_checkpoint_restores_its_prompt_options_on_every_load_path(tok, tmp_path
     model.save_pretrained(tmp_path / "plain")  # a plain Hugging Face folder has no manifest: the defaults
     tok.save_pretrained(tmp_path / "plain")
     assert LMAgent(checkpoint=tmp_path / "plain")._ctx_kw["history"] == 2
+
+
+def test_shipped_checkpoint_prompts_and_acts_the_same_in_plain_transformers():
+    """`data/lm/sft` loaded with plain `transformers` got no system prompt (it was only in shopsim_agent.json), so
+    it generated nonsense. Its chat template now carries it: `apply_chat_template` on the first page gives the ids
+    of the agent's first prompt, and greedy `generate` the agent's greedy action."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agents.registry import manifest_env_kwargs
+    from shopsim.paths import data_dir
+
+    ckpt = data_dir() / "lm" / "sft"
+    agent = agents.load_checkpoint(ckpt, env_id="shopsim/Shopping-v0")
+    agent.sampling.greedy = True
+    env_kwargs = {**manifest_env_kwargs(ckpt / "shopsim_agent.json"), "max_turns": 1}
+    first = collect("shopsim/Shopping-v0", agent, episodes=2, seed=0, env_kwargs=env_kwargs, progress=False)
+    tok = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), local_files_only=True).eval()
+    for traj in first:
+        turn = traj.turns[0]
+        ids = tok.apply_chat_template([{"role": "user", "content": turn.observation}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        assert list(ids) == list(turn.prompt_ids)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=len(turn.action_ids), do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        generated = out[0, len(ids):].tolist()
+        assert generated == list(turn.action_ids)[:len(generated)] and len(generated) == len(turn.action_ids)
+        assert tok.decode(generated, skip_special_tokens=True).strip() == turn.action

@@ -37,6 +37,23 @@ def test_chat_template(tok):
     text = tok.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
                                    tokenize=False, add_generation_prompt=True)
     assert text == "<|system|>S<|end|><|user|>U<|end|><|assistant|>"
+    # without a system message, the agent's default one (plain transformers users get the agent's prompt)
+    from agents.lm.prompts import DEFAULT_SYSTEM
+
+    text = tok.apply_chat_template([{"role": "user", "content": "U"}], tokenize=False, add_generation_prompt=True)
+    assert text == f"<|system|>{DEFAULT_SYSTEM}<|end|><|user|>U<|end|><|assistant|>"
+
+
+def test_saved_checkpoint_template_carries_the_agents_system_prompt(tok, tmp_path):
+    """`LMAgent.save` writes the agent's own system prompt as the template's default, quotes and newlines kept."""
+    from agents.lm.agent import LMAgent
+    from agents.lm.model import build_model
+
+    system = 'Shop "carefully".\nOne action per reply.'
+    LMAgent(model=build_model(tok, size="tiny", seed=0), tokenizer=tok, system_prompt=system).save(tmp_path / "c")
+    saved = load_tokenizer(tmp_path / "c")
+    text = saved.apply_chat_template([{"role": "user", "content": "U"}], tokenize=False, add_generation_prompt=True)
+    assert text == f"<|system|>{system}<|end|><|user|>U<|end|><|assistant|>"
 
 
 def test_digits_are_split(tok):

@@ -121,6 +121,35 @@ def test_sft_trainer_runs_on_the_tool_call_form(expert_trajs, tiny, tmp_path):
     assert trainer.state.global_step == 2
 
 
+def test_sft_dataset_gives_every_assistant_turn_its_action_with_the_shipped_tokenizer(expert_trajs):
+    """The default tool-call form rendered every assistant turn as ``<|assistant|><|end|>`` with the shipped
+    checkpoint's template (it rendered ``content`` only), so SFT trained on empty targets. Every form now renders
+    each turn's action, one the env parses back to the action taken."""
+    import re
+
+    from agents.lm.tokenizer import load_tokenizer
+    from shopsim.envs.shopping.actions import parse
+    from shopsim.integrations.trl import sft_dataset
+    from shopsim.paths import data_dir
+
+    tok = load_tokenizer(data_dir() / "lm" / "sft")
+    for form in ("tool_calls", "text"):
+        ds = sft_dataset(expert_trajs, form=form)
+        assert len(ds) == len(expert_trajs)
+        for row, traj in zip(ds, expert_trajs, strict=True):
+            tools = json.loads(row["tools"]) if "tools" in row else None
+            text = tok.apply_chat_template(row["messages"], tools=tools, tokenize=False)
+            targets = re.findall(r"<\|assistant\|>(.*?)<\|end\|>", text, flags=re.S)
+            assert len(targets) == len(traj.turns), form
+            assert all(targets), f"{form}: an empty assistant target"
+            assert [parse(t) for t in targets] == [parse(turn.action) for turn in traj.turns], form
+            if form == "tool_calls":
+                # the env's JSON form of each call (the model's own action text, a tool call)
+                assert [json.loads(t)["name"] for t in targets] == [parse(turn.action).name for turn in traj.turns]
+                # the tool answers are the pages, shown as the model sees them while acting
+                assert text.count("<|user|>") == len(traj.turns) and "<|tool|>" not in text
+
+
 # ---- the environment class -----------------------------------------------------------------------------------------
 def test_one_method_per_tool_with_schema_types_and_docstring():
     cls = shopping_environment(catalog_size=SIZE)
@@ -191,7 +220,10 @@ def test_trl_parses_tool_calls_that_drive_the_environment(tiny):
     from trl.chat_template_utils import add_response_schema, parse_response, supports_tool_calling
 
     tok, _ = tiny
-    assert not supports_tool_calling(tok)  # the shipped template renders plain messages only (module docstring)
+    # the shipped template renders tool calls (as the env's JSON actions), but TRL has no parser for it
+    assert supports_tool_calling(tok)
+    with pytest.raises(ValueError, match="Unrecognized chat template"):
+        add_response_schema(tok)
     tok.chat_template = tool_chat_template()
     assert supports_tool_calling(tok)
     env = shopping_environment(catalog_size=SIZE)()

@@ -288,14 +288,24 @@ class LMAgent(Agent):
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path, **info: Any) -> Path:
         """``save_pretrained`` (safetensors) model and tokenizer + the shopsim manifest, each file written atomically
-        with the normal file mode (`shopsim.paths.atomic_files`)."""
+        with the normal file mode (`shopsim.paths.atomic_files`). A domain tokenizer's chat template is saved with
+        this agent's system prompt as its default system message (`agents.lm.tokenizer.chat_template`)."""
+        from agents.lm.tokenizer import chat_template, is_domain_template
         from agents.registry import save_manifest
         from shopsim.paths import atomic_files
 
         directory = Path(directory)
-        with atomic_files(directory) as tmp:
-            self.model.save_pretrained(str(tmp), safe_serialization=True)
-            self.tokenizer.save_pretrained(str(tmp))
+        template = getattr(self.tokenizer, "chat_template", None)
+        try:
+            if is_domain_template(template):
+                # the folder's template carries the system prompt the policy acts with, so plain `transformers`
+                # (`apply_chat_template` without a system message) builds the agent's prompt
+                self.tokenizer.chat_template = chat_template(self.options["system_prompt"])
+            with atomic_files(directory) as tmp:
+                self.model.save_pretrained(str(tmp), safe_serialization=True)
+                self.tokenizer.save_pretrained(str(tmp))
+        finally:
+            self.tokenizer.chat_template = template  # the live tokenizer (perhaps shared) stays as it was
         if self.env_kwargs and "env_kwargs" not in info:  # keep the env options the policy was trained on
             info["env_kwargs"] = dict(self.env_kwargs)
         save_manifest(directory, type(self), self.env_id, options=self.options, **info)

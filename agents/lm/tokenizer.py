@@ -15,6 +15,14 @@ the whole dialogue (special tokens always split the text). ``<|end|>`` is also t
 stops when the model generates it. The result is an ordinary `transformers.PreTrainedTokenizerFast`
 (``save_pretrained`` / ``from_pretrained``; ``apply_chat_template`` works).
 
+The template (`chat_template`) is self-contained for plain ``transformers`` users: a dialogue without a system
+message gets the agent's default one (`agents.lm.prompts.DEFAULT_SYSTEM`, or the system prompt the checkpoint was
+trained with: `LMAgent.save` writes it in), so ``apply_chat_template([user message], add_generation_prompt=True)``
+gives the prompt the agent builds. OpenAI-style assistant ``tool_calls`` are rendered as the JSON action the env
+accepts (``{"name": "search", "arguments": {"query": "..."}}``) and ``tool`` messages (the pages they return) as
+user messages, which is how the model sees them while acting; so a tool-call dialogue
+(`shopsim.integrations.trl.sft_dataset`) trains on the actions instead of on empty assistant messages.
+
 The shipped default lives in ``data/lm/tokenizer``; `build_default_tokenizer` re-creates it (needs the catalog
 and, for observation renderings, the shopping env and its expert).
 """
@@ -27,13 +35,55 @@ from pathlib import Path
 PAD, SYSTEM, USER, ASSISTANT, END = "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
 SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
 
-#: Jinja chat template of the default tokenizer (no whitespace between segments: see module docstring).
-CHAT_TEMPLATE = (
+#: marks the templates `chat_template` writes (`is_domain_template`)
+_TEMPLATE_MARK = "{#- shopsim domain chat template -#}"
+#: the template of checkpoints shipped before the template got a default system message and tool calls
+_PLAIN_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
+
+
+def chat_template(system: str | None = None) -> str:
+    """The Jinja chat template of the domain tokenizer, whose dialogues without a system message start with `system`
+    (default: `agents.lm.prompts.DEFAULT_SYSTEM`); see the module docstring. No whitespace between segments."""
+    import json
+
+    from agents.lm.prompts import DEFAULT_SYSTEM
+
+    # json.dumps: a valid Jinja string literal for any text (quotes, backslashes, newlines escaped)
+    default = json.dumps("<|system|>" + (DEFAULT_SYSTEM if system is None else system) + "<|end|>", ensure_ascii=False)
+    return (
+        _TEMPLATE_MARK
+        + "{%- if not messages or messages[0]['role'] != 'system' %}{{ " + default + " }}{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- set role = 'user' if message['role'] == 'tool' else message['role'] %}"
+        "{{- '<|' + role + '|>' }}"
+        "{%- if message['content'] is string %}{{- message['content'] }}{%- endif %}"
+        "{%- if message.get('tool_calls') %}"
+        "{%- for call in message['tool_calls'] %}"
+        "{%- set fn = call['function'] if call.get('function') else call %}"
+        "{%- if not loop.first or (message['content'] is string and message['content']) %}{{- '\n' }}{%- endif %}"
+        "{%- if fn['arguments'] is string %}"
+        "{{- '{\"name\": ' + (fn['name'] | tojson) + ', \"arguments\": ' + fn['arguments'] + '}' }}"
+        "{%- else %}{{- {'name': fn['name'], 'arguments': fn['arguments']} | tojson }}{%- endif %}"
+        "{%- endfor %}"
+        "{%- endif %}"
+        "{{- '<|end|>' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}"
+    )
+
+
+def is_domain_template(template: str | None) -> bool:
+    """Whether `template` is one the domain tokenizer ships (`chat_template`, or the plain one of older folders)."""
+    return bool(template) and (template.startswith(_TEMPLATE_MARK) or template == _PLAIN_TEMPLATE)
+
+
+#: Jinja chat template of the default tokenizer (`chat_template` with the default system message)
+CHAT_TEMPLATE = chat_template()
 
 #: Action grammar samples, so that the grammar's brackets and verbs are single tokens.
 GRAMMAR_SAMPLES = [

@@ -24,7 +24,9 @@ schemas in a ``tools`` column, so that supervised warm-up and GRPO show the mode
 TRL requirements met outside this module (the tiny test model hits both): the tokenizer's chat template must render
 tool calls (TRL's ``supports_tool_calling``) and be one TRL can parse tool calls back from (``add_response_schema``
 knows the Qwen, Llama 3.1/3.2, GLM, gpt-oss, Gemma 4, LFM2, ... templates). The shipped domain tokenizer's template
-renders plain messages only, so `tool_chat_template` returns TRL's Qwen 2.5 template to set on it.
+renders tool calls as the env's JSON actions (so `sft_dataset` in its tool-call form gives it non-empty assistant
+targets) and tool messages as user messages, but it does not show tool schemas and TRL has no parser for it, so for
+``GRPOTrainer`` `tool_chat_template` returns TRL's Qwen 2.5 template to set on it.
 """
 
 from __future__ import annotations
