@@ -56,7 +56,7 @@ def _latency(index, queries: list[str]) -> dict:
 def worker(size: int, seed: int, queries: int, backends: list[str]) -> dict:
     """One size in this (fresh) process: build, write, reload, index, query."""
     from shopsim.catalog import build_catalog, catalog_path, read_catalog
-    from shopsim.search import open_index
+    from shopsim.catalog.search import open_index
 
     res: dict = {"size": size}
     t = time.perf_counter()
@@ -100,7 +100,7 @@ def _run_child(size: int, args, backends: list[str], cache: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shopsim.search import backend_available
+    from shopsim.catalog.search import backend_available
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="10k and 100k only")

@@ -228,3 +228,20 @@ def files_digest(path: str | Path, pattern: str = "*") -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+@contextmanager
+def interprocess_lock(path: Path):
+    """Exclusive advisory lock on `path` (created if needed) so that concurrent processes build a cache once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as fh:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: builds may race, writes are still atomic
+            yield
+            return
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -7,10 +7,9 @@ import random
 
 import pytest
 
-from shopsim import search
-from shopsim.catalog import build_catalog, clear_memo, load_catalog
+from shopsim.catalog import build_catalog, clear_memo, load_catalog, search
+from shopsim.catalog.search import SearchIndex, index_path, open_index, tokenize
 from shopsim.errors import ConfigError
-from shopsim.search import SearchIndex, index_path, open_index, tokenize
 
 BACKENDS = ["tantivy", "bm25s"]  # bm25s is in the dev extra that `make test` installs
 

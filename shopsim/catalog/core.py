@@ -9,14 +9,12 @@ rebuilt, never trusted. The Parquet bytes depend only on (size, seed, taxonomy, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -24,12 +22,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shopsim.catalog import generate
+from shopsim.catalog.search import SearchIndex, open_index, resolve_backend
 from shopsim.catalog.taxonomy import load_taxonomy, tables, taxonomy_hash
 from shopsim.errors import ConfigError
-from shopsim.paths import atomic_write, cache_dir
-
-if TYPE_CHECKING:
-    from shopsim.search import SearchIndex
+from shopsim.paths import atomic_write, cache_dir, interprocess_lock
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +155,6 @@ class Catalog:
 
     def index(self, backend: str | None = None) -> SearchIndex:
         """The BM25 search index over this catalog (built once, cached on disk, shared in-process)."""
-        from shopsim.search import open_index, resolve_backend
-
         name = resolve_backend(backend)
         with self._lock:
             if name not in self._indexes:
@@ -220,23 +214,6 @@ def read_catalog(path: str | os.PathLike, size: int | None = None, seed: int | N
     if bad or table.num_rows != meta.get("size") or not table.schema.remove_metadata().equals(generate.SCHEMA):
         raise ValueError(f"{path}: not a catalog for {expect} (mismatch: {bad or 'rows/schema'})")
     return Catalog(table.replace_schema_metadata(None), meta["size"], meta["seed"], path=path)
-
-
-@contextlib.contextmanager
-def interprocess_lock(path: Path):
-    """Exclusive advisory lock on `path` (created if needed) so that concurrent processes build a cache once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as fh:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows: builds may race, writes are still atomic
-            yield
-            return
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 _MEMO: dict[tuple, Catalog] = {}

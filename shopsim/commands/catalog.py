@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from shopsim.catalog import build_catalog, catalog_path, load_catalog
-    from shopsim.search import resolve_backend
+    from shopsim.catalog.search import resolve_backend
 
     backend = None if args.no_index else resolve_backend(args.backend)  # fail before the long part
     out = writable_output(args.out, is_dir=True) if args.out else None
@@ -77,7 +77,7 @@ def run_info(args: argparse.Namespace) -> int:
         cat = load_catalog(args.size, args.seed)
     print(f"catalog: {len(cat):,} products, seed {cat.seed}, file {cat.path}")
     _summary(cat)
-    from shopsim.search import BACKENDS, index_path
+    from shopsim.catalog.search import BACKENDS, index_path
 
     for backend in BACKENDS:
         p = index_path(cat, backend)

@@ -31,17 +31,13 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shopsim.catalog.core import interprocess_lock
 from shopsim.errors import ConfigError
-from shopsim.paths import atomic_path, cache_dir
-
-if TYPE_CHECKING:
-    from shopsim.catalog import Catalog
+from shopsim.paths import atomic_path, cache_dir, interprocess_lock
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +51,17 @@ MAX_QUERY_TOKENS = 32
 MAX_TOKEN_BYTES = 40  # tantivy's default tokenizer drops longer tokens
 _TOKEN = re.compile(r"[^\W_]+")
 _MANIFEST = "shopsim_index.json"
+
+
+class IndexedCatalog(Protocol):
+    """What an index needs of a catalog (`shopsim.catalog.Catalog` has it): the product table, its size and a
+    key naming its bytes. A protocol rather than an import, so that `catalog.core` can import this module."""
+
+    table: pa.Table
+
+    def __len__(self) -> int: ...
+
+    def cache_key(self) -> str: ...
 
 
 @runtime_checkable
@@ -119,7 +126,7 @@ def document_text(table: pa.Table) -> dict[str, pa.Array]:
             "description": col("description")}
 
 
-def iter_documents(catalog: Catalog, step: int = 50_000):
+def iter_documents(catalog: IndexedCatalog, step: int = 50_000):
     """(first product id, list of searchable texts) per slice of `step` products: bounded memory at 1M."""
     for start in range(0, len(catalog), step):
         cols = document_text(catalog.table.slice(start, step))
@@ -160,7 +167,7 @@ class TantivyIndex:
         return sb.build()
 
     @classmethod
-    def build(cls, catalog: Catalog, path: Path, *, threads: int = 1, heap: int = 512_000_000) -> None:
+    def build(cls, catalog: IndexedCatalog, path: Path, *, threads: int = 1, heap: int = 512_000_000) -> None:
         import tantivy
 
         index = tantivy.Index(cls.schema(), path=str(path), reuse=False)
@@ -221,7 +228,7 @@ class Bm25sIndex:
         return (type(self), (self.path,))
 
     @classmethod
-    def build(cls, catalog: Catalog, path: Path, **_: object) -> None:
+    def build(cls, catalog: IndexedCatalog, path: Path, **_: object) -> None:
         import bm25s
 
         corpus = []
@@ -255,16 +262,16 @@ _CLASSES = {"tantivy": TantivyIndex, "bm25s": Bm25sIndex}
 _BUILD_LOCK = threading.Lock()
 
 
-def index_path(catalog: Catalog, backend: str) -> Path:
+def index_path(catalog: IndexedCatalog, backend: str) -> Path:
     return cache_dir() / "index" / f"{backend}_{catalog.cache_key()}_i{INDEX_VERSION}"
 
 
-def _manifest(catalog: Catalog, backend: str) -> dict:
+def _manifest(catalog: IndexedCatalog, backend: str) -> dict:
     return {"backend": backend, "catalog": catalog.cache_key(), "num_docs": len(catalog),
             "index_version": INDEX_VERSION}
 
 
-def open_index(catalog: Catalog, backend: str | None = None, *, rebuild: bool = False) -> SearchIndex:
+def open_index(catalog: IndexedCatalog, backend: str | None = None, *, rebuild: bool = False) -> SearchIndex:
     """Open the cached index of `catalog` (building it atomically if missing or invalid). Prefer `catalog.index()`,
     which also shares the opened index in-process."""
     backend = resolve_backend(backend)
@@ -293,7 +300,7 @@ def open_index(catalog: Catalog, backend: str | None = None, *, rebuild: bool = 
         return cls(build_index(catalog, backend, private / "index"))
 
 
-def _open_checked(cls, path: Path, catalog: Catalog, backend: str) -> SearchIndex:
+def _open_checked(cls, path: Path, catalog: IndexedCatalog, backend: str) -> SearchIndex:
     manifest = json.loads((path / _MANIFEST).read_text())
     if manifest != _manifest(catalog, backend):
         raise ValueError(f"manifest {manifest} does not match")
@@ -303,7 +310,7 @@ def _open_checked(cls, path: Path, catalog: Catalog, backend: str) -> SearchInde
     return idx
 
 
-def build_index(catalog: Catalog, backend: str, final: Path) -> Path:
+def build_index(catalog: IndexedCatalog, backend: str, final: Path) -> Path:
     """Build in a temporary sibling folder, write the manifest last, then rename into place."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = atomic_path(final)
