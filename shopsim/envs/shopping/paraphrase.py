@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 
 from shopsim.catalog.taxonomy import synonyms
+from shopsim.envs.shopping.task_text import article
 
 _ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
@@ -107,27 +108,21 @@ def reword(value: str, rng, p: float = P_SYNONYM) -> str:
     return _measure(value, rng) or value
 
 
-def _article(word: str) -> str:
-    from shopsim.envs.shopping.tasks import _article as article
-
-    return article(word)
-
-
 def _join(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def paraphrase(goal, rng, hidden=(), with_price: bool = True) -> str:
-    """The goal in other words (module docstring); hidden slots are left out as in `tasks.describe`."""
+    """The goal in other words (module docstring); hidden slots are left out as in `task_text.describe`."""
     attrs = [reword(a, rng) for a in goal.attributes if ("attribute", a) not in hidden]
     noun = reword(goal.product_type, rng, P_TYPE_SYNONYM)
     if attrs and rng.random() < 0.5:
-        head = f"{_article(attrs[0])} {' '.join(attrs)} {noun}" if rng.random() < 0.5 else \
-            f"{_article(attrs[0])} {', '.join(attrs)} {noun}"
+        head = f"{article(attrs[0])} {' '.join(attrs)} {noun}" if rng.random() < 0.5 else \
+            f"{article(attrs[0])} {', '.join(attrs)} {noun}"
     elif attrs:
-        head = f"{_article(noun)} {noun} that is " + _join(attrs)
+        head = f"{article(noun)} {noun} that is " + _join(attrs)
     else:
-        head = f"{_article(noun)} {noun}"
+        head = f"{article(noun)} {noun}"
     opts = []
     for name, value in goal.options:
         if ("option", name) in hidden:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shopsim.envs.shopping.cache import product as _product
+from shopsim.envs.shopping.task_text import price_ceiling
 
 LEVELS = ("thrifty", "moderate", "relaxed")
 
@@ -69,8 +70,6 @@ def _prefs_of(product, rng) -> tuple[tuple[str, str], ...]:
 
 def make_profile(catalog, rng, target, goal, name: str) -> Profile:
     """A profile consistent with `goal` (derived from product `target`), with distractor types and categories."""
-    from shopsim.envs.shopping.tasks import price_ceiling
-
     level = LEVELS[int(rng.integers(len(LEVELS)))]
     brands = {target.category: target.brand}
     spend = {goal.product_type: float(goal.price_ceiling)}

@@ -35,7 +35,9 @@ import numpy as np
 from shopsim.envs.shopping.cache import product as _product
 from shopsim.envs.shopping.grading import Goal
 from shopsim.envs.shopping.orders import CANCEL_REASONS, RETURN_WINDOW_DAYS, Item, Order, OrderDB
-from shopsim.envs.shopping.profiles import Profile
+from shopsim.envs.shopping.paraphrase import paraphrase
+from shopsim.envs.shopping.profiles import Profile, make_profile
+from shopsim.envs.shopping.task_text import describe, price_ceiling, slot_label
 from shopsim.errors import ConfigError
 from shopsim.paths import data_dir
 
@@ -153,12 +155,6 @@ class Task:
         return out
 
 
-def price_ceiling(price: float, j: int) -> float:
-    """A ceiling just above `price`: the next multiple of a price-dependent step, plus `j` more steps."""
-    step = 5.0 if price < 50 else 10.0 if price < 200 else 50.0
-    return (math.floor(price / step) + 1 + j) * step
-
-
 def _pick_goal(rng, product, n_attr_max: int = 3, with_price: bool = True) -> Goal:
     attrs = list(product.attributes)
     k = int(rng.integers(1, min(n_attr_max, len(attrs)) + 1))
@@ -185,30 +181,6 @@ def _goal_for(catalog, rng, product, **kw) -> Goal:
     return Goal(goal.product_type, attrs, opts, goal.price_ceiling, goal.target_id)
 
 
-def _article(word: str) -> str:
-    w = word.lower()
-    if w.startswith(("us", "uni", "use", "uti", "eu", "one")):  # "a usb cable", "a eucalyptus ..."
-        return "a"
-    return "an" if w[:1] in "aeiou" else "a"
-
-
-def describe(goal: Goal, hidden=(), with_price: bool = True) -> str:
-    """The goal as WebShop-style words, leaving out `hidden` slots: 'a waterproof tent, with color green, ...'."""
-    attrs = [a for a in goal.attributes if ("attribute", a) not in hidden]
-    s = f"{_article(attrs[0] if attrs else goal.product_type)} " + (" ".join(attrs) + " " if attrs else "")
-    s += goal.product_type
-    opts = [f"{n} {v}" for n, v in goal.options if ("option", n) not in hidden]
-    if opts:
-        s += ", with " + " and ".join(opts)
-    if with_price and goal.price_ceiling is not None and ("price", "") not in hidden:
-        s += f", and price lower than {goal.price_ceiling:.2f} dollars"
-    return s
-
-
-def slot_label(slot: tuple[str, str]) -> str:
-    return {"option": slot[1], "attribute": "a must-have feature", "price": "budget"}[slot[0]]
-
-
 def make_task(catalog, family: str, split: str, task_id: int, instruction_style: str = "template") -> Task:
     """Build task `task_id` of `family` on `catalog` (deterministic; see module docstring).
 
@@ -229,8 +201,6 @@ def make_task(catalog, family: str, split: str, task_id: int, instruction_style:
     # the paraphrase draws from its own stream: the task (goal, hidden slots) is the same in both styles
     say = describe
     if instruction_style == "paraphrase":
-        from shopsim.envs.shopping.paraphrase import paraphrase
-
         prng = np.random.default_rng(np.random.SeedSequence(
             [ALL_FAMILIES.index(family), int(task_id), int(catalog.size), int(catalog.seed), 0x9A2]))
 
@@ -280,8 +250,6 @@ PERSONALIZED_HINTS = (
 
 def _personalized(catalog, split, task_id, rng, pool, opener, say) -> Task:
     """personalized_buy: the instruction names type + features; brand, options and price come from the profile."""
-    from shopsim.envs.shopping.profiles import make_profile
-
     product = _product(catalog, int(pool[rng.integers(len(pool))]))
     g = _goal_for(catalog, rng, product)
     goal = Goal(g.product_type, g.attributes, g.options, g.price_ceiling, g.target_id, brand=product.brand)
