@@ -6,7 +6,8 @@
 * `evaluate` — run an agent (and the protocol's reference agent, both given by the caller) through a protocol with
   `shopsim.rollout.collect`;
 * `results` — schema-versioned results JSON (write, read, validate);
-* `render` — Markdown, CSV, static HTML and matplotlib plots; `viewer` — static trajectory viewer;
+* `render` — Markdown, CSV, static HTML (`page`) and matplotlib plots (`charts`), over the table helpers of
+  `tables` (grouping, columns, names); `viewer` — static trajectory viewer;
 * `bench` — ``shopsim bench --quick``: train, evaluate, render. It belongs to the app layer (it builds agents and
   trainers); the other modules sit below `agents` (``[tool.importlinter]`` in pyproject.toml).
 """

@@ -16,11 +16,11 @@
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from shopsim.leaderboard.protocols import FAMILY_METRICS, LOWER_IS_BETTER
+from shopsim.leaderboard.tables import columns_for, family, slug
 
 #: family -> metrics.csv columns that measure what the family optimises, in order of preference; a run's learning
 #: curve is its first column present here (never a loss: a falling loss says nothing about the policy)
@@ -37,17 +37,6 @@ CURVE_KEYS: dict[str, tuple[str, ...]] = {
 MIN_POINTS = 3
 #: reference rows per family that a cost chart is relative to
 COST_REFERENCE = {"inventory": ("s_S", "gap_to_s_S_pct")}
-
-
-def slug(key: str) -> str:
-    """File- and URL-fragment-safe short name of a table key ("shopsim/Replenishment-v0 [protocol 2]" ->
-    "Replenishment-v0_p2")."""
-    name = key.split("/")[-1].replace(" [protocol ", "_p").replace("]", "")
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
-
-
-def family(rows: list[dict]) -> str:
-    return next((r.get("family") for r in rows if r.get("family")), "") or ""
 
 
 @dataclass
@@ -262,8 +251,6 @@ def curves_chart(key: str, rows: list[dict], out_dir: Path) -> Path | None:
 
 def plot_env(key: str, rows: list[dict], out_dir: Path, metric: str | None = None) -> list[Path]:
     """Every chart of one table (see module docstring); returns the PNG paths, in page order."""
-    from shopsim.leaderboard.render import columns_for
-
     metric = metric or next(iter(columns_for(rows)), None)
     out = [bar_chart(key, rows, metric, out_dir) if metric else None, family_chart(key, rows, out_dir),
            curves_chart(key, rows, out_dir)]

@@ -27,9 +27,8 @@ import json
 import shlex
 from pathlib import Path
 
-from shopsim.leaderboard.charts import slug
 from shopsim.leaderboard.protocols import LOWER_IS_BETTER, record_key
-from shopsim.leaderboard.render import columns_for, group_by_env
+from shopsim.leaderboard.tables import columns_for, group_by_env, slug
 
 #: env id -> what the env is and what its leaderboard measures
 ENV_TEXT: dict[str, str] = {

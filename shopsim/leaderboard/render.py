@@ -16,16 +16,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from pathlib import Path
 
-from shopsim.leaderboard.protocols import (
-    DEFAULT_METRICS,
-    FAMILY_METRICS,
-    LOWER_IS_BETTER,
-    SCENARIOS,
-    record_key,
-)
+from shopsim.leaderboard.charts import plot_env
+from shopsim.leaderboard.page import to_html
+from shopsim.leaderboard.tables import columns_for, group_by_env
 
 META_COLUMNS = ("entry", "kind", "seeds", "budget", "config", "status")
 #: learning-curve columns, in order of preference (the first one a run's metrics.csv has is plotted)
@@ -61,77 +56,6 @@ def _heading(key: str) -> str:
 def _code(text: str) -> str:
     """`text` as a Markdown code span (its own backticks, which would end the span, as quotes)."""
     return "`" + str(text).replace("`", "'").replace("\n", " ") + "`"
-
-
-def _family(results: list[dict]) -> str:
-    return next((r.get("family") for r in results if r.get("family")), "")
-
-
-def columns_for(results: list[dict]) -> list[str]:
-    """The family's table metrics that at least one entry has (in the family's order), else the defaults."""
-    wanted = FAMILY_METRICS.get(_family(results), DEFAULT_METRICS)
-    present = {m for r in results for m in r.get("metrics", {})}
-    cols = [m for m in wanted if m in present]
-    if "cost" in cols:  # multi-agent envs: each agent's cost (cost/warehouse_0, ...) right after the total
-        per_agent = sorted((m for m in present if m.startswith("cost/")), key=_natural)
-        at = cols.index("cost") + 1
-        cols[at:at] = per_agent
-    return cols or sorted(m for m in present if m != "episodes")[:8]
-
-
-def _sort_key(row: dict, primary: str | None):
-    ok = row.get("status") == "ok"
-    value = row.get("metrics", {}).get(primary, {}).get("mean") if primary else None
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return (0 if ok else 2, 1, 0.0, row.get("entry", ""))
-    signed = value if primary in LOWER_IS_BETTER else -value
-    return (0 if ok else 2, 0, signed, row.get("entry", ""))
-
-
-def _natural(name: str) -> tuple:
-    """Sort key that puts warehouse_2 before warehouse_10."""
-    head, _, tail = name.rpartition("_")
-    return (head, int(tail)) if tail.isdigit() else (name, -1)
-
-
-def _env_order(key: str) -> tuple[int, int, str]:
-    """Registry order (Shopping, ProactiveRec, TwoStageRetrieval, Replenishment, ...), each env's scenarios right
-    after it (`protocols.SCENARIOS` order), unknown ids last."""
-    from shopsim.envs import all_env_ids
-
-    env_id, _, scenario = key.partition(":")
-    ids = all_env_ids()
-    names = list(SCENARIOS.get(env_id, {}))
-    sub = names.index(scenario) + 1 if scenario in names else (0 if not scenario else len(names) + 1)
-    return (ids.index(env_id) if env_id in ids else len(ids), sub, key)
-
-
-def _protocol_key(r: dict) -> str:
-    if r.get("protocol_hash"):
-        return r["protocol_hash"]
-    return json.dumps([r["split"], r.get("task_ids"), r["seeds"], r.get("tries")], sort_keys=True, default=str)
-
-
-def group_by_env(results: list[dict]) -> dict[str, list[dict]]:
-    """One table per env id (in registry order), each sorted best first on the env's first table column. A
-    scenario's rows (``scenario`` in the record, `protocols.SCENARIOS`) get their own table keyed
-    ``<env id>:<scenario>``.
-
-    Only entries evaluated on the same episodes (the same ``protocol_hash``; for older files the same split, task
-    ids, eval seeds and tries) share a table: if an env has results from several protocols, each gets its own
-    table, keyed ``"<env id> [protocol i]"``, and is never ranked with the others.
-    """
-    envs: dict[str, dict[str, list[dict]]] = {}
-    for r in results:
-        envs.setdefault(record_key(r), {}).setdefault(_protocol_key(r), []).append(r)
-    out = {}
-    for env_id in sorted(envs, key=_env_order):
-        protocols = sorted(envs[env_id].values(), key=lambda rows: -len(rows))  # the most used protocol first
-        for i, rows in enumerate(protocols, 1):
-            cols = columns_for(rows)
-            key = env_id if len(protocols) == 1 else f"{env_id} [protocol {i}]"
-            out[key] = sorted(rows, key=lambda r: _sort_key(r, cols[0] if cols else None))
-    return out
 
 
 def fmt_metric(m: dict | None, digits: int = 3) -> str:
@@ -268,9 +192,6 @@ def render_all(results: list[dict], out_dir: str | Path, *, plots: bool = True) 
                "html": out_dir / "index.html"}
     written["markdown"].write_text(to_markdown(results))
     written["csv"].write_text(to_csv(results))
-    from shopsim.leaderboard.charts import plot_env
-    from shopsim.leaderboard.page import to_html
-
     pngs: dict[str, list[Path]] = {}
     if plots:
         for key, rows in group_by_env(results).items():
