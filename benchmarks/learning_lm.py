@@ -230,6 +230,24 @@ def screen_pool(start_dir: Path, args, env_kwargs: dict) -> dict:
     return info
 
 
+def pool_by_family(info: dict) -> dict[str, list[int]]:
+    """The screened pool's task ids per family (`screen_pool` keeps them in family order)."""
+    out, i = {}, 0
+    for fam, st in info["families"].items():
+        out[fam] = list(info["pool"][i:i + st["kept"]])
+        i += st["kept"]
+    return out
+
+
+def balanced_pool(info: dict) -> list[int]:
+    """The screened pool with each family's tasks repeated ``round(largest family / its size)`` times, so that a
+    uniform draw (the trainers' `train_task_ids`) picks every family about equally often however unequally the
+    screening kept them (``--pool-balance family``)."""
+    fams = {f: ids for f, ids in pool_by_family(info).items() if ids}
+    most = max(len(ids) for ids in fams.values())
+    return [t for ids in fams.values() for t in ids * max(1, round(most / len(ids)))]
+
+
 def _exit_with_parent(parent: int) -> None:
     """A pool worker keeps running its job when the parent is killed; stop it instead (checked every 5 s)."""
     import os
@@ -284,8 +302,12 @@ def run(args, argv=None) -> None:
         print(f"WARNING: the SFT checkpoint's dev success {info['sft_success']:.2f} is below the target "
               f"{args.target:.2f}; it is used unweakened and the comparison starts from there")
     if args.task_pool == "screened":
-        args.pool_ids = screen_pool(out / "start", args, env_kwargs)["pool"]
-        print(f"training task pool: {len(args.pool_ids)} screened tasks")
+        screened = screen_pool(out / "start", args, env_kwargs)
+        args.pool_ids = balanced_pool(screened) if getattr(args, "pool_balance", "none") == "family" \
+            else screened["pool"]
+        print(f"training task pool: {len(screened['pool'])} screened tasks"
+              + (f" ({len(args.pool_ids)} draws with each family's tasks repeated to equal weight)"
+                 if len(args.pool_ids) != len(screened["pool"]) else ""))
     start_file = out / "start" / f"eval-{args.eval_episodes}.json"
     if start_file.is_file():
         start = json.loads(start_file.read_text())
@@ -500,15 +522,17 @@ def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
 #: the options that define a run of the protocol; runs recorded under other values are never reused
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
-                 "screen_samples", "top_p")
+                 "screen_samples", "top_p", "pool_balance")
 #: protocol options added after tables were recorded, at the value those tables were measured under
-PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0}
+PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0,
+                     "pool_balance": "none"}
 
 
 def protocol_of(args) -> dict:
     out = {k: getattr(args, k, PROTOCOL_DEFAULTS.get(k)) for k in PROTOCOL_KEYS}
     if out["task_pool"] != "screened":  # the screening options mean nothing without a screened pool
         out["screen_tasks"] = out["screen_samples"] = None
+        out["pool_balance"] = "none"
     return out
 
 
@@ -698,6 +722,9 @@ def main(argv=None) -> int:
                         "(`screen_pool`), 'all' from the whole train split of the families")
     p.add_argument("--screen-tasks", type=int, default=64, help="train tasks screened per family")
     p.add_argument("--screen-samples", type=int, default=4, help="rollouts per screened task")
+    p.add_argument("--pool-balance", choices=("none", "family"), default="none",
+                   help="'family': draw each family's screened tasks equally often (`balanced_pool`); 'none': "
+                        "every screened task equally often")
     p.add_argument("--num-envs", type=int, default=None,
                    help="env copies of rollouts and evaluations (default: 64 from sft, 8 from weaken)")
     p.add_argument("--results", default=None,

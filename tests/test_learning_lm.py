@@ -295,3 +295,19 @@ def test_top_p_reaches_the_rollouts_and_keeps_recorded_digests():
     assert config_digest(old) != config_digest({**old, "top_p": 0.9})
     with pytest.raises(ConfigError, match="top_p"):
         baselines.make("grpo", env_id="shopsim/Shopping-v0", top_p=1.5)
+
+
+def test_the_balanced_pool_draws_every_family_about_equally_often():
+    """`--pool-balance family` repeats the tasks of the families the screening kept fewer of, so that a uniform draw
+    over the pool picks each family with about the same probability; the tasks themselves are the screened ones."""
+    import benchmarks.learning_lm as lm
+
+    info = {"families": {"find_and_buy": {"kept": 2}, "bundle": {"kept": 6}, "after_sales": {"kept": 0},
+                         "clarify_and_buy": {"kept": 3}},
+            "pool": [1, 2, 10, 11, 12, 13, 14, 15, 20, 21, 22]}
+    assert lm.pool_by_family(info) == {"find_and_buy": [1, 2], "bundle": [10, 11, 12, 13, 14, 15], "after_sales": [],
+                                       "clarify_and_buy": [20, 21, 22]}
+    pool = lm.balanced_pool(info)
+    assert set(pool) == set(info["pool"])
+    share = {f: sum(t in ids for t in pool) / len(pool) for f, ids in lm.pool_by_family(info).items() if ids}
+    assert share == {"find_and_buy": 6 / 18, "bundle": 6 / 18, "clarify_and_buy": 6 / 18}
