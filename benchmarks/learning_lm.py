@@ -196,9 +196,16 @@ def screen_pool(start_dir: Path, args, env_kwargs: dict) -> dict:
     when some of its rollouts succeed and some fail. Every group of rollouts on such a task can disagree, so a
     group-relative update gets a signal from it, while the tasks the start always solves or always fails (most of
     them, see `zero_var_groups` in the runs' metrics) would give none. Saved in ``OUT/start/pool-*.json`` and shared
-    by every run; the test tasks are untouched."""
+    by every run; the test tasks are untouched.
+
+    Each screened task is also run once greedily (what the table evaluates), and the file records per family the
+    greedy success, the sampled success on the tasks the greedy path solves (``sampled_on_greedy_solved``: below 1,
+    the draws slip where arg-max does not) and on those it fails (``sampled_on_greedy_failed``), and how many of the
+    greedy failures some sample solves (``greedy_failed_solved_by_a_sample``): the only tasks where a sampled
+    update can change what greedy decoding does."""
     from agents.lm.agent import LMAgent
     from baselines.core.tasks import sample_tasks
+    from shopsim.paths import write_text_atomic
     from shopsim.rollout import collect
 
     top_p = getattr(args, "top_p", 1.0)
@@ -218,15 +225,30 @@ def screen_pool(start_dir: Path, args, env_kwargs: dict) -> dict:
                         split="train", num_envs=num_envs(args), env_kwargs=env_kwargs, progress=False,
                         agent_seed=SCREEN_SEED)
         wins = [sum(bool(t.success) for t in trajs[i * k:(i + 1) * k]) for i in range(len(tasks))]
+        agent.sampling.greedy = True
+        try:
+            greedy = [bool(t.success) for t in collect(
+                ENV, agent, tasks=tasks, seeds=[SCREEN_SEED + i for i in range(len(tasks))], split="train",
+                num_envs=num_envs(args), env_kwargs=env_kwargs, progress=False, agent_seed=SCREEN_SEED)]
+        finally:
+            agent.sampling.greedy = False
         kept = sorted({int(t) for t, w in zip(tasks, wins, strict=True) if 0 < w < k})
-        info["families"][fam] = {"screened": len(tasks), "kept": len(kept), "success": float(np.mean(wins)) / k,
-                                 "always": sum(w == k for w in wins), "never": sum(w == 0 for w in wins)}
+        solved = [w / k for w, g in zip(wins, greedy, strict=True) if g]
+        failed = [w / k for w, g in zip(wins, greedy, strict=True) if not g]
+        st = info["families"][fam] = {
+            "screened": len(tasks), "kept": len(kept), "success": float(np.mean(wins)) / k,
+            "always": sum(w == k for w in wins), "never": sum(w == 0 for w in wins),
+            "greedy_success": float(np.mean(greedy)),
+            "sampled_on_greedy_solved": float(np.mean(solved)) if solved else None,
+            "sampled_on_greedy_failed": float(np.mean(failed)) if failed else None,
+            "greedy_failed": len(failed), "greedy_failed_solved_by_a_sample": sum(f > 0 for f in failed)}
         info["pool"] += kept
-        print(f"screen {fam}: kept {len(kept)} of {len(tasks)} (success {info['families'][fam]['success']:.2f}, "
-              f"always {info['families'][fam]['always']}, never {info['families'][fam]['never']})", flush=True)
+        print(f"screen {fam}: kept {len(kept)} of {len(tasks)} (success {st['success']:.2f}, always "
+              f"{st['always']}, never {st['never']}; greedy {st['greedy_success']:.2f}, a sample solves "
+              f"{st['greedy_failed_solved_by_a_sample']} of its {len(failed)} failures)", flush=True)
     if not info["pool"]:
         raise SystemExit("no screened task is solved sometimes and failed sometimes; use --task-pool all")
-    path.write_text(json.dumps(info, indent=2))
+    write_text_atomic(path, json.dumps(info, indent=2))
     return info
 
 

@@ -254,8 +254,11 @@ def test_the_screened_pool_keeps_the_tasks_the_start_both_solves_and_fails(tmp_p
     class FakeAgent:
         def __init__(self, env_id, checkpoint, temperature, max_new_tokens, top_p=1.0):
             seen["temperature"], seen["top_p"] = temperature, top_p
+            self.sampling = SimpleNamespace(greedy=False)
 
-    def fake_collect(env_id, agent, *, tasks, group_size, **kw):
+    def fake_collect(env_id, agent, *, tasks, group_size=1, **kw):
+        if agent.sampling.greedy:  # arg-max solves the always-solved tasks and the odd ones of the half-solved
+            return [SimpleNamespace(success=t % 3 == 0 or (t % 3 == 2 and t % 2 == 1)) for t in tasks]
         out = []
         for t in tasks:  # task % 3: 0 always solved, 1 never, 2 half the time
             for r in range(group_size):
@@ -272,6 +275,15 @@ def test_the_screened_pool_keeps_the_tasks_the_start_both_solves_and_fails(tmp_p
     assert info["pool"] and all(t % 3 == 2 for t in info["pool"])
     fam = info["families"]["bundle"]
     assert fam["kept"] == len(info["pool"]) and fam["always"] + fam["never"] + fam["kept"] == 12
+    # where the draws disagree with arg-max: sampled success on the tasks greedy solves and on those it fails
+    half = list(info["pool"])
+    solved_half = sum(t % 2 == 1 for t in half)
+    n_solved = fam["always"] + solved_half
+    assert fam["greedy_success"] == pytest.approx(n_solved / 12)
+    assert fam["sampled_on_greedy_solved"] == pytest.approx((fam["always"] + 0.5 * solved_half) / n_solved)
+    assert fam["greedy_failed"] == 12 - n_solved
+    assert fam["greedy_failed_solved_by_a_sample"] == len(half) - solved_half
+    assert fam["sampled_on_greedy_failed"] == pytest.approx(0.5 * (len(half) - solved_half) / (12 - n_solved))
     assert seen["temperature"] == 1.0 and seen["top_p"] == 1.0
     monkeypatch.setattr(shopsim.rollout, "collect", lambda *a, **k: pytest.fail("the saved pool is reused"))
     assert lm.screen_pool(tmp_path, args, {}) == info
