@@ -26,6 +26,10 @@ SMALL = dict(group_size=2, tasks_per_iter=2, eval_episodes=2, num_envs=2, max_ne
              env_kwargs={"max_turns": 2}, task_families=("find_and_buy", "clarify_and_buy"), checkpoint_every=0)
 
 
+#: docs/scale.md: the tiny model's log-probs, losses and metrics with workers are the single-process ones within this
+TINY_BOUND = 1e-5
+
+
 @pytest.fixture(scope="module")
 def cluster():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
@@ -50,7 +54,7 @@ def _assert_same_trajectories(a, b):
         assert [t.action_ids for t in x.turns] == [t.action_ids for t in y.turns]
         assert [t.prompt_ids for t in x.turns] == [t.prompt_ids for t in y.turns]
         for s, u in zip(x.turns, y.turns, strict=True):
-            assert s.action_logprobs == pytest.approx(u.action_logprobs, abs=1e-5, rel=0)
+            assert s.action_logprobs == pytest.approx(u.action_logprobs, abs=TINY_BOUND, rel=0)
         assert x.total_reward == pytest.approx(y.total_reward, abs=1e-6)
 
 
@@ -102,7 +106,7 @@ def test_grpo_with_two_rollout_workers_logs_the_single_process_curve(cluster, tm
         for k in exact:
             assert a[k] == b[k], k
         for k in close:
-            assert float(a[k]) == pytest.approx(float(b[k]), abs=1e-5, rel=0), k
+            assert float(a[k]) == pytest.approx(float(b[k]), abs=TINY_BOUND, rel=0), k
     # the policy was updated (a nonzero gradient), so iteration 2's rollouts ran on the broadcast new weights
     assert float(single[0]["grad_norm"]) > 0
 
@@ -146,3 +150,17 @@ def test_shipped_lm_rows_on_workers_match_within_the_documented_bound(cluster):
                                                                         u.reward)
             worst = max([worst, *(abs(a - b) for a, b in zip(s.action_logprobs, u.action_logprobs, strict=True))])
     assert worst <= LOGPROB_BOUND, worst
+
+
+def test_scale_docs_state_what_these_tests_check():
+    """docs/scale.md's table of what `rollout_workers` keeps identical names these tests and their bounds."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "scale.md").read_text()
+    table = doc[doc.index("**Same curve, for tiny updates only.**"):doc.index("## Several machines")]
+    named = set(re.findall(r"`(test_\w+)`", table))
+    assert named and named <= set(globals()), named - set(globals())
+    assert f"within {TINY_BOUND:.0e} (tiny model), within {LOGPROB_BOUND:.0e} (shipped model)".replace("e-0", "e-") \
+        in table
+    assert f"within {TINY_BOUND:.0e}".replace("e-0", "e-") + " | `test_grpo_with_two_rollout_workers" in table
