@@ -95,7 +95,7 @@ def _free_port() -> int:
 
 def start_server(size: int, sessions: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "shopsim.cli", "serve", "--port", str(port), "--max-sessions",
+    proc = subprocess.Popen([sys.executable, "-m", "shopsim.app.cli", "serve", "--port", str(port), "--max-sessions",
                              str(sessions), "--env-kwargs", json.dumps({"catalog_size": size})],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT)

@@ -17,7 +17,7 @@
   find_and_buy test tasks with and without the near-duplicate clusters (reference: no clusters).
 
 * **The shipped LM agent** (``--lm-checkpoint``): its find_and_buy success under each option, through
-  ``python -m shopsim.cli eval`` (reference: the defaults it was trained on).
+  ``python -m shopsim.app.cli eval`` (reference: the defaults it was trained on).
 
 With ``--results DIR`` the tables go to ``DIR/shopping_options.md`` (and ``.json``) (``--results docs/results``: the
 committed tables; generated: command, commit, seeds, wall time); without it no table is written.
@@ -111,7 +111,7 @@ LM_VARIANTS = {"default": {}, "near_duplicates=4": {"near_duplicates": 4},
 
 
 def lm_agent(checkpoint: Path, n: int) -> dict:
-    """The shipped LM agent on find_and_buy test tasks under each option, through ``python -m shopsim.cli eval``
+    """The shipped LM agent on find_and_buy test tasks under each option, through ``python -m shopsim.app.cli eval``
     (one subprocess per variant; the checkpoint's presentation options apply)."""
     import subprocess
     import tempfile
@@ -120,7 +120,7 @@ def lm_agent(checkpoint: Path, n: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for name, kw in LM_VARIANTS.items():
             dest = Path(tmp) / "r.json"
-            cmd = [sys.executable, "-m", "shopsim.cli", "eval", "--env", "shopsim/Shopping-v0", "--checkpoint",
+            cmd = [sys.executable, "-m", "shopsim.app.cli", "eval", "--env", "shopsim/Shopping-v0", "--checkpoint",
                    str(checkpoint), "--tasks", str(n), "--tries", "1", "--seeds", "0", "--no-progress",
                    "--env-kwargs", json.dumps({"family": "find_and_buy", **kw}), "--out", str(dest)]
             subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
@@ -166,7 +166,8 @@ def write_markdown(res: dict, path: Path) -> None:
     if "lm_agent" in res:
         ref = res["lm_agent"]["default"]["success_rate"]
         lines += ["", "## The shipped LM agent", "",
-                  f"`python -m shopsim.cli eval --checkpoint {res['lm_checkpoint']}` on the first {res['lm_tasks']} "
+                  f"`python -m shopsim.app.cli eval --checkpoint {res['lm_checkpoint']}` on the first "
+                  f"{res['lm_tasks']} "
                   "find_and_buy test tasks, one try, eval seed 0, with each option in `--env-kwargs` (reference: "
                   "the defaults it was trained on). The task ids are the same; the near-duplicate catalog draws "
                   "other targets for them (cluster targets).", "",

@@ -13,7 +13,7 @@ rung is the one `prorl` module one option away (`baselines.prorl.ProRLConfig`):
 | prorl | component | position | mean (ProRL's) | 0.01 (ProRL's) |
 | prorl-poscentre | position ([derived]) | position | mean | 0.01 |
 
-Each arm trains `--seeds` runs of `--iterations` from the standard tier's start (`shopsim.leaderboard.bench`:
+Each arm trains `--seeds` runs of `--iterations` from the standard tier's start (`shopsim.app.bench`:
 SFT on 1500 users for 100 steps, 4 prompts × 8 rollouts per iteration, lr 1e-4, real and unseen items only) with
 `grad_var=True`, which logs the per-prompt gradient variance of every iteration. Reported per arm (mean ± sd over
 seeds): greedy path length, share of distinct paths across users, IoI and CTR of the final policy on `--eval-tasks`
@@ -45,7 +45,7 @@ import numpy as np
 ENV_ID = "shopsim/ProactiveRec-v0"
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "prorl_ladder.md"
-#: the standard tier's ProactiveRec setting (`shopsim.leaderboard.bench._REC_STD`), in-training evaluation aside
+#: the standard tier's ProactiveRec setting (`shopsim.app.bench._REC_STD`), in-training evaluation aside
 STANDARD = {"sft_steps": 100, "group_size": 8, "prompts_per_iter": 4, "valid_only": True, "no_repeat": True}
 _RAW_FORM = {"item_logprob": "sum", "beta": 0.0}
 ARMS: dict[str, dict] = {

@@ -37,7 +37,7 @@ import numpy as np
 
 
 def _rows(results_dir: Path) -> dict[str, dict[str, dict]]:
-    from shopsim.leaderboard.bench import shipped_results
+    from shopsim.app.bench import shipped_results
     from shopsim.leaderboard.protocols import record_key
 
     out: dict[str, dict[str, dict]] = {}
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", default=None, help="write the Markdown table here (e.g. docs/results/standard_claims.md)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    from shopsim.leaderboard.bench import shipped_dir
+    from shopsim.app.bench import shipped_dir
 
     items = claims(_rows(Path(args.results) if args.results else shipped_dir()))
     meta = {"command": "python -m benchmarks.repro_standard " + shlex.join(argv if argv is not None else sys.argv[1:]),

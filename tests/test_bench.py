@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from shopsim.cli import main
-from shopsim.leaderboard.bench import BUDGETS, Budget, budget_for, plan, run_bench, sft_checkpoint
+from shopsim.app.bench import BUDGETS, Budget, budget_for, plan, run_bench, sft_checkpoint
+from shopsim.app.cli import main
 from shopsim.leaderboard.results import find_results
 from tests.fixtures.leaderboard_toy import FAMILY, TOY_ID
 
@@ -55,7 +55,7 @@ def test_bench_exit_code_when_a_reference_fails(toy_world, tmp_path, monkeypatch
 
 
 def test_bench_cli_with_user_algo_and_eval_leaderboard_commands(toy_world, tmp_path, capsys, monkeypatch):
-    from shopsim.leaderboard import bench
+    from shopsim.app import bench
 
     monkeypatch.setitem(bench.BUDGETS["tiny"], FAMILY, Budget(algos={"toyalgo": 1}, tasks=2, seeds=2, tries=4))
     out = tmp_path / "b"
@@ -108,7 +108,7 @@ def test_plan_and_budget_table(tmp_path):
 def test_a_shipped_checkpoint_row_records_a_path_every_machine_shares(toy_world, tmp_path):
     """A checkpoint under the shipped data folder is recorded as ``data/...``, not by the absolute path of the
     machine that ran the bench, so its config hash and reproduce command are the same on every machine."""
-    from shopsim.leaderboard.bench import Entry, run_entry
+    from shopsim.app.bench import Entry, run_entry
     from shopsim.leaderboard.protocols import load_protocol
     from shopsim.paths import portable_path
     from tests.fixtures.leaderboard_toy import CoinPolicy

@@ -5,7 +5,7 @@ import json
 import shlex
 from pathlib import Path
 
-from shopsim.leaderboard.bench import Budget, run_bench, shipped_dir, shipped_results
+from shopsim.app.bench import Budget, run_bench, shipped_dir, shipped_results
 from tests.fixtures.leaderboard_toy import TOY_ID
 
 STANDARD = {"standard": {TOY_ID: Budget(algos={"toyalgo": 2}, tasks=3, seeds=1, tries=4, train_seeds=2)},
@@ -84,7 +84,7 @@ def test_your_algorithm_is_ranked_among_the_shipped_rows(toy_world, tmp_path):
 
 
 def test_every_shipped_result_validates_and_names_a_command_that_exists():
-    from shopsim.cli import build_parser
+    from shopsim.app.cli import build_parser
     from shopsim.envs import all_env_ids
     from shopsim.leaderboard.protocols import load_protocol, record_key
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from shopsim.app.cli import main as cli_main
 from shopsim.catalog import (
     CATALOG_VERSION,
     Catalog,
@@ -28,7 +29,6 @@ from shopsim.catalog import (
     load_taxonomy,
 )
 from shopsim.catalog.generate import SCHEMA
-from shopsim.cli import main as cli_main
 from shopsim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,11 +3,11 @@ import sys
 
 import pytest
 
-from shopsim.cli import main
+from shopsim.app.cli import main
 
 
 def run_cli(*args):
-    proc = subprocess.run([sys.executable, "-m", "shopsim.cli", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "shopsim.app.cli", *args], capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout, proc.stderr
 
 

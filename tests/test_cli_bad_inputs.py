@@ -1,6 +1,6 @@
 """Bad command-line inputs a new user hits: each ends with exit status 2 and one line on stderr, before any work.
 
-The table runs `shopsim.cli.main` in-process. The functions that do a command's work (evaluation, rollouts, the
+The table runs `shopsim.app.cli.main` in-process. The functions that do a command's work (evaluation, rollouts, the
 viewer, rendering) are replaced by ones that fail the test, so a check that comes only after the work (an
 unwritable ``--out`` found once the evaluation has run) fails here too. The tests after the table check what the
 fixes produce on good input: the checkpoint's leaderboard name and budget, ``rollout --family``, no success rate for
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shopsim.cli import main
+from shopsim.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RETRIEVAL = "shopsim/TwoStageRetrieval-v0"
@@ -307,7 +307,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, expected, tmp_path, retrieval_ru
 
 
 def test_unwritable_out_check_leaves_no_probe_behind(tmp_path):
-    from shopsim.commands import writable_output
+    from shopsim.app.commands import writable_output
 
     assert writable_output(tmp_path / "new" / "deeper" / "r.json") == tmp_path / "new" / "deeper" / "r.json"
     assert writable_output(tmp_path / "board", is_dir=True).is_dir()
@@ -330,7 +330,7 @@ def test_checkpoint_without_name_is_listed_by_run_and_budget(tmp_path, retrieval
 
 
 def test_checkpoint_name_prefixes_the_algorithm(tmp_path):
-    from shopsim.commands.eval import checkpoint_budget, checkpoint_entry_name
+    from shopsim.app.commands.eval import checkpoint_budget, checkpoint_entry_name
 
     assert checkpoint_entry_name(tmp_path / "runs" / "mine" / "checkpoint", {"algorithm": "hpo"}) == "hpo/mine"
     assert checkpoint_entry_name(tmp_path / "runs" / "HPO-2" / "checkpoint", {"algorithm": "hpo"}) == "HPO-2"
@@ -413,7 +413,7 @@ def test_readme_commands_parse_and_their_checkpoint_paths_match():
     """Every `shopsim` command in the README parses, and every checkpoint a command reads (``--checkpoint``,
     ``--init``) is the ``OUT/checkpoint`` of a training command above it (`shopsim train`'s default OUT is
     ``runs/<algo>-seed<S>``)."""
-    from shopsim.cli import build_parser
+    from shopsim.app.cli import build_parser
 
     parser = build_parser()
     written, commands = set(), _readme_commands()

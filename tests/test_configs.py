@@ -194,7 +194,7 @@ def test_describe_config_lists_fields_defaults_and_docs():
 
 # ---------------------------------------------------------------------------------------------- shopsim train
 def _train(argv, capsys):
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     code = main(["train", *argv])
     out = capsys.readouterr()
@@ -242,7 +242,7 @@ def test_bad_set_values_are_one_line_exit_2(argv, expect, tmp_path, capsys):
 def test_set_values_are_typed_by_the_config_fields():
     from baselines.core.config import LMConfig
     from baselines.hybrid_ppo import HybridPPOConfig
-    from shopsim.commands.train import parse_overrides
+    from shopsim.app.commands.train import parse_overrides
 
     assert parse_overrides(["lr=1e-5", "group_size=4", "dual_clip=null", "task_families=find_and_buy,bundle",
                             'env_kwargs={"max_turns": 3}', "normalize_advantage=true", "context_mode=window",
@@ -258,8 +258,8 @@ def test_set_values_are_typed_by_the_config_fields():
 # ---------------------------------------------------------------------------------------------- shopsim sft
 def test_sft_cli_defaults_are_sftconfig_defaults():
     from agents.lm.sft import SFTConfig
-    from shopsim.cli import build_parser
-    from shopsim.commands.sft import build_config
+    from shopsim.app.cli import build_parser
+    from shopsim.app.commands.sft import build_config
 
     args = build_parser().parse_args(["sft", "--expert-episodes", "3", "--out", "x"])
     assert build_config(args) == SFTConfig()
@@ -275,7 +275,7 @@ def test_sft_cli_trains_what_a_default_python_call_trains(tmp_path, monkeypatch)
     """`shopsim sft` with only the required arguments collects the same expert data (env and expert options,
     families, seed) and trains with the same config as `sft_expert_data` + `train_sft` with `SFTConfig()`."""
     from agents.lm import sft
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     calls = []
     monkeypatch.setattr(sft, "expert_trajectories", lambda *a, **kw: calls.append(("data", a, kw)) or ["t"])

@@ -62,7 +62,7 @@ def test_shard_ranges_cover_the_plan_in_order():
 def test_cli_workers_gives_the_rows_of_a_single_process_run(cluster, epoch, tmp_path, capsys):
     """The issue's acceptance command, scaled down: --workers 2 writes the same rows as the run without it, and
     the shards are byte-identical to the same sharded run in one process."""
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     common = ["rollout", "--env", REPLENISHMENT, "--agent", "s_S", "--episodes", "12", "--no-progress"]
     assert main([*common, "--out", str(tmp_path / "one.parquet")]) == 0
@@ -204,7 +204,7 @@ def test_pool_collect_matches_collect(cluster):
 
 def test_cli_eval_workers_gives_the_metrics_of_a_single_process_eval(cluster, tmp_path):
     """`shopsim eval --workers 2` runs the protocol's episodes (and the reference's) on the pool: same metrics."""
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     common = ["eval", "--env", REPLENISHMENT, "--agent", "s_S", "--tasks", "3", "--seeds", "0", "1", "--tries", "1",
               "--no-progress"]
@@ -311,7 +311,7 @@ def test_workers_run_torch_with_the_drivers_settings(cluster):
 
 def test_a_failed_connect_leaves_no_empty_output_folder(no_local_ray, tmp_path, capsys):
     """`--ray-address` to a cluster that does not answer stopped the command but left the folders made for --out."""
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     dead = ["--ray-address", "127.0.0.1:1", "--no-progress"]
     assert main(["rollout", "--env", REPLENISHMENT, "--agent", "s_S", "--episodes", "2", *dead,

@@ -7,7 +7,7 @@ import torch
 
 import baselines
 from agents.registry import manifest_env_kwargs
-from shopsim.cli import main
+from shopsim.app.cli import main
 
 ENV = "shopsim/TwoStageRetrieval-v0"
 

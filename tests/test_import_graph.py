@@ -88,3 +88,18 @@ def test_no_import_circles():
     circles = [_describe(graph, c) for c in _circles(graph)]
     assert not circles, "import circles (break them; an import inside a function still counts):\n" + "\n".join(
         circles)
+
+
+def test_layer_contracts_list_the_same_core():
+    """The core layer of the cross-package contract names the same shopsim modules as the exhaustive one, so that a
+    module placed in the core there is also kept below `agents`."""
+    import tomllib
+    from pathlib import Path
+
+    config = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["importlinter"]
+    by_name = {c.get("containers", [None])[0]: c for c in config["contracts"] if c["type"] == "layers"}
+
+    def names(layer: str) -> set[str]:
+        return {m.strip() for m in layer.replace("|", ":").split(":") if m.strip()}
+
+    assert names(by_name[None]["layers"][-1]) == {f"shopsim.{m}" for m in names(by_name["shopsim"]["layers"][-1])}

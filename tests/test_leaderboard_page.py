@@ -281,7 +281,7 @@ def test_render_all_page_works_in_chromium_with_linkable_tabs_and_fits_1400px(tm
 def test_shipped_scenario_and_multi_agent_tabs_work_in_chromium_and_fit_1400px(tmp_path):
     """The shipped standard tier's seasonal-scenario and MultiWarehouse-v0 tabs (the widest tables: per-warehouse
     cost columns and per-run values) open by their links and fit a 1,400 px window."""
-    from shopsim.leaderboard.bench import shipped_results
+    from shopsim.app.bench import shipped_results
 
     written = render_all(shipped_results(), tmp_path / "board", plots=False)
     page = written["html"].read_text()

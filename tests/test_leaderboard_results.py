@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from shopsim.app.bench import reference_agent
 from shopsim.errors import ConfigError, DatasetError
-from shopsim.leaderboard.bench import reference_agent
 from shopsim.leaderboard.evaluate import evaluate
 from shopsim.leaderboard.protocols import Protocol, load_protocol
 from shopsim.leaderboard.results import (
@@ -177,7 +177,7 @@ def test_evaluate_gap_to_reference(toy_world):
 
 
 def test_reference_agent_is_the_registered_one_built_once(toy_world):
-    """The app layer (`shopsim.leaderboard.bench`) builds the protocol's reference from the agent registry."""
+    """The app layer (`shopsim.app.bench`) builds the protocol's reference from the agent registry."""
     p = Protocol(env_id=TOY_ID, family=FAMILY, task_ids=(100,), seeds=(0,), tries=1, reference="half")
     agent = reference_agent(p)
     assert isinstance(agent, CoinHalf) and reference_agent(p) is agent

@@ -4,7 +4,7 @@ import html
 import math
 import re
 
-from shopsim.cli import main
+from shopsim.app.cli import main
 from shopsim.datasets import write_dataset
 from shopsim.leaderboard.viewer import inventory_series, read_dataset, render_viewer, rounded
 from shopsim.rollout import collect

@@ -300,7 +300,7 @@ def test_evaluation_of_all_families_takes_an_equal_share_of_each():
 
 
 def test_sft_command_runs_and_rejects_a_bad_family(tmp_path, capsys):
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     assert main(["sft", "--expert-episodes", "4", "--steps", "3", "--curriculum-steps", "2", "--size", "tiny",
                  "--eval-episodes", "2", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
@@ -323,7 +323,7 @@ def test_sft_command_runs_and_rejects_a_bad_family(tmp_path, capsys):
 def test_sft_command_run_again_reuses_a_finished_stage_and_retrains_a_changed_one(tmp_path, capsys):
     """A staged recipe run again skips its finished stages: the same options, start and data reuse OUT untouched;
     other data (or an interrupted run) trains."""
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     out = tmp_path / "run"
     argv = ["sft", "--expert-episodes", "4", "--steps", "2", "--curriculum-steps", "0", "--size", "tiny",

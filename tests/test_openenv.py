@@ -121,7 +121,7 @@ def _free_port() -> int:
 def test_shopsim_serve_answers_an_openenv_client():
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "shopsim.cli", "serve", "--env", "shopsim/Shopping-v0",
+    proc = subprocess.Popen([sys.executable, "-m", "shopsim.app.cli", "serve", "--env", "shopsim/Shopping-v0",
                              "--port", str(port), "--env-kwargs", '{"catalog_size": 2000}'],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -145,6 +145,6 @@ def test_shopsim_serve_answers_an_openenv_client():
 
 
 def test_serve_refuses_an_env_without_models():
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     assert main(["serve", "--env", "shopsim/Replenishment-v0", "--port", "0"]) == 2

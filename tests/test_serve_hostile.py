@@ -306,7 +306,7 @@ def test_serve_checks_everything_before_it_says_serving(argv, expected, busy_por
     import uvicorn
 
     import shopsim.integrations.openenv as openenv
-    from shopsim.cli import main
+    from shopsim.app.cli import main
 
     def forbidden(*args, **kwargs):
         raise AssertionError("shopsim serve went on past a bad argument")
@@ -327,7 +327,7 @@ def test_serve_checks_everything_before_it_says_serving(argv, expected, busy_por
 def test_serve_command_prints_serving_once_listening():
     """The "serving" line comes when the port is bound: a client that connects as soon as it reads it is served."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SHOPSIM_SERVE_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "shopsim.cli", "serve", "--port", "0", "--env-kwargs",
+    proc = subprocess.Popen([sys.executable, "-m", "shopsim.app.cli", "serve", "--port", "0", "--env-kwargs",
                              json.dumps(ENV_KW)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -358,7 +358,7 @@ def test_load_sixteen_mixed_clients(capsys):
     episodes (none locked out), and the server's memory grows by a bounded amount. Prints steps/s and the growth."""
     idle_timeout, deadline_s, episodes = 3.0, 150.0, 4
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "shopsim.cli", "serve", "--port", "0", "--max-sessions", "13",
+    proc = subprocess.Popen([sys.executable, "-m", "shopsim.app.cli", "serve", "--port", "0", "--max-sessions", "13",
                              "--idle-timeout", str(idle_timeout), "--env-kwargs", json.dumps(ENV_KW)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

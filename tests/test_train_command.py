@@ -2,8 +2,8 @@
 
 import pytest
 
-from shopsim.cli import main
-from shopsim.commands.train import parse_overrides
+from shopsim.app.cli import main
+from shopsim.app.commands.train import parse_overrides
 from shopsim.errors import ConfigError
 
 

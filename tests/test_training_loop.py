@@ -16,7 +16,7 @@ from baselines.core.loop import LEGACY_STATE_FILE, STATE_FILE
 from baselines.hpo import HPO
 from baselines.hybrid_ppo import HybridPPO
 from baselines.prorl import ProRL
-from shopsim.cli import main
+from shopsim.app.cli import main
 from shopsim.errors import ConfigError
 
 ITERATIONS = 4

@@ -1,6 +1,6 @@
 """The `shopsim` command line.
 
-Each subcommand lives in its own module under `shopsim.commands` and exposes ``add_parser(subparsers)`` (which sets
+Each subcommand lives in its own module under `shopsim.app.commands` and exposes ``add_parser(subparsers)`` (which sets
 ``func`` to its runner). Errors the user can fix (`ShopsimError`, unwritable paths) end with one line that says what
 to change and exit status 2 — never a traceback.
 """
@@ -23,9 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"shopsim.commands.{name}")
+            module = importlib.import_module(f"shopsim.app.commands.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"shopsim.commands.{name}":
+            if exc.name == f"shopsim.app.commands.{name}":
                 continue  # command not built (yet)
             raise
         module.add_parser(sub)
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from shopsim.commands import removing_unused_outputs
+    from shopsim.app.commands import removing_unused_outputs
 
     try:
         with removing_unused_outputs():

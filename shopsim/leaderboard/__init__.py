@@ -7,9 +7,10 @@
   `shopsim.rollout.collect`;
 * `results` — schema-versioned results JSON (write, read, validate);
 * `render` — Markdown, CSV, static HTML (`page`) and matplotlib plots (`charts`), over the table helpers of
-  `tables` (grouping, columns, names); `viewer` — static trajectory viewer;
-* `bench` — ``shopsim bench --quick``: train, evaluate, render. It belongs to the app layer (it builds agents and
-  trainers); the other modules sit below `agents` (``[tool.importlinter]`` in pyproject.toml).
+  `tables` (grouping, columns, names); `viewer` — static trajectory viewer.
+
+The benchmark that trains, evaluates and renders (``shopsim bench``) builds agents and trainers, so it belongs to the
+app layer: `shopsim.app.bench`. Everything here sits below `agents` (``[tool.importlinter]`` in pyproject.toml).
 """
 
 from shopsim.leaderboard.metrics import pass_at_k, pass_hat_k

@@ -26,7 +26,7 @@ Schema (``schema_version`` = `SCHEMA_VERSION`)::
 ``ci95`` is the 95% interval of the mean over the protocol's episodes (Wilson for rates, a seeded bootstrap over
 tasks otherwise; `shopsim.leaderboard.metrics`); ``per_seed``/``std`` are the per-seed values (eval seeds, or the
 training runs of a trained entry) and their sample standard deviation (ddof = 1). ``curve`` is the learning curve
-of the env's primary metric per training run (`shopsim.leaderboard.bench.learning_curve`); older files may hold the
+of the env's primary metric per training run (`shopsim.app.bench.learning_curve`); older files may hold the
 path of a training run's ``metrics.csv`` there instead. ``protocol_hash`` names the episodes (`Protocol.hash`): only
 results with equal hashes are ranked together.
 

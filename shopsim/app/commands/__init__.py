@@ -1,4 +1,4 @@
-"""One module per `shopsim` subcommand (see `shopsim.cli`)."""
+"""One module per `shopsim` subcommand (see `shopsim.app.cli`)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def writable_output(path: str | os.PathLike, *, is_dir: bool = False, flag: str 
     than as a traceback after the work is done. The probe for a file is the temporary sibling that the atomic
     writers use (`shopsim.paths.atomic_path`), so its name is as long as any name the command will create. The
     folders it creates are removed again if the command fails while they are still empty
-    (`removing_unused_outputs`, around every command of `shopsim.cli.main`).
+    (`removing_unused_outputs`, around every command of `shopsim.app.cli.main`).
     """
     from shopsim.paths import atomic_path
 

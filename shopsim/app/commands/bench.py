@@ -1,16 +1,16 @@
 """`shopsim bench`: the main job — train baselines briefly, evaluate them and the reference agents, render the
-leaderboard (see `shopsim.leaderboard.bench`)."""
+leaderboard (see `shopsim.app.bench`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from shopsim.commands import positive_int, writable_output
-from shopsim.commands.rollout import add_scale_arguments, ray_pool
+from shopsim.app.commands import positive_int, writable_output
+from shopsim.app.commands.rollout import add_scale_arguments, ray_pool
 
 
 def add_parser(sub) -> None:
-    from shopsim.leaderboard.bench import MODES
+    from shopsim.app.bench import MODES
 
     p = sub.add_parser("bench", help="the benchmark: train, evaluate and render the leaderboard",
                        description="For every env with an evaluation split: evaluate the reference agents, "
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from shopsim.leaderboard.bench import run_bench
+    from shopsim.app.bench import run_bench
 
     threads = args.threads if args.threads is not None else (None if args.budget == "full" else 1)
     if threads:

@@ -6,8 +6,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from shopsim.commands import positive_int, writable_output
-from shopsim.commands.rollout import add_scale_arguments, ray_pool
+from shopsim.app.commands import positive_int, writable_output
+from shopsim.app.commands.rollout import add_scale_arguments, ray_pool
 
 
 def add_parser(sub) -> None:
@@ -53,8 +53,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import agents
     from agents.registry import manifest_env_kwargs
+    from shopsim.app.bench import reference_agent
     from shopsim.envs import check_env_id, check_env_options
-    from shopsim.leaderboard.bench import reference_agent
     from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
     from shopsim.leaderboard.protocols import load_protocol
     from shopsim.leaderboard.render import fmt_metric

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from shopsim.commands import positive_int, writable_output
+from shopsim.app.commands import positive_int, writable_output
 
 
 def add_parser(sub) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from shopsim.commands import positive_int
+from shopsim.app.commands import positive_int
 
 
 def _port(text: str) -> int:
@@ -64,7 +64,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from shopsim.commands.eval import _parse_env_kwargs
+    from shopsim.app.commands.eval import _parse_env_kwargs
     from shopsim.errors import ShopsimError
 
     try:

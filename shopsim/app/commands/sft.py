@@ -26,7 +26,7 @@ _EXCLUDED = ("families",)
 
 def add_parser(sub) -> None:
     from agents.lm.sft import SFTConfig
-    from shopsim.commands import positive_int
+    from shopsim.app.commands import positive_int
     from shopsim.configs import add_config_arguments
 
     p = sub.add_parser("sft", help="supervised warm start of the LM agent on expert trajectories",
@@ -70,7 +70,7 @@ def run(args) -> int:
     import torch
 
     from agents.lm import sft
-    from shopsim.commands import writable_output
+    from shopsim.app.commands import writable_output
     from shopsim.envs import check_env_id
     from shopsim.errors import ConfigError
     from shopsim.paths import files_digest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from shopsim.commands import positive_int, writable_output
+from shopsim.app.commands import positive_int, writable_output
 
 
 def add_parser(sub) -> None:
