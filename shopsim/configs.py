@@ -212,6 +212,7 @@ def _bounds_text(meta: dict) -> str:
         return f"a value in {lo[0]}{lo[1]}, {hi[0]}{hi[1]}"
     if lo:
         return f"a value {'>=' if lo[0] == '[' else '>'} {lo[1]}"
+    assert hi is not None, meta  # the caller passes a field with at least one bound
     return f"a value {'<=' if hi[1] == ']' else '<'} {hi[0]}"
 
 
@@ -388,7 +389,7 @@ def _parse(text: str, tp: Any, name: str) -> Any:
                 raise ConfigError(f"{name}: not valid JSON ({exc.msg} at character {exc.pos} of {text!r}); "
                                   "write a JSON list or comma-separated values") from None
             return _coerce(value, tp)
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        args = tuple(a for a in typing.get_args(tp) if a is not Ellipsis)
         inner = args[0] if len(set(args)) == 1 else str
         items = [_parse(part.strip(), inner, name) for part in text.split(",") if part.strip()]
         return tuple(items) if (tp is tuple or origin is tuple) else items

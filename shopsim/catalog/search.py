@@ -204,7 +204,8 @@ class TantivyIndex:
                 break
             limit = min(limit * 4, self._n)
         pids = self._searcher.fast_field_values("product_id", [a for _, a in hits])
-        return _rank([(int(p), float(s)) for (s, _), p in zip(hits, pids, strict=False)], k, offset)
+        # tantivy's stubs type fast-field values as int | float | None; a u64 field always holds ints
+        return _rank([(int(p), float(s)) for (s, _), p in zip(hits, pids, strict=False)], k, offset)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------------- bm25s
@@ -231,7 +232,7 @@ class Bm25sIndex:
     def build(cls, catalog: IndexedCatalog, path: Path, **_: object) -> None:
         import bm25s
 
-        corpus = []
+        corpus: list[list[str]] = []
         for _, texts in iter_documents(catalog):
             corpus.extend(tokenize_all(t) for t in texts)
         retriever = bm25s.BM25()
@@ -258,7 +259,7 @@ def tokenize_all(text: str) -> list[str]:
     return [t for t in _TOKEN.findall(text.lower()) if len(t.encode("utf-8")) <= MAX_TOKEN_BYTES]
 
 
-_CLASSES = {"tantivy": TantivyIndex, "bm25s": Bm25sIndex}
+_CLASSES: dict[str, type[TantivyIndex | Bm25sIndex]] = {"tantivy": TantivyIndex, "bm25s": Bm25sIndex}
 _BUILD_LOCK = threading.Lock()
 
 

@@ -117,9 +117,12 @@ class TaxonomyTables:
 def tables(path: str | None = None) -> TaxonomyTables:
     tax = _load(str(path or taxonomy_path()))[0]
     categories, types, type_cat, lo, hi = [], [], [], [], []
-    attr_vocab, attr_off, attr_cnt = [], [], []
-    dim_names, dim_off, dim_cnt, values, val_off, val_cnt = [], [], [], [], [], []
-    blurbs, blurb_off, blurb_cnt, base_brands = [], [], [], []
+    attr_vocab: list[str] = []
+    dim_names: list[str] = []
+    values: list[str] = []
+    blurbs: list[str] = []
+    attr_off, attr_cnt, dim_off, dim_cnt, val_off, val_cnt, blurb_off, blurb_cnt, base_brands = (
+        [], [], [], [], [], [], [], [], [])
     for ci, (cname, cat) in enumerate(tax["categories"].items()):
         categories.append(cname)
         base_brands.append(list(cat["brands"]))

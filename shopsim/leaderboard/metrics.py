@@ -334,18 +334,18 @@ def summarize(records: Sequence[Mapping], *, per_seed: Sequence[Mapping[str, flo
                     "tasks": len(vals)}
     if not all(r.get("success") is None for r in records):
         groups: dict[str, list[float]] = defaultdict(list)
-        by_task: dict = defaultdict(list)
+        oks_by_task: dict = defaultdict(list)
         for r in records:
             ok = float(r.get("success") or 0.0)  # an episode that reports none did not succeed
             groups["success_rate"].append(ok)
             if r.get("family") is not None:
                 groups[f"success/{r['family']}"].append(ok)
-            by_task[_task_key(r)].append(ok)
+            oks_by_task[_task_key(r)].append(ok)
         for name, oks in groups.items():
             out[name] = {"mean": float(np.mean(oks)), "ci95": wilson_interval(sum(oks), len(oks)),
                          "interval": "wilson", "episodes": len(oks)}
         out["success"] = dict(out["success_rate"])
-        counts = [(int(sum(v)), len(v)) for v in by_task.values()]
+        counts = [(int(sum(v)), len(v)) for v in oks_by_task.values()]
         n_min = min(n for _, n in counts)
         for k in range(1, min(max_k, n_min if tries is None else min(tries, n_min)) + 1):
             vals = [math.comb(c, k) / math.comb(n, k) for c, n in counts]
@@ -355,11 +355,11 @@ def summarize(records: Sequence[Mapping], *, per_seed: Sequence[Mapping[str, flo
         mine, ref = per_task.get(gap_key, {}), task_values(reference).get(gap_key, {})
         common = [t for t in mine if t in ref]
         if common:
-            x = np.array([mine[t] for t in common])
-            r = np.array([ref[t] for t in common])
-            if r.mean() != 0:
-                out[gap_name] = {"mean": float(100.0 * (x.mean() - r.mean()) / abs(r.mean())),
-                                 "ci95": bootstrap_gap_interval(x, r), "interval": "bootstrap",
+            x = [float(mine[t]) for t in common]
+            rx = [float(ref[t]) for t in common]
+            if np.mean(rx) != 0:
+                out[gap_name] = {"mean": float(100.0 * (np.mean(x) - np.mean(rx)) / abs(np.mean(rx))),
+                                 "ci95": bootstrap_gap_interval(x, rx), "interval": "bootstrap",
                                  "tasks": len(common)}
     out["episodes"] = {"mean": float(len(records)), "ci95": None, "interval": None}
     _add_per_seed(out, per_seed, seeds_over)

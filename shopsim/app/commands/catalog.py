@@ -57,7 +57,7 @@ def run_build(args: argparse.Namespace) -> int:
     if backend:
         t0 = time.perf_counter()
         index = cat.index(backend)
-        print(f"search index ({index.backend}): {len(index):,} documents -> {index.path} "
+        print(f"search index ({index.backend}): {len(index):,} documents -> {getattr(index, 'path', 'memory')} "
               f"({time.perf_counter() - t0:.2f} s)")
     return 0
 
@@ -96,7 +96,7 @@ def _summary(cat) -> None:
           f"max {price.max():.2f}; rating mean {rating.mean():.2f}; out of stock {np.mean(stock == 0):.1%}")
     counts = np.bincount(cat.category_ids, minlength=len(cat.categories))
     tcounts = np.bincount(cat.type_ids, minlength=len(cat.product_types))
-    types_of = {c: [] for c in range(len(cat.categories))}
+    types_of: dict[int, list] = {c: [] for c in range(len(cat.categories))}
     from shopsim.catalog.taxonomy import tables
 
     for t, c in enumerate(tables().type_category):
