@@ -30,6 +30,9 @@ Interface for trainers (kept stable; the RL baselines build on it):
   `agents.lm.generation.sample` over the `PrefixCache`, which is also used for other architectures and whenever
   ``record_hidden`` is on.
   ``agent.generate(prompts, keys)`` runs whichever applies (trainers that build their own prompts use it).
+* ``tools=[schemas]`` hands tool schemas to the chat template (``apply_chat_template(tools=...)``) for models whose
+  template renders them (`agents.lm.pretrained.model_agent` decides, and passes the env's prompt as
+  ``system_prompt``); their tool calls are parsed by `agents.lm.parsing`.
 * ``agent.save(dir)`` writes ``save_pretrained`` (safetensors) model + tokenizer + the shopsim manifest;
   ``LMAgent.from_checkpoint(dir, env_id=...)`` / ``agents.load_checkpoint(dir)`` rebuild it.
 """
@@ -54,10 +57,10 @@ from shopsim.errors import ConfigError
 #: options saved in the manifest and restored whenever a checkpoint with a manifest is loaded (the constructor's
 #: `checkpoint=`, the shipped default, `from_checkpoint`); explicit constructor arguments override them
 SAVED_OPTIONS = ("context_mode", "history", "history_obs_chars", "max_new_tokens", "system_prompt",
-                 "pin_first_turn")
+                 "pin_first_turn", "tools")
 #: what the options are without a manifest
 DEFAULT_OPTIONS = {"context_mode": "window", "history": 2, "history_obs_chars": 160, "max_new_tokens": 48,
-                   "system_prompt": DEFAULT_SYSTEM, "pin_first_turn": False}
+                   "system_prompt": DEFAULT_SYSTEM, "pin_first_turn": False, "tools": None}
 _UNSET: Any = object()
 #: `LMAgent(decoder=...)` choices: the slot decoder where the model allows it, always it, or the reference path
 DECODERS = ("auto", "slots", "hf")
@@ -120,16 +123,19 @@ class LMAgent(Agent):
                  max_new_tokens: int = _UNSET, greedy: bool = False, record_hidden: bool = False, device: str = "cpu",
                  history: int = _UNSET, history_obs_chars: int | None = _UNSET, max_prompt_tokens: int | None = None,
                  system_prompt: str = _UNSET, model=None, tokenizer=None, kv_cache: bool = True,
-                 pin_first_turn: bool = _UNSET, decoder: str = "auto"):
+                 pin_first_turn: bool = _UNSET, decoder: str = "auto", tools: list[dict] | None = _UNSET):
         # the prompt layout a checkpoint was trained with travels with it: a model fine-tuned on history=1 acts
         # far worse under the default history=2 (shipped SFT: 67% -> 32% find_and_buy dev success)
         given = {"context_mode": context_mode, "history": history, "history_obs_chars": history_obs_chars,
-                 "max_new_tokens": max_new_tokens, "system_prompt": system_prompt, "pin_first_turn": pin_first_turn}
+                 "max_new_tokens": max_new_tokens, "system_prompt": system_prompt, "pin_first_turn": pin_first_turn,
+                 "tools": tools}
         base = {**DEFAULT_OPTIONS, **(saved_options(checkpoint) if model is None else {})}
         opt = {k: base[k] if v is _UNSET else v for k, v in given.items()}
         context_mode, history, history_obs_chars = opt["context_mode"], opt["history"], opt["history_obs_chars"]
         max_new_tokens, system_prompt = opt["max_new_tokens"], opt["system_prompt"]
-        pin_first_turn = opt["pin_first_turn"]
+        pin_first_turn, tools = opt["pin_first_turn"], opt["tools"]
+        if isinstance(tools, str):  # as a manifest keeps them: JSON text, so the schemas' key order survives
+            tools = json.loads(tools)
         self.env_id = env_id
         self.device = torch.device(device)
         self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
@@ -143,7 +149,9 @@ class LMAgent(Agent):
         self.model.eval()
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
-        self.fmt = ChatFormat(tokenizer, system_prompt)
+        self.fmt = ChatFormat(tokenizer, system_prompt, tools=tools)
+        #: how the model is told the actions: "tools" (schemas through its chat template) or "text" (a grammar)
+        self.actions = "tools" if tools else "text"
         self.policy = LMPolicy(self.model, tokenizer, temperature=self.sampling.logprob_temperature)
         from agents.lm.model import context_length
 
@@ -154,6 +162,8 @@ class LMAgent(Agent):
         self.options = dict(context_mode=context_mode, history=history, history_obs_chars=history_obs_chars,
                             max_new_tokens=max_new_tokens, system_prompt=system_prompt,
                             pin_first_turn=pin_first_turn)
+        if tools:  # recorded only when given, so that the manifests of text-grammar agents stay as they were
+            self.options["tools"] = json.dumps(tools, ensure_ascii=False)
         self._ctx_kw = dict(mode=context_mode, history=history, history_obs_chars=history_obs_chars,
                             max_prompt_tokens=max_prompt_tokens, pin_first_turn=pin_first_turn)
         #: per-episode KV cache across turns (None: every turn encodes its whole prompt)

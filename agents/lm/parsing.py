@@ -14,15 +14,31 @@ import re
 _GRAMMAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[.*\])?$", re.DOTALL)
 
 
+#: the tags chat templates wrap a tool call in (Qwen 2.5 / Hermes ``<tool_call>``, Mistral ``[TOOL_CALLS]``,
+#: Llama 3.1 ``<|python_tag|>``); the call inside is the JSON object
+_TOOL_TAGS = re.compile(r"^(<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)\s*")
+
+
 def extract_action(text: str) -> str:
-    """The action in a generated text: a JSON object, one grammar action, or the stripped text as is."""
+    """The action in a generated text: a JSON object (also inside a chat template's tool-call tag), one grammar
+    action, or the stripped text as is."""
     text = text.strip()
+    tagged = _TOOL_TAGS.match(text)
+    if tagged:
+        text = text[tagged.end():].lstrip()
+        if text.startswith("["):  # a list of calls (Mistral): the first one
+            text = text[1:].lstrip()
     if text.startswith("{"):
         try:
             obj, end = json.JSONDecoder().raw_decode(text)
         except json.JSONDecodeError:
             return text
-        return json.dumps(obj, ensure_ascii=False) if isinstance(obj, dict) else text
+        if not isinstance(obj, dict):
+            return text
+        if "arguments" not in obj and "parameters" in obj:  # the Llama 3.1 template's name for the arguments
+            obj = dict(obj)
+            obj["arguments"] = obj.pop("parameters")
+        return json.dumps(obj, ensure_ascii=False)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if _GRAMMAR.match(first):
         return first

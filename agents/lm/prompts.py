@@ -46,17 +46,32 @@ FALLBACK_TEMPLATE = (
 _X, _Y = "\u241fOBSERVATION\u241f", "\u241fACTION\u241f"
 
 
+def supports_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template renders a ``tools=`` list (it reads the ``tools`` variable)."""
+    import re
+
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and re.search(r"\btools\b", template) is not None
+
+
 class ChatFormat:
     """Token pieces of a tokenizer's chat template (see module docstring)."""
 
-    def __init__(self, tokenizer, system_prompt: str = DEFAULT_SYSTEM):
+    def __init__(self, tokenizer, system_prompt: str = DEFAULT_SYSTEM, tools: list[dict] | None = None):
         if not getattr(tokenizer, "chat_template", None):
             tokenizer.chat_template = FALLBACK_TEMPLATE
+        if tools and not supports_tools(tokenizer):
+            raise ConfigError("the tokenizer's chat template does not render tools; give the text grammar in the "
+                              "system prompt instead (tools=None)")
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.tools = tools
 
         def render(messages, gen=False):
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+            # the tool schemas go to the template, which renders them where the model was trained to read them
+            # (usually the system message, so `system_ids` carries them)
+            extra = {"tools": tools} if tools else {}
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **extra)
 
         sys_msgs = [{"role": "system", "content": system_prompt}]
         sys_text = render(sys_msgs)

@@ -25,7 +25,7 @@ from shopsim.envs.shopping.tasks import (
     split_ids,
     split_of,
 )
-from shopsim.envs.shopping.tools import TOOLS, Tool, tool_schemas
+from shopsim.envs.shopping.tools import TOOLS, Tool, system_prompt, tool_schemas
 from shopsim.errors import ConfigError
 
 ACTION_CHARSET = "".join(chr(c) for c in range(32, 127))
@@ -214,6 +214,11 @@ class ShoppingEnv(gym.Env):
         self.tools: dict[str, Tool] = dict(TOOLS)
         self.tool_schemas = tool_schemas(self.tools)
         self.task = None
+
+    def system_prompt(self, form: str = "text") -> str:
+        """How to act here, as a system prompt for a chat model (`tools.system_prompt` over this env's tools):
+        ``"text"`` writes out the text grammar, ``"tools"`` is for chat templates that take ``tool_schemas``."""
+        return system_prompt(self.tools, form)
 
     def register_tool(self, tool: Tool, replace: bool = False) -> None:
         """Add `tool` to this env's table (both action forms, dispatch and ``tool_schemas`` follow from it).

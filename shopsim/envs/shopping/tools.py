@@ -188,6 +188,33 @@ def tool_schemas(tools: dict[str, Tool] | None = None) -> list[dict]:
     return [t.schema() for t in (TOOLS if tools is None else tools).values()]
 
 
+#: `system_prompt` forms: the text grammar written out, or tool calls (the schemas go to the chat template)
+PROMPT_FORMS = ("text", "tools")
+
+_ROLE = ("You are a shopping assistant in a web shop, serving one customer. Each turn you see the current page "
+         "(the customer's request, search results, a product, the cart or their orders).")
+
+
+def system_prompt(tools: dict[str, Tool] | None = None, form: str = "text") -> str:
+    """A system prompt that tells a chat model how to act in Shopping-v0 with the tools of `tools` (default `TOOLS`).
+
+    ``form="text"``: the text grammar, one line per tool (``name[arg, ...]: description``), for a model whose chat
+    template has no tool support; ``form="tools"``: only the role and the rule of one call per turn, for a template
+    that renders the tool schemas itself (`tool_schemas`, passed as ``tools=``)."""
+    if form not in PROMPT_FORMS:
+        raise ConfigError(f"form={form!r}; choose one of {PROMPT_FORMS}")
+    table = TOOLS if tools is None else tools
+    if form == "tools":
+        return f"{_ROLE} Act by calling exactly one of the given tools per turn, with no other text."
+    lines = [f"{_ROLE} Reply with exactly one action on one line and nothing else. The actions:"]
+    for t in table.values():
+        form_text = f"{t.name}[{', '.join(t.arg_names)}]" if t.arg_names else t.name
+        lines.append(f"{form_text}: {t.description}")
+    lines.append("Arguments go in the brackets, separated by commas, e.g. search[waterproof hiking boots], "
+                 "click[#2], click[buy now], cancel_order[W1234567, ordered by mistake].")
+    return "\n".join(lines)
+
+
 # ---- availability ----------------------------------------------------------------------------------------------
 def _shopping(env) -> bool:
     return env.task.family != "after_sales"
