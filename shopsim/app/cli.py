@@ -12,7 +12,7 @@ import importlib
 import sys
 
 #: subcommand modules, in the order `--help` lists them
-COMMANDS = ["catalog", "rollout", "sft", "train", "eval", "leaderboard", "view", "bench", "serve"]
+COMMANDS = ["catalog", "rollout", "sft", "train", "eval", "model", "leaderboard", "view", "bench", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

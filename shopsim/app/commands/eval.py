@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from shopsim.app.commands import positive_int, writable_output
-from shopsim.app.commands.rollout import add_scale_arguments, ray_pool
+from shopsim.app.commands.rollout import add_model_arguments, add_scale_arguments, model_agent_from_args, ray_pool
 
 
 def add_parser(sub) -> None:
@@ -21,6 +21,11 @@ def add_parser(sub) -> None:
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--agent", help="agent name (expert, random, s_S, ...) or module:Class")
     who.add_argument("--checkpoint", help="a checkpoint folder written by training (has shopsim_agent.json)")
+    who.add_argument("--model", metavar="DIR",
+                     help="any local causal-LM folder (safetensors, tokenizer, chat template; e.g. from `shopsim "
+                          "model import`), acting through its own chat template: with the env's tool schemas where "
+                          "the template renders tools, else with the env's text grammar in the system prompt "
+                          "(Shopping-v0 only). The results record the model's name and weights sha256")
     p.add_argument("--name", default=None, help="leaderboard entry name (default: the agent name / folder name)")
     p.add_argument("--split", default="test", choices=["test", "dev"])
     p.add_argument("--episodes", type=positive_int, default=None,
@@ -44,6 +49,7 @@ def add_parser(sub) -> None:
                         "agent's own sampling: a loaded LM checkpoint samples at temperature 1). Agents that do not "
                         "decode from a language model act as they always do. Recorded in the results file as "
                         "'decoding' when not greedy; it is part of the protocol hash")
+    add_model_arguments(p)
     p.add_argument("--out", required=True, help="results JSON to write")
     add_scale_arguments(p)
     p.add_argument("--no-progress", action="store_true")
@@ -92,6 +98,12 @@ def run(args: argparse.Namespace) -> int:
         if env_kwargs is None:  # evaluate on the env the policy was trained on
             env_kwargs = manifest_env_kwargs(manifest)
             check_env_options(args.env, env_kwargs, what=f"{manifest} env_kwargs")
+    elif args.model:
+        agent, config = model_agent_from_args(args, args.env, greedy=args.decoding == "greedy")
+        name, kind = args.name or config["model"], "agent"
+        if args.name is None:
+            _check_entry_name(name, f"the entry name {name[:40]!r} (from the model's name; --name sets another)")
+        algorithm = budget = None
     else:
         agent = agents.make(args.agent, args.env)
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")

