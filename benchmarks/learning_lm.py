@@ -72,6 +72,17 @@ PRE_STAGE = {"midtrain": "stage 1, the generation of mid-training data", "basis"
 EVAL_SEED = 10_000  # every evaluation (start, every algorithm and seed) runs the same episodes
 
 
+#: algorithms whose card has no KL term (their config refuses one): ``--kl-coef`` leaves them as they are
+NO_KL = frozenset({"wapo"})
+
+
+def _config_fields(name: str) -> set[str]:
+    import baselines
+    from shopsim.configs import config_fields
+
+    return {f.name for f in config_fields(baselines.resolve(name, env_id=ENV).Config)}
+
+
 def _algo(name: str, args, env_kwargs: dict, **over):
     """The algorithm `name` with the benchmark's common settings (same budget, lr, limits, eval protocol)."""
     import baselines
@@ -82,6 +93,9 @@ def _algo(name: str, args, env_kwargs: dict, **over):
         per = dict(group_size=ARC_N, tasks_per_iter=max(1, args.rollouts // (ARC_N * ARC_M)))
     if name != "reinforce":  # REINFORCE is strictly on-policy: one step per batch
         per["minibatches"] = args.minibatches
+    kl = getattr(args, "kl_coef", None)
+    if kl is not None and name not in NO_KL and "kl_coef" in _config_fields(name):
+        per["kl_coef"] = kl
     if name == "vapo":
         per["value_pretrain_steps"] = args.value_pretrain_steps
     if name == "dapo":
@@ -544,10 +558,10 @@ def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
 #: the options that define a run of the protocol; runs recorded under other values are never reused
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
-                 "screen_samples", "top_p", "pool_balance")
+                 "screen_samples", "top_p", "pool_balance", "kl_coef")
 #: protocol options added after tables were recorded, at the value those tables were measured under
 PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0,
-                     "pool_balance": "none"}
+                     "pool_balance": "none", "kl_coef": None}
 
 
 def protocol_of(args) -> dict:
@@ -706,6 +720,9 @@ def add_protocol_arguments(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0,
                    help="nucleus mass of the rollouts' draws (1.0: off); log-probs stay those of the whole "
                         "distribution")
+    p.add_argument("--kl-coef", type=float, default=None,
+                   help="β of the KL penalty to the start for every algorithm with one (None: each algorithm's own "
+                        "default; WAPO has none)")
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)

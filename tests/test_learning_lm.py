@@ -323,3 +323,20 @@ def test_the_balanced_pool_draws_every_family_about_equally_often():
     assert set(pool) == set(info["pool"])
     share = {f: sum(t in ids for t in pool) / len(pool) for f, ids in lm.pool_by_family(info).items() if ids}
     assert share == {"find_and_buy": 6 / 18, "bundle": 6 / 18, "clarify_and_buy": 6 / 18}
+
+
+def test_kl_coef_reaches_every_algorithm_with_a_kl_term_and_only_those(monkeypatch):
+    """``--kl-coef`` sets β for every algorithm whose config has one, except those whose card has none (WAPO); left
+    out, each algorithm keeps its own default."""
+    import benchmarks.learning_lm as lm
+
+    seen = []
+    monkeypatch.setattr(lm, "run", lambda a, argv=None: seen.append(a))
+    lm.main(["--kl-coef", "0.05"])
+    lm.main([])
+    given, default = seen
+    for name in ("grpo", "gigpo", "dapo", "arc"):
+        assert lm._algo(name, given, {}).config.kl_coef == 0.05
+    assert lm._algo("wapo", given, {}).config.kl_coef == 0.0
+    assert lm._algo("gigpo", default, {}).config.kl_coef == baselines.resolve("gigpo", env_id=lm.ENV).Config().kl_coef
+    assert lm.protocol_of(given)["kl_coef"] == 0.05 and lm.protocol_of(default)["kl_coef"] is None
