@@ -111,6 +111,28 @@ def test_config_errors_say_what_to_change():
         ReplenishmentEnv(n_sku=3)
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"seasonality": 1.0}, r"seasonality: expected a value in \[0, 1\), got 1.0"),
+    ({"capacity": 0.0}, "capacity: expected a value > 0, got 0.0"),
+    ({"fixed_cost": -1.0}, "fixed_cost: expected a value >= 0, got -1.0"),
+    ({"dispersion": 0}, "dispersion: expected a value > 0, got 0"),
+])
+def test_bounds_are_declared_on_the_config_fields(options, message):
+    """The ranges once checked by hand in __post_init__ are `bounded` fields: the config, the env's keyword options
+    and `check_env_options` (before any env is built) refuse a value out of range with the same words."""
+    from shopsim.envs import check_env_options
+
+    with pytest.raises(ConfigError, match=f"^Replenishment config: {message}$"):
+        ReplenishmentConfig(**options)
+    with pytest.raises(ConfigError, match=f"Replenishment-v0 option {message}$"):
+        ReplenishmentEnv(**options)
+    with pytest.raises(ConfigError, match=f"^env_kwargs: shopsim/Replenishment-v0 option {message}$"):
+        check_env_options(ENV_ID, options)
+    with pytest.raises(ConfigError, match="warmup < horizon"):  # a rule across fields stays in __post_init__
+        ReplenishmentConfig(horizon=10, warmup=10)
+    assert ReplenishmentConfig(n_skus=np.int64(3), capacity=100).capacity == 100.0  # numpy ints and ints still do
+
+
 # 3 periods by hand: on hand 5, pipeline [3, 0] (L = 2), h = 1, b = 10, K = 64
 #   t0: order 10, d = 4: available 5 + 3 = 8, stock 4 -> 4·1 + 64 = 68; pipeline [0, 10]
 #   t1: no order, d = 6: available 4 + 0 = 4, short 2 -> 2·10 = 20;      pipeline [10, 0]

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from shopsim.configs import check_options, checked_options
+from shopsim.configs import bounded, check_options, checked_options, validate
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.splits import load_splits
 
@@ -40,27 +40,27 @@ class InvalidActionError(ShopsimError):
 class ReplenishmentConfig:
     """Every knob of Replenishment-v0 (defaults: the HPO paper preset)."""
 
-    n_skus: int = 5
-    lead_time: int = 2
-    """Periods between placing an order and its arrival (>= 1)."""
-    horizon: int = 100
-    warmup: int = 16
-    """The first `warmup` periods are left out of the reported cost (the paper's burn-in)."""
-    demand: str = "poisson"
+    n_skus: int = bounded(5, min=1)
+    lead_time: int = bounded(2, min=1)
+    """Periods between placing an order and its arrival (>= 1: orders arrive at the start of a later period)."""
+    horizon: int = bounded(100, min=1)
+    warmup: int = bounded(16, min=0)
+    """The first `warmup` periods are left out of the reported cost (the paper's burn-in); < horizon."""
+    demand: Literal["poisson", "negbin"] = "poisson"
     """poisson | negbin (negative binomial with the same mean, variance mean + mean²/dispersion)."""
-    dispersion: float = 5.0
-    seasonality: float = 0.0
+    dispersion: float = bounded(5.0, gt=0)
+    seasonality: float = bounded(0.0, min=0, lt=1)
     """Amplitude a of the seasonal factor 1 + a·sin(2π t / season_period + phase_i), 0 <= a < 1."""
     season_period: int = 26
     mean_range: tuple[float, float] = (6.0, 14.0)
     holding_range: tuple[float, float] = (0.7, 1.3)
     backlog_range: tuple[float, float] = (6.3, 11.7)
-    fixed_cost: float = 64.0
+    fixed_cost: float = bounded(64.0, min=0)
     lost_sales: bool = False
     """False: unmet demand is backlogged; True: it is lost (and charged the backlog/penalty cost once)."""
-    capacity: float | None = None
+    capacity: float | None = bounded(None, gt=0)
     """Optional shared warehouse capacity: on-hand units above it cost `overflow_cost` each per period."""
-    overflow_cost: float = 5.0
+    overflow_cost: float = bounded(5.0, min=0)
     q_max: float = 200.0
     use_catalog: bool = False
     """Take SKU names and prices from `shopsim.catalog` (reported in the reset info)."""
@@ -71,28 +71,23 @@ class ReplenishmentConfig:
         def bad(msg: str) -> ConfigError:
             return ConfigError(f"Replenishment config: {msg}")
 
-        if int(self.n_skus) < 1:
-            raise bad(f"n_skus must be >= 1, got {self.n_skus}")
-        if int(self.lead_time) < 1:
-            raise bad(f"lead_time must be >= 1 (orders arrive at the start of a later period), got {self.lead_time}")
-        if self.horizon < 1 or not 0 <= self.warmup < self.horizon:
-            raise bad(f"need horizon >= 1 and 0 <= warmup < horizon, got horizon={self.horizon}, warmup={self.warmup}")
-        if self.demand not in ("poisson", "negbin"):
-            raise bad(f"demand={self.demand!r}; choose 'poisson' or 'negbin'")
-        if self.dispersion <= 0:
-            raise bad(f"dispersion must be > 0, got {self.dispersion}")
-        if not 0 <= self.seasonality < 1:
-            raise bad(f"seasonality must be in [0, 1), got {self.seasonality}")
+        for f in dataclasses.fields(self):  # numpy scalars count as the Python number they hold (as in check_options)
+            value = getattr(self, f.name)
+            if isinstance(value, np.generic):
+                object.__setattr__(self, f.name, value.item())
+        try:
+            validate(self)  # types, `demand`'s choices and the `bounded` ranges of the fields above
+        except ConfigError as exc:
+            raise bad(str(exc)) from None
+        # rules across fields
+        if self.warmup >= self.horizon:
+            raise bad(f"need warmup < horizon, got horizon={self.horizon}, warmup={self.warmup}")
         for name in ("mean_range", "holding_range", "backlog_range"):
             lo, hi = getattr(self, name)
             if not 0 <= lo <= hi:
                 raise bad(f"{name} must be (lo, hi) with 0 <= lo <= hi, got {(lo, hi)}")
         if self.mean_range[1] <= 0:
             raise bad("mean_range upper end must be > 0")
-        if self.fixed_cost < 0 or self.overflow_cost < 0:
-            raise bad("fixed_cost and overflow_cost must be >= 0")
-        if self.capacity is not None and self.capacity <= 0:
-            raise bad(f"capacity must be > 0 or None, got {self.capacity}")
         if self.q_max < 2 * self.mean_range[1]:
             raise bad(f"q_max={self.q_max} is too small for mean demand up to {self.mean_range[1]}; raise q_max")
 
