@@ -30,9 +30,15 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from shopsim.errors import ConfigError
+from shopsim.errors import ConfigError, ShopsimError
 
-__all__ = ["FlattenRecObservation", "ReplenishmentBoxAction", "hybrid_to_box", "make_sb3_env"]
+__all__ = ["FlattenRecObservation", "ReplenishmentBoxAction", "ReplenishmentNeutralAction", "hybrid_to_box",
+           "make_sb3_env", "neutral_order", "neutral_action_to_quantity"]
+
+#: `ReplenishmentNeutralAction`'s rules for the order at action 0
+NEUTRAL_RULES = ("s_S", "base_stock")
+#: half-width of the band of actions around 0 that all give the neutral order (`neutral_action_to_quantity`)
+NEUTRAL_BAND = 0.25
 
 
 def hybrid_to_box(action: dict) -> np.ndarray:
@@ -59,6 +65,105 @@ class ReplenishmentBoxAction(gym.ActionWrapper):
     def action(self, action) -> dict:
         q = np.asarray(action, dtype=np.float32)
         return {"order": (q > 0).astype(np.int8), "quantity": q}
+
+
+def _inv_normal_cdf(p: np.ndarray) -> np.ndarray:
+    from statistics import NormalDist
+
+    nd = NormalDist()
+    return np.array([nd.inv_cdf(float(min(max(x, 1e-6), 1 - 1e-6))) for x in np.ravel(p)]).reshape(np.shape(p))
+
+
+def neutral_order(obs: dict[str, Any], q_max: float, rule: str = "s_S") -> np.ndarray:
+    """The order per SKU at `ReplenishmentNeutralAction`'s action 0, from the env's own observation (float64, (N,)).
+
+    With mean demand mu, holding h, backlog b, fixed cost K (all observed), lead time L (the pipeline's columns) and
+    inventory position ``ip = on_hand + pipeline.sum()``:
+
+    * the base-stock level ``S_b = mu (L+1) + z sqrt(mu (L+1))``, z the normal quantile of the newsvendor ratio
+      b / (b + h) (Poisson standard deviation over the L+1 periods an order has to cover);
+    * ``rule="base_stock"``: order ``S_b - ip`` when positive;
+    * ``rule="s_S"`` (default): an (s, S) rule with the economic order quantity ``Q = sqrt(2 K mu / h)``: when
+      ``ip <= s = S_b - mu``, order up to ``s + Q``; else no order.
+
+    Clipped to [0, q_max]."""
+    if rule not in NEUTRAL_RULES:
+        raise ConfigError(f"neutral rule {rule!r}; choose one of {', '.join(NEUTRAL_RULES)}")
+    get = lambda k: np.asarray(obs[k], np.float64)  # noqa: E731
+    mu, h, b, k = get("demand_mean"), get("holding"), get("backlog"), get("fixed")
+    pipe = get("pipeline")
+    ip = get("on_hand") + pipe.sum(-1)
+    cover = mu * (pipe.shape[-1] + 1)
+    base = cover + _inv_normal_cdf(b / np.maximum(b + h, 1e-12)) * np.sqrt(cover)
+    if rule == "base_stock":
+        return np.clip(base - ip, 0.0, q_max)
+    s = base - mu
+    eoq = np.sqrt(2.0 * k * mu / np.maximum(h, 1e-9))
+    return np.where(ip <= s, np.clip(s + eoq - ip, 0.0, q_max), 0.0)
+
+
+def neutral_action_to_quantity(action, q0, q_max: float, band: float | None = None) -> np.ndarray:
+    """`ReplenishmentNeutralAction`'s map from an action in [-1, 1] to an order quantity in [0, q_max] (float64).
+
+    Monotone and piecewise around the neutral order `q0`: every action in the band ``|a| <= band`` gives q0; below
+    it the quantity falls linearly to 0 at ``a = -1`` (no order), above it it rises quadratically to q_max at
+    ``a = +1`` (so that actions just past the band stay near q0). Default band: `NEUTRAL_BAND`."""
+    d = NEUTRAL_BAND if band is None else float(band)
+    a = np.asarray(action, np.float64)
+    q0 = np.asarray(q0, np.float64)
+    lo = q0 * np.clip((a + 1.0) / (1.0 - d), 0.0, 1.0)
+    hi = q0 + (q_max - q0) * np.clip((a - d) / (1.0 - d), 0.0, 1.0) ** 2
+    return np.clip(np.where(a < -d, lo, np.where(a > d, hi, q0)), 0.0, q_max)
+
+
+class ReplenishmentNeutralAction(gym.Wrapper):
+    """Replenishment-v0 with a ``Box(-1, 1, (N,), float32)`` action around a sensible order at 0 (`make_sb3_env`'s
+    default for Replenishment).
+
+    Per SKU, ``a = -1`` is no order, ``a = 0`` the neutral order `neutral_order` (an (s, S) rule or a base-stock
+    order computed from the current observation: demand mean, costs, lead time, inventory position), ``a = +1``
+    the largest order q_max, linear in between below 0 and quadratic above (`neutral_action_to_quantity`). So an
+    untrained Gaussian policy (mean 0) starts from the neutral rule rather than from half of q_max, and every
+    quantity in [0, q_max] stays reachable in every state. An order is placed exactly where the quantity is > 0.
+    Actions outside [-1, 1] or NaN raise the env's `InvalidActionError`; SB3 clips its samples to the bounds.
+    """
+
+    def __init__(self, env: gym.Env, neutral: str = "s_S"):
+        super().__init__(env)
+        hybrid = env.action_space
+        if not (isinstance(hybrid, spaces.Dict) and set(hybrid.spaces) == {"order", "quantity"}):
+            raise ConfigError("ReplenishmentNeutralAction wraps shopsim/Replenishment-v0 (a Dict(order, quantity) "
+                              f"action space); got {hybrid}")
+        if neutral not in NEUTRAL_RULES:
+            raise ConfigError(f"ReplenishmentNeutralAction neutral={neutral!r}; choose one of "
+                              f"{', '.join(NEUTRAL_RULES)}")
+        self.neutral = neutral
+        self.q_max = float(hybrid["quantity"].high.max())
+        n = hybrid["quantity"].shape
+        self.action_space = spaces.Box(-1.0, 1.0, n, np.float32)
+        self._obs: dict | None = None
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self._obs = obs
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(self.action(action))
+        self._obs = obs
+        return obs, reward, terminated, truncated, info
+
+    def action(self, action) -> dict:
+        """The hybrid action of a Box action in the current state."""
+        from shopsim.envs.replenishment import InvalidActionError
+
+        if self._obs is None:
+            raise ShopsimError("call reset() before step()")
+        a = np.asarray(action, np.float64)
+        if a.shape != self.action_space.shape or not np.isfinite(a).all() or np.abs(a).max() > 1 + 1e-6:
+            raise InvalidActionError(f"action must be {self.action_space.shape} floats in [-1, 1], got {action!r}")
+        q = neutral_action_to_quantity(a, neutral_order(self._obs, self.q_max, self.neutral), self.q_max)
+        return {"order": (q > 0).astype(np.int8), "quantity": q.astype(np.float32)}
 
 
 def _flat_nvec(space: spaces.Space) -> np.ndarray:
@@ -104,23 +209,43 @@ class FlattenRecObservation(gym.ObservationWrapper):
         return flat / self._scale
 
 
-def make_sb3_env(env_id: str, *, rec_mode: str = "box", rescale: bool = True, **kwargs) -> gym.Env:
-    """``gymnasium.make(env_id, **kwargs)`` wrapped for SB3 / CleanRL: Replenishment gets `ReplenishmentBoxAction` and a
-    flat observation (the action rescaled to [-1, 1] when `rescale`), ProactiveRec `FlattenRecObservation(mode=
-    rec_mode)` (default "box", for ``MlpPolicy``); TwoStageRetrieval is returned as made. Shopping-v0 (text) and
-    the PettingZoo multi-warehouse env are refused."""
+#: `make_sb3_env`'s Replenishment action forms: around a neutral rule (`ReplenishmentNeutralAction`), or the
+#: order quantity itself (`ReplenishmentBoxAction`, rescaled to [-1, 1] unless ``rescale=False``)
+REPL_ACTIONS = (*NEUTRAL_RULES, "quantity")
+
+
+def make_sb3_env(env_id: str, *, rec_mode: str = "box", repl_action: str = "s_S", rescale: bool = True,
+                 **kwargs) -> gym.Env:
+    """``gymnasium.make(env_id, **kwargs)`` wrapped for SB3 / CleanRL.
+
+    Replenishment: a ``Box(-1, 1, (N,))`` action and a flat observation. ``repl_action="s_S"`` (default) or
+    ``"base_stock"``: `ReplenishmentNeutralAction` with that neutral rule (0 = the rule's order, -1 = no order,
+    +1 = q_max); ``"quantity"``: the order quantity itself (`ReplenishmentBoxAction`), rescaled to [-1, 1] when
+    `rescale` (-1 = no order, 0 = q_max / 2; the form before the neutral action) or ``Box(0, q_max)`` without.
+    ProactiveRec: `FlattenRecObservation(mode=rec_mode)` (default "box", for ``MlpPolicy``) and, unless
+    ``action_mode`` is given, ``action_mode="item"``: a ``Discrete(n_items + 1)`` item id (the last is stop), so that
+    every action names an existing item; with ``action_mode="semantic_id"`` almost every uniformly drawn digit tuple
+    names no item and is penalised, and a policy that stops at once scores above such random actions.
+    TwoStageRetrieval is returned as made. Shopping-v0 (text) and the PettingZoo multi-warehouse env are refused."""
     from shopsim.envs import ENV_SPECS, check_env_id
 
     check_env_id(env_id)
     if env_id not in ENV_SPECS or env_id == "shopsim/Shopping-v0":
         raise ConfigError(f"{env_id} has no SB3 form; use shopsim/Replenishment-v0, shopsim/TwoStageRetrieval-v0 or "
                           "shopsim/ProactiveRec-v0 (Shopping-v0 is a text env: see shopsim.integrations.trl)")
+    if repl_action not in REPL_ACTIONS:
+        raise ConfigError(f"repl_action={repl_action!r}; choose one of {', '.join(REPL_ACTIONS)}")
+    if env_id == "shopsim/ProactiveRec-v0":
+        kwargs.setdefault("action_mode", "item")
     env = gym.make(env_id, **kwargs)
     if env_id == "shopsim/Replenishment-v0":
-        env = gym.wrappers.FlattenObservation(ReplenishmentBoxAction(env))
-        if rescale:
-            ones = np.ones(env.action_space.shape, np.float32)  # float32 bounds: no precision-loss warning
-            env = gym.wrappers.RescaleAction(env, -ones, ones)
+        if repl_action == "quantity":
+            env = gym.wrappers.FlattenObservation(ReplenishmentBoxAction(env))
+            if rescale:
+                ones = np.ones(env.action_space.shape, np.float32)  # float32 bounds: no precision-loss warning
+                env = gym.wrappers.RescaleAction(env, -ones, ones)
+        else:
+            env = gym.wrappers.FlattenObservation(ReplenishmentNeutralAction(env, neutral=repl_action))
     elif env_id == "shopsim/ProactiveRec-v0":
         env = FlattenRecObservation(env, mode=rec_mode)
     return env

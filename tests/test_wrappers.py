@@ -11,7 +11,15 @@ import pytest
 
 import shopsim  # noqa: F401  (registers the ids)
 from shopsim.errors import ConfigError
-from shopsim.wrappers import FlattenRecObservation, ReplenishmentBoxAction, hybrid_to_box, make_sb3_env
+from shopsim.wrappers import (
+    FlattenRecObservation,
+    ReplenishmentBoxAction,
+    ReplenishmentNeutralAction,
+    hybrid_to_box,
+    make_sb3_env,
+    neutral_action_to_quantity,
+    neutral_order,
+)
 
 REPL = "shopsim/Replenishment-v0"
 SHORT = {"horizon": 30, "warmup": 5}  # short episodes keep the PPO test to seconds
@@ -54,7 +62,7 @@ def test_box_action_orders_exactly_where_the_quantity_is_positive():
 
 
 def test_rescaled_box_maps_minus_one_to_no_order():
-    env = make_sb3_env(REPL)
+    env = make_sb3_env(REPL, repl_action="quantity")  # the form before the neutral action, one option away
     inner = env.unwrapped
     env.reset(seed=0)
     seen = {}
@@ -63,6 +71,99 @@ def test_rescaled_box_maps_minus_one_to_no_order():
     env.step(np.array([-1, -1, 1, 0, -1], np.float32))
     np.testing.assert_array_equal(seen["a"]["order"], [0, 0, 1, 1, 0])
     np.testing.assert_allclose(seen["a"]["quantity"], [0, 0, 200, 100, 0])
+
+
+def _spy_hybrid(env):
+    inner = env.unwrapped
+    seen: list = []
+    orig = inner.step
+    inner.step = lambda a: (seen.append(a), orig(a))[1]
+    return seen
+
+
+def test_neutral_action_zero_is_the_rule_minus_one_no_order_plus_one_q_max():
+    env = make_sb3_env(REPL)  # default repl_action="s_S"
+    assert env.action_space == gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
+    seen = _spy_hybrid(env)
+    raw = env.unwrapped
+    env.reset(seed=3, options={"task_id": 5})
+    for a in (np.zeros(5), np.array([-1, -1, 1, 0, 1])):
+        obs = raw._obs()
+        q0 = neutral_order(obs, 200.0)
+        env.step(a.astype(np.float32))
+        q = np.where(a == 0, q0, np.where(a < 0, 0.0, 200.0))
+        np.testing.assert_allclose(seen[-1]["quantity"], q, rtol=1e-6)
+        np.testing.assert_array_equal(seen[-1]["order"], q > 0)
+    with pytest.raises(ValueError, match=r"\[-1, 1\]"):  # out of range is the env's invalid action, not clipped
+        env.step(np.full(5, 1.5, np.float32))
+
+
+def test_neutral_map_is_monotone_and_reaches_every_quantity():
+    a = np.linspace(-1, 1, 2001)
+    for q0 in (0.0, 7.5, 40.0, 200.0):
+        q = neutral_action_to_quantity(a, np.full(a.shape, q0), 200.0)
+        assert q[0] == 0 and q[-1] == 200.0 and (np.diff(q) >= 0).all()
+        assert np.abs(np.diff(q)).max() < 1.0  # continuous: no quantity in [0, q_max] is skipped
+        assert (q[np.abs(a) <= 0.25] == q0).all()  # the band around 0 is the neutral order
+
+
+def test_neutral_s_S_rule_orders_in_batches_and_base_stock_every_period():
+    obs = {"demand_mean": np.array([10.0, 10.0]), "holding": np.ones(2), "backlog": np.full(2, 9.0),
+           "fixed": np.full(2, 64.0), "on_hand": np.array([5.0, 40.0]), "pipeline": np.full((2, 2), 10.0)}
+    # S_b = 30 + 1.2816 sqrt(30) = 37.02; s = 27.02; EOQ = sqrt(2 64 10) = 35.78
+    np.testing.assert_allclose(neutral_order(obs, 200.0), [27.02 + 35.78 - 25.0, 0.0], atol=0.01)
+    np.testing.assert_allclose(neutral_order(obs, 200.0, "base_stock"), [37.02 - 25.0, 0.0], atol=0.01)
+    with pytest.raises(ConfigError, match="neutral"):
+        ReplenishmentNeutralAction(gym.make(REPL), neutral="median")
+    with pytest.raises(ConfigError, match="repl_action"):
+        make_sb3_env(REPL, repl_action="median")
+
+
+def _episode_cost(env, policy, task: int, seed: int) -> float:
+    obs, _ = env.reset(seed=seed, options={"split": "test", "task_id": task})
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(policy(obs))
+    return info["episode_metrics"]["cost"]
+
+
+def test_an_untrained_policy_starts_near_s_S_not_at_half_q_max():
+    """SB3's Gaussian policy starts with mean action 0. In the old quantity form 0 was q_max / 2 = 100 units per SKU
+    and period (demand ~10): about 130x the cost of s_S. Now 0 is the neutral (s, S) rule."""
+    import agents
+    from shopsim.leaderboard.evaluate import evaluate
+    from shopsim.leaderboard.protocols import load_protocol
+
+    protocol = load_protocol(REPL, "test").limited(tasks=4, seeds=[0], tries=1)
+    s_S = evaluate(agents.make("s_S", REPL), protocol).metrics["cost"]["mean"]
+    tasks, seeds = protocol.episodes(0)
+    zero = lambda o: np.zeros(5, np.float32)  # noqa: E731
+    new = np.mean([_episode_cost(make_sb3_env(REPL), zero, t, s) for t, s in zip(tasks, seeds, strict=True)])
+    old = np.mean([_episode_cost(make_sb3_env(REPL, repl_action="quantity"), zero, t, s)
+                   for t, s in zip(tasks, seeds, strict=True)])
+    assert new <= 1.2 * s_S, (new, s_S)
+    assert old > 50 * s_S, (old, s_S)
+
+
+def test_rec_sb3_form_does_not_reward_stopping_at_once_over_random():
+    """With semantic-ID actions almost every random digit tuple names no item (penalised), so a policy that stops at
+    the first step (return 0) beat uniformly random actions (about -26). The SB3 form acts with item ids."""
+    env = make_sb3_env("shopsim/ProactiveRec-v0", simulator="analytic")
+    assert env.action_space == gym.spaces.Discrete(env.unwrapped.n + 1)
+    env.action_space.seed(0)
+    stop = env.unwrapped.n
+    rnd, stopped = [], []
+    for k in range(8):
+        for policy, out in ((lambda o: env.action_space.sample(), rnd), (lambda o: stop, stopped)):
+            obs, _ = env.reset(seed=k, options={"split": "test"})
+            ret, done = 0.0, False
+            while not done:
+                obs, r, term, trunc, _ = env.step(policy(obs))
+                ret, done = ret + r, term or trunc
+            out.append(ret)
+    assert np.mean(stopped) == 0.0 and np.mean(rnd) > 1.0, (np.mean(rnd), np.mean(stopped))
+    semantic = make_sb3_env("shopsim/ProactiveRec-v0", simulator="analytic", action_mode="semantic_id")
+    assert isinstance(semantic.action_space, gym.spaces.MultiDiscrete)  # the digit form, one option away
 
 
 def test_flatten_rec_observation_keeps_every_value():
