@@ -111,7 +111,7 @@ def run(args, argv=None) -> dict:
                  "weights_sha256": files_digest(sft, "*.safetensors"), "families": cells}
     meta = {"command": "python -m benchmarks.models_board " + shlex.join(sys.argv[1:] if argv is None else argv),
             "commit": git_commit(), "wall_s": round(time.perf_counter() - t0, 1), "tasks": args.tasks,
-            "seeds": cell_protocol(args.families[0], 1).seeds, "threads": args.threads, "rows": rows}
+            "seeds": list(cell_protocol(args.families[0], 1).seeds), "threads": args.threads, "rows": rows}
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(meta, indent=2))
     if args.results:
