@@ -19,7 +19,8 @@ BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 MODULES = sorted(p.stem for p in BENCH_DIR.glob("*.py") if p.stem != "__init__")
 #: the scripts that write a table under docs/results/ (with --results docs/results)
 TABLE_WRITERS = ("bench_lm_eval", "bench_lm_rl", "bench_scale", "bench_serve", "bench_shopping_options",
-                 "diagnose_vapo", "eval_shipped_lm", "learning_lm", "models_board", "prorl_ladder", "repro_arc",
+                 "diagnose_vapo", "eval_shipped_lm", "grad_noise_lm", "learning_lm", "models_board", "prorl_ladder",
+                 "repro_arc",
                  "repro_basis", "repro_bipace", "repro_delta", "repro_midtrain", "repro_tropd", "repro_wapo")
 #: a string that is a path into docs/results (not prose that mentions it, such as "e.g. --results docs/results")
 RESULTS_PATH = re.compile(r"^(\./)?docs/results(/|$)|[/\\]docs[/\\]results([/\\]|$)")

@@ -340,3 +340,26 @@ def test_kl_coef_reaches_every_algorithm_with_a_kl_term_and_only_those(monkeypat
     assert lm._algo("wapo", given, {}).config.kl_coef == 0.0
     assert lm._algo("gigpo", default, {}).config.kl_coef == baselines.resolve("gigpo", env_id=lm.ENV).Config().kl_coef
     assert lm.protocol_of(given)["kl_coef"] == 0.05 and lm.protocol_of(default)["kl_coef"] is None
+
+
+def test_gradient_noise_scale_from_a_gram_matrix():
+    """`benchmarks.grad_noise_lm.noise_stats`: for per-group gradients G_i = g + noise, tr(Σ) and the unbiased |g|²
+    recover the values the draws were made with, and B_simple = tr(Σ)/|g|² follows; pure noise gives |g|² ≈ 0."""
+    import numpy as np
+
+    from benchmarks.grad_noise_lm import bootstrap_b, noise_stats
+
+    rng = np.random.default_rng(0)
+    n, d = 400, 50
+    g = np.full(d, 0.1)  # |g|² = 0.5
+    G = g + rng.normal(0, 0.2, size=(n, d))  # tr(Σ) = 50 · 0.04 = 2.0
+    st = noise_stats(G @ G.T)
+    assert st["groups"] == n
+    assert st["tr_sigma"] == pytest.approx(2.0, rel=0.05)
+    assert st["grad_sq"] == pytest.approx(0.5, rel=0.1)
+    assert st["b_simple"] == pytest.approx(4.0, rel=0.15)
+    assert st["grad_sq_biased"] > st["grad_sq"]  # |mean|² carries tr(Σ)/n of noise
+    lo, hi = bootstrap_b(G @ G.T, rng, reps=200)
+    assert lo < st["b_simple"] < hi
+    noise = rng.normal(0, 0.2, size=(n, d))
+    assert abs(noise_stats(noise @ noise.T)["grad_sq"]) < 0.01

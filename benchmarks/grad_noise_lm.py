@@ -1,0 +1,195 @@
+"""How many rollouts one GRPO update from the shipped agent needs before its direction is mostly signal.
+
+The gradient noise scale of McCandlish et al., "An Empirical Model of Large-Batch Training" (arXiv 1812.06162,
+§2.2 and appendix A), with one group of G rollouts of a task as the unit (GRPO's advantage is computed within a
+group, so groups, not rollouts, are the independent draws):
+
+    G_i     the gradient of the GRPO loss of group i alone, all at the same parameters (the start)
+    |G|²    ≈ |mean_i G_i|² − tr(Σ)/n        (unbiased estimate of the squared true gradient)
+    tr(Σ)   = Σ_i |G_i − mean G|² / (n − 1)
+    B_simple = tr(Σ) / |G|²                  (groups per update at which signal and noise are equal)
+    SNR(b)  = |G|² / (tr(Σ)/b)               (of one update over b groups)
+
+An update over b ≪ B_simple groups moves the policy mostly at random; from a competent start that is drift, and a
+long-horizon family (bundle, 18 decisions) pays for it most. Each arm is a setting of the learning benchmark's
+protocol (`benchmarks.learning_lm`: the shipped agent, the screened and family-balanced training pool, the
+protocol's group size and lr) with one option changed; every arm draws the same tasks with the same seeds. The
+interval of B_simple is a bootstrap over groups (Gram matrix of the G_i, 1000 resamples).
+
+With ``--results DIR`` writes ``DIR/grad_noise_lm.md`` and ``.json`` (command, commit, seeds, wall time);
+``--json PATH`` writes the figures to a further file; without either, nothing is written.
+Run: ``python -m benchmarks.grad_noise_lm [--quick] [--arms ...] [--json PATH] [--results DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TABLE = "grad_noise_lm.md"
+#: arm name -> the options it changes (rollout temperature, advantage scaling of `baselines.grpo.GRPOConfig`)
+ARMS: dict[str, dict] = {
+    "t0.7": {"temperature": 0.7},
+    "t1.0": {"temperature": 1.0},
+    "t0.5": {"temperature": 0.5},
+    "t0.7-dr": {"temperature": 0.7, "scale_rewards": "none"},
+    "t1.0-top0.9": {"temperature": 1.0, "top_p": 0.9},
+}
+ENV = "shopsim/Shopping-v0"
+
+
+def noise_stats(K: np.ndarray) -> dict:
+    """The noise-scale figures from the Gram matrix ``K[i, j] = G_i · G_j`` of n per-group gradients."""
+    n = K.shape[0]
+    mean_sq = float(K.sum()) / n**2
+    tr = (float(np.trace(K)) - n * mean_sq) / (n - 1)
+    g2 = mean_sq - tr / n
+    return {"groups": n, "tr_sigma": tr, "grad_sq_biased": mean_sq, "grad_sq": g2,
+            "b_simple": tr / g2 if g2 > 0 else float("inf")}
+
+
+def bootstrap_b(K: np.ndarray, rng: np.random.Generator, reps: int = 1000) -> list[float]:
+    """95% percentile interval of B_simple over resamples of the groups (inf where |G|² ≤ 0 in a resample)."""
+    n = K.shape[0]
+    vals = []
+    for _ in range(reps):
+        idx = rng.integers(0, n, size=n)
+        vals.append(noise_stats(K[np.ix_(idx, idx)])["b_simple"])
+    lo, hi = np.percentile(np.array(vals), [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def group_gradients(name: str, over: dict, args, pool: tuple[int, ...], env_kwargs: dict) -> tuple[np.ndarray, dict]:
+    """The Gram matrix of the per-group gradients of one arm, and what its rollouts looked like."""
+    import torch
+
+    import benchmarks.learning_lm as lm
+    from baselines.core.batch import build_batch
+
+    algo = lm._algo("grpo", args, env_kwargs, tasks_per_iter=args.groups_per_batch, minibatches=args.groups_per_batch,
+                    max_grad_norm=1e12, log_kl_start=False, train_task_ids=pool, **over)
+    agent = algo.make_agent(ENV, str(Path(args.out) / "start"), 0)
+    algo.setup(agent)
+    grads: list[torch.Tensor] = []
+
+    def capture() -> None:  # the update's optimizer step: keep the gradient, leave the weights at the start
+        grads.append(torch.cat([p.grad.flatten() for g in algo.optimizer.param_groups for p in g["params"]]))
+
+    algo.optimizer.step = capture
+    rng = np.random.default_rng(args.seed)  # the same tasks and seeds for every arm
+    succ, zero_var = [], []
+    for b in range(args.batches):
+        trajs, _ = algo.collect_batch(ENV, agent, 0, rng, env_kwargs=env_kwargs)
+        succ += [t.success for t in trajs]
+        batch = build_batch(trajs, pad_id=algo.pad_id)
+        metrics = algo.update(batch, 0, generator=torch.Generator().manual_seed(args.seed * 1000 + b))
+        zero_var.append(metrics.get("zero_variance_groups", float("nan")))
+    G = torch.stack(grads).double()
+    K = (G @ G.T).numpy()
+    info = {"rollouts": len(succ), "train_success": float(np.mean(succ)),
+            "zero_variance_groups": float(np.nanmean(zero_var)),
+            "zero_gradient_groups": int((np.diag(K) == 0).sum())}
+    return K, info
+
+
+def _fmt(x: float) -> str:
+    return "∞" if not np.isfinite(x) else f"{x:.0f}"
+
+
+def write_table(res: dict, path: Path) -> None:
+    from shopsim.paths import write_text_atomic
+
+    g = res["group_size"]
+    lines = ["# Gradient noise of GRPO from the shipped agent", "",
+             "Generated by `benchmarks/grad_noise_lm.py`; do not edit by hand.", "",
+             f"- command: `{res['command']}`", f"- commit: `{res['commit']}`", f"- machine: {res['machine']}",
+             f"- seed: {res['seed']}; {res['groups']} groups of {g} rollouts per arm, all at the start's weights, "
+             f"on the learning benchmark's screened, family-balanced pool ({res['pool_size']} draws)",
+             f"- wall time: {res['wall_s']:.0f} s", "",
+             "B_simple = tr(Σ)/|G|² is the number of groups per update at which the update's expected signal equals "
+             "its noise (McCandlish et al. 2018); SNR(b) is that ratio for an update over b groups. An update far "
+             "below B_simple moves the policy mostly at random.", "",
+             "| arm | sampled success | zero-variance groups | B_simple (groups) [95% CI] | B_simple (rollouts) | "
+             "SNR at 8 groups | SNR at 16 groups |", "|---|---|---|---|---|---|---|"]
+    for name, a in res["arms"].items():
+        b = a["b_simple"]
+        ci = a["b_simple_ci95"]
+        lines.append(f"| {name} | {a['train_success']:.2f} | {a['zero_variance_groups']:.2f} | {_fmt(b)} "
+                     f"[{_fmt(ci[0])}, {_fmt(ci[1])}] | {_fmt(b * g)} | {a['snr'][8]:.2f} | {a['snr'][16]:.2f} |")
+    lines += ["", "Arms: " + "; ".join(f"`{k}` = {json.dumps(v)}" for k, v in res["arm_options"].items()), ""]
+    write_text_atomic(path, "\n".join(lines))
+
+
+def main(argv=None) -> int:
+    import torch
+
+    import benchmarks.learning_lm as lm
+    from agents.registry import manifest_env_kwargs
+    from benchmarks.bench_lm_rl import _commit
+    from shopsim.paths import write_text_atomic
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    lm.add_protocol_arguments(p)
+    p.set_defaults(temperature=0.7, max_turns=40)
+    p.add_argument("--arms", nargs="+", default=["t0.7", "t1.0", "t0.7-dr"], choices=list(ARMS))
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--rollouts", type=int, default=128, help="rollouts per collected batch")
+    p.add_argument("--batches", type=int, default=4, help="batches per arm (groups = batches × rollouts / G)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init", default=None, help="checkpoint (default: the shipped agent, data/lm/sft)")
+    p.add_argument("--screen-tasks", type=int, default=48)
+    p.add_argument("--screen-samples", type=int, default=8)
+    p.add_argument("--out", default="runs/grad_noise_lm", help="the start copy and its screened pool")
+    p.add_argument("--quick", action="store_true", help="one arm, 2 batches of 16 rollouts, 4 tasks screened")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help=f"write the table DIR/{TABLE} and its .json (the committed one: docs/results; default: none)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.arms, args.rollouts, args.batches, args.screen_tasks, args.screen_samples = ["t0.7"], 16, 2, 4, 4
+    args.start, args.task_pool, args.pool_balance, args.num_envs = "sft", "screened", "family", None
+    args.families = list(lm.FAMILIES)
+    args.groups_per_batch = max(1, args.rollouts // args.group_size)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    init = Path(args.init) if args.init else lm.default_init()
+    out = Path(args.out)
+    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    lm.weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
+    pool = tuple(lm.balanced_pool(lm.screen_pool(out / "start", args, env_kwargs)))
+    arms = {}
+    rng = np.random.default_rng(12345)
+    for name in args.arms:
+        K, info = group_gradients(name, ARMS[name], args, pool, env_kwargs)
+        st = noise_stats(K)
+        g2, tr = st["grad_sq"], st["tr_sigma"]
+        arms[name] = {**info, **st, "b_simple_ci95": bootstrap_b(K, rng),
+                      "snr": {b: (g2 / (tr / b) if g2 > 0 else 0.0) for b in (8, 16, 32, 64)}}
+        print(f"{name}: B_simple {st['b_simple']:.0f} groups [{arms[name]['b_simple_ci95'][0]:.0f}, "
+              f"{arms[name]['b_simple_ci95'][1]:.0f}], SNR at 8 groups {arms[name]['snr'][8]:.2f} "
+              f"(sampled success {info['train_success']:.2f})", flush=True)
+    res = {"command": "python -m benchmarks.grad_noise_lm " + " ".join(sys.argv[1:] if argv is None else argv),
+           "commit": _commit(), "machine": f"{platform.machine()}, torch {torch.__version__}, threads {args.threads}",
+           "seed": args.seed, "group_size": args.group_size, "groups": args.batches * args.groups_per_batch,
+           "pool_size": len(pool), "lr": args.lr, "arm_options": {k: ARMS[k] for k in args.arms}, "arms": arms,
+           "wall_s": time.perf_counter() - t0}
+    if args.json:
+        write_text_atomic(args.json, json.dumps(res, indent=2))
+    if args.results:
+        d = Path(args.results)
+        write_table(res, d / TABLE)
+        write_text_atomic(d / "grad_noise_lm.json", json.dumps(res, indent=2))
+        print(f"wrote {d / TABLE}")
+    if not (args.json or args.results):
+        print("no table written (pass --results DIR, e.g. --results docs/results, or --json PATH)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
