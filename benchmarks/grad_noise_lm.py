@@ -154,6 +154,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.arms, args.rollouts, args.batches, args.screen_tasks, args.screen_samples = ["t0.7"], 16, 2, 4, 4
     args.start, args.task_pool, args.pool_balance, args.num_envs = "sft", "screened", "family", None
+    args.eval_episodes, args.eval_every = 0, 0  # no evaluation: every gradient is taken at the start
     args.families = list(lm.FAMILIES)
     args.groups_per_batch = max(1, args.rollouts // args.group_size)
     torch.set_num_threads(args.threads)
