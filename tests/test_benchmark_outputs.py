@@ -21,7 +21,8 @@ MODULES = sorted(p.stem for p in BENCH_DIR.glob("*.py") if p.stem != "__init__")
 TABLE_WRITERS = ("bench_lm_eval", "bench_lm_rl", "bench_scale", "bench_serve", "bench_shopping_options",
                  "diagnose_vapo", "eval_shipped_lm", "grad_noise_lm", "learning_lm", "models_board", "prorl_ladder",
                  "repro_arc",
-                 "repro_basis", "repro_bipace", "repro_delta", "repro_midtrain", "repro_tropd", "repro_wapo")
+                 "repro_basis", "repro_bipace", "repro_delta", "repro_midtrain", "repro_tropd", "repro_wapo",
+                 "sb3_recipes")
 #: a string that is a path into docs/results (not prose that mentions it, such as "e.g. --results docs/results")
 RESULTS_PATH = re.compile(r"^(\./)?docs/results(/|$)|[/\\]docs[/\\]results([/\\]|$)")
 
