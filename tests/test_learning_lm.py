@@ -364,3 +364,30 @@ def test_gradient_noise_scale_from_a_gram_matrix():
     noise = rng.normal(0, 0.2, size=(n, d))
     assert abs(noise_stats(noise @ noise.T)["grad_sq"]) < 0.01
     assert inverse_b_interval(noise @ noise.T)[1] == float("inf")  # no signal: unbounded above
+
+
+def test_gradient_noise_table_keeps_recorded_arms_of_the_same_protocol(tmp_path):
+    """A later `grad_noise_lm --results DIR` run adds its arms to the recorded table when the protocol matches (each
+    arm keeps the command and commit that measured it) and starts over when it does not."""
+    from benchmarks.grad_noise_lm import merged_with_recorded, write_table
+
+    def arm(b):
+        return {"train_success": 0.6, "zero_variance_groups": 0.1, "b_simple": b, "b_simple_ci95": [b / 2, 2 * b],
+                "snr": {"8": 8 / b, "16": 16 / b}}
+
+    proto = {"seed": 0, "group_size": 8, "groups": 64, "pool_size": 139, "lr": 1e-4, "machine": "m", "wall_s": 1.0}
+    old = {**proto, "command": "old cmd", "commit": "aaa", "arm_options": {"a": {}, "b": {}},
+           "arms": {"a": arm(100.0), "b": arm(200.0)}}
+    path = tmp_path / "grad_noise_lm.json"
+    path.write_text(json.dumps(old))
+    new = {**proto, "command": "new cmd", "commit": "bbb", "arm_options": {"b": {}, "c": {}},
+           "arms": {"b": arm(150.0), "c": arm(300.0)}}
+    res = merged_with_recorded(json.loads(json.dumps(new)), path)
+    assert set(res["arms"]) == {"a", "b", "c"}
+    assert res["arms"]["a"]["commit"] == "aaa" and res["arms"]["b"]["commit"] == "bbb"
+    assert res["arms"]["b"]["b_simple"] == 150.0 and res["earlier_runs"][0]["command"] == "old cmd"
+    write_table(res, tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text()
+    assert "| a |" in text and "| c |" in text and "earlier run kept" in text
+    other = merged_with_recorded({**json.loads(json.dumps(new)), "groups": 32}, path)
+    assert set(other["arms"]) == {"b", "c"}
