@@ -34,13 +34,15 @@ from pathlib import Path
 import numpy as np
 
 TABLE = "grad_noise_lm.md"
-#: arm name -> the options it changes (rollout temperature, advantage scaling of `baselines.grpo.GRPOConfig`)
+#: arm name -> the options it changes (rollout temperature and nucleus, advantage scaling, and the trajectory reward
+#: of `baselines.grpo.GRPOConfig`: the env's return, which gives partial credit, or the success flag the table counts)
 ARMS: dict[str, dict] = {
     "t0.7": {"temperature": 0.7},
     "t1.0": {"temperature": 1.0},
     "t0.5": {"temperature": 0.5},
     "t0.7-dr": {"temperature": 0.7, "scale_rewards": "none"},
     "t1.0-top0.9": {"temperature": 1.0, "top_p": 0.9},
+    "t1.0-success": {"temperature": 1.0, "reward": "success"},
 }
 ENV = "shopsim/Shopping-v0"
 
