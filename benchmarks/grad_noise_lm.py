@@ -45,6 +45,8 @@ ARMS: dict[str, dict] = {
     "t1.0-success": {"temperature": 1.0, "reward": "success"},
     "t0.7-top0.9": {"temperature": 0.7, "top_p": 0.9},
     "t1.0-top0.8": {"temperature": 1.0, "top_p": 0.8},
+    "t1.0-top0.7": {"temperature": 1.0, "top_p": 0.7},
+    "t1.0-top0.6": {"temperature": 1.0, "top_p": 0.6},
 }
 ENV = "shopsim/Shopping-v0"
 
