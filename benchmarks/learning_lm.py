@@ -780,13 +780,9 @@ def main(argv=None) -> int:
     if a.quick:
         a.algos, a.seeds, a.iterations, a.rollouts, a.group_size = ["grpo", "mpo"], [0], 3, 8, 4
         a.eval_episodes, a.eval_every, a.calib, a.bisect_steps, a.max_turns = 12, 1, 12, 4, 10
-    from shopsim.envs.shopping import FAMILIES as ALL_FAMILIES
+    from benchmarks import shopping_families
 
-    a.families = list(ALL_FAMILIES) if a.families == "all" else [f for f in str(a.families).split(",") if f]
-
-    bad = [f for f in a.families if f not in ALL_FAMILIES]
-    if bad or not a.families:
-        p.error(f"--families: unknown {bad or 'empty'}; choose from {', '.join(ALL_FAMILIES)}")
+    a.families = shopping_families(p, a.families)
     run(a, argv)
     return 0
 

@@ -153,7 +153,7 @@ def write_results(directory: Path, meta: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from shopsim.envs.shopping import FAMILIES
+    from benchmarks import shopping_families
 
     p = argparse.ArgumentParser(description="Pretrained models beside the shipped agent (module docstring)")
     p.add_argument("--families", default="all", help="comma-separated, or 'all' (default %(default)s)")
@@ -165,10 +165,7 @@ def main(argv=None) -> int:
                    help="write the table DIR/models.md and .json (the committed one: docs/results; default: none)")
     p.add_argument("--json", default=None, help="also write the measurements to this JSON file")
     a = p.parse_args(argv)
-    a.families = list(FAMILIES) if a.families == "all" else [f for f in a.families.split(",") if f]
-    bad = [f for f in a.families if f not in FAMILIES]
-    if bad or not a.families:
-        p.error(f"--families: unknown {bad or 'empty'}; choose from {', '.join(FAMILIES)}")
+    a.families = shopping_families(p, a.families)
     if a.tasks < 1 or a.max_new_tokens < 1:
         p.error("--tasks and --max-new-tokens must be at least 1")
     run(a, argv)
