@@ -86,7 +86,7 @@ def inverse_b_interval(K: np.ndarray) -> list[float]:
     return [1 / hi if hi > 0 else float("inf"), 1 / lo if lo > 0 else float("inf")]
 
 
-def group_gradients(name: str, over: dict, args, pool: tuple[int, ...], env_kwargs: dict) -> tuple[np.ndarray, dict]:
+def group_gradients(over: dict, args, pool: tuple[int, ...], env_kwargs: dict) -> tuple[np.ndarray, dict]:
     """The Gram matrix of the per-group gradients of one arm, and what its rollouts looked like."""
     import torch
 
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     pool = tuple(lm.balanced_pool(lm.screen_pool(out / "start", args, env_kwargs)))
     arms = {}
     for name in args.arms:
-        K, info = group_gradients(name, ARMS[name], args, pool, env_kwargs)
+        K, info = group_gradients(ARMS[name], args, pool, env_kwargs)
         st = noise_stats(K)
         g2, tr = st["grad_sq"], st["tr_sigma"]
         arms[name] = {**info, **st, "b_simple_ci95": inverse_b_interval(K), "gram": K.tolist(),
