@@ -46,7 +46,7 @@ def sku_features(on_hand, pipeline, mean, holding, backlog, fixed, past_demand, 
 
 
 def obs_to_features(obs_list, dtype=torch.float32) -> torch.Tensor:
-    """Stack a list of observation dicts (Replenishment-v0 / multi_warehouse) into features (B, N, F)."""
+    """Stack a list of observation dicts (the replenishment / multi-warehouse envs) into features (B, N, F)."""
     import numpy as np
 
     arr = {k: torch.as_tensor(np.stack([np.asarray(o[k]) for o in obs_list]), dtype=dtype) for k in FEATURE_KEYS}

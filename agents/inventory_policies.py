@@ -1,4 +1,4 @@
-"""Policies for Replenishment-v0 and the multi-warehouse env: OR references, naive baselines, the torch policy.
+"""Policies for the replenishment and multi-warehouse envs: OR references, naive baselines, the torch policy.
 
 * `SSPolicyAgent`: (s, S) per SKU — order up to S when the inventory position (on hand + pipeline) is at or below s.
   The classical optimal form for a single item with a fixed ordering cost (Scarf 1960). s and S are tuned per SKU
@@ -10,7 +10,7 @@
 * `HybridPolicyAgent`: the trained torch policy of HybridPPO / HPO (`agents.inventory_nets.HybridPolicy`).
 * `perfect_information_cost`: a lower bound (the best order sequence in hindsight of the demand path), not an agent.
 
-Per-SKU tuning is exact for Replenishment-v0 without a capacity (SKUs do not interact); with a shared capacity
+Per-SKU tuning is exact for the replenishment env without a capacity (SKUs do not interact); with a shared capacity
 or a supplier limit the tuned values ignore the coupling (documented weakness).
 """
 
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from agents.base import Agent, Decision, ScriptedAgent
+from shopsim.envs.records import REPLENISHMENT
 from shopsim.envs.replenishment import (
     ReplenishmentConfig,
     Scenario,
@@ -174,7 +175,7 @@ class SSPolicyAgent(ScriptedAgent):
     name = "s_S"
     kind = "sS"
 
-    def __init__(self, env_id: str = "shopsim/Replenishment-v0", *, paths: int = 16, seed: int = 0, rounds: int = 2):
+    def __init__(self, env_id: str = REPLENISHMENT.id, *, paths: int = 16, seed: int = 0, rounds: int = 2):
         self.env_id, self.paths, self.seed, self.rounds = env_id, paths, seed, rounds
         self._levels: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
 
@@ -207,7 +208,7 @@ class ConstantOrderAgent(ScriptedAgent):
 
     name = "constant"
 
-    def __init__(self, env_id: str = "shopsim/Replenishment-v0", *, quantity: float | None = None, factor: float = 1.0):
+    def __init__(self, env_id: str = REPLENISHMENT.id, *, quantity: float | None = None, factor: float = 1.0):
         self.env_id, self.quantity, self.factor = env_id, quantity, factor
 
     def act_one(self, slot: int, observation: Any, info: dict) -> Any:
@@ -221,7 +222,7 @@ class RandomInventoryAgent(ScriptedAgent):
 
     name = "random"
 
-    def __init__(self, env_id: str = "shopsim/Replenishment-v0", *, p_order: float = 0.3, seed: int | None = None):
+    def __init__(self, env_id: str = REPLENISHMENT.id, *, p_order: float = 0.3, seed: int | None = None):
         self.env_id, self.p_order = env_id, p_order
         self.rng = np.random.default_rng(seed)
 
@@ -242,7 +243,7 @@ class HybridPolicyAgent(Agent):
     name = "hybrid"
     learns = True
 
-    def __init__(self, env_id: str = "shopsim/Replenishment-v0", *, policy=None, deterministic: bool = True,
+    def __init__(self, env_id: str = REPLENISHMENT.id, *, policy=None, deterministic: bool = True,
                  gaussian: bool = False, seed: int | None = None):
         if policy is None:
             raise ValueError("HybridPolicyAgent needs policy=HybridPolicy(...); load a trained one with "
@@ -296,7 +297,7 @@ class HybridPolicyAgent(Agent):
         return directory
 
     @classmethod
-    def from_checkpoint(cls, directory, env_id: str = "shopsim/Replenishment-v0", **kw: Any) -> HybridPolicyAgent:
+    def from_checkpoint(cls, directory, env_id: str = REPLENISHMENT.id, **kw: Any) -> HybridPolicyAgent:
         from agents.inventory_nets import HybridPolicy
         from shopsim.statefile import load_weights
 

@@ -1,4 +1,4 @@
-"""Random text agent for `shopsim/Shopping-v0`: the lower reference row.
+"""Random text agent for the shopping env (`shopsim.envs.shopping`): the lower reference row.
 
 It picks uniformly among ``info["valid_actions"]``; a template entry (one ending in ``[...]``, e.g. ``search[...]``,
 ``ask[...]``, ``exchange_item[W1, B0X, ...]``) gets 1-4 words drawn from the current observation in place of the
@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from agents.base import ScriptedAgent
+from shopsim.envs.records import SHOPPING
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
 
@@ -19,7 +20,7 @@ class RandomTextAgent(ScriptedAgent):
 
     name = "random"
 
-    def __init__(self, env_id: str = "shopsim/Shopping-v0", max_words: int = 4):
+    def __init__(self, env_id: str = SHOPPING.id, max_words: int = 4):
         self.env_id = env_id
         self.max_words = int(max_words)
         self.reset(1, 0)

@@ -1,4 +1,5 @@
-"""The semantic-ID policy of ProactiveRec-v0: vocabulary, a tiny causal transformer, constrained sampling.
+"""The semantic-ID policy of the proactive-recommendation env: vocabulary, a tiny causal transformer,
+constrained sampling.
 
 ProRL (arXiv 2605.28293, §4; code) generates a path as semantic-ID tokens: 4 tokens per item, at most 10 items,
 then EOS (≤ 41 generated tokens), from a prompt made of the target's and the history's semantic IDs. ProRL uses a

@@ -1,4 +1,5 @@
-"""Agents for ProactiveRec-v0: the greedy simulator expert, a random recommender, and the semantic-ID policy.
+"""Agents for the proactive-recommendation env: the greedy simulator expert, a random recommender, and the
+semantic-ID policy.
 
 * `GreedyRecExpert` ("expert"): privileged — plans with the env's frozen simulator. At each step it shortlists
   `n_candidates` unseen items (closest to the target, plus closeness to the current user state), scores each one's
@@ -28,9 +29,10 @@ from agents.registry import save_manifest
 from shopsim.envs.proactive_rec import PathScorer, get_world
 from shopsim.envs.proactive_rec.simulator import SIM_VERSION
 from shopsim.envs.proactive_rec.world import World
+from shopsim.envs.records import PROACTIVE_REC
 from shopsim.paths import cache_dir
 
-ENV_ID = "shopsim/ProactiveRec-v0"
+ENV_ID = PROACTIVE_REC.id
 
 
 def _world_kwargs(kw: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Early-stage retrievers for TwoStageRetrieval-v0 (CA-PG, arXiv 2605.26385 §3; docs/algorithms/capg.md).
+"""Early-stage retrievers for the two-stage retrieval env (CA-PG, arXiv 2605.26385 §3; docs/algorithms/capg.md).
 
 * `PLRetriever`: Plackett–Luce two-tower retriever, scores s_θ(x, a) = u_x · e_a with u_x = W x (no bias) and a
   learned item table e (dimension 10, as in the released code); sampling is Gumbel-top-K (exactly a PL draw without
@@ -27,11 +27,12 @@ from torch import nn
 
 from agents.base import Agent, Decision, ScriptedAgent
 from agents.registry import save_manifest
+from shopsim.envs.records import TWO_STAGE_RETRIEVAL
 from shopsim.errors import ConfigError
 from shopsim.paths import atomic_write, write_text_atomic
 from shopsim.statefile import load_weights
 
-ENV_ID = "shopsim/TwoStageRetrieval-v0"
+ENV_ID = TWO_STAGE_RETRIEVAL.id
 
 
 def _env_config(env_kwargs: dict | None):

@@ -1,4 +1,4 @@
-"""Scripted expert for `shopsim/Shopping-v0` (it reads the privileged ``info["oracle"]``).
+"""Scripted expert for the shopping env (`shopsim.envs.shopping`; it reads the privileged ``info["oracle"]``).
 
 Its episodes are the supervised-fine-tuning data of the language agent, so it acts like a good assistant would, in
 the text grammar, and keeps episodes short:
@@ -49,6 +49,7 @@ import re
 import numpy as np
 
 from agents.base import Decision, ScriptedAgent
+from shopsim.envs.records import SHOPPING
 from shopsim.envs.shopping.grading import Goal, best_options, satisfies, score_purchase
 
 MAX_PAGES = 2
@@ -79,11 +80,11 @@ def _question(slot: list[str]) -> str:
 
 
 class ShoppingExpert(ScriptedAgent):
-    """Oracle policy for every Shopping-v0 family (see module docstring)."""
+    """Oracle policy for every task family of the shopping env (see module docstring)."""
 
     name = "expert"
 
-    def __init__(self, env_id: str = "shopsim/Shopping-v0", catalog_size: int | None = None,
+    def __init__(self, env_id: str = SHOPPING.id, catalog_size: int | None = None,
                  catalog_seed: int | None = None, click_by: str = "sku", query: str = "full",
                  arg_space: bool = False, order_refs: str = "id", noise: float = 0.0, price_clause: bool = False):
         if not 0.0 <= noise < 1.0:

@@ -4,8 +4,9 @@ An algorithm is a class with a config dataclass (`Config`, defaults from its pap
 `__post_init__`) and a `train` method. `shopsim train --env ENV --algo NAME` and the leaderboard's benchmark call
 only this interface:
 
-    algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", lr=1e-5)
-    result = algo.train("shopsim/Shopping-v0", iterations=10, seed=0, out_dir="runs/grpo")
+    env_id = shopsim.envs.records.SHOPPING.id  # any registered env id of the algorithm's families
+    algo = baselines.make("grpo", env_id=env_id, lr=1e-5)
+    result = algo.train(env_id, iterations=10, seed=0, out_dir="runs/grpo")
     result.agent            # an agents.Agent with the trained policy, ready for evaluation
     result.history          # one dict of metrics per iteration (also in out_dir/metrics.csv)
 

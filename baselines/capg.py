@@ -38,6 +38,7 @@ import torch
 from agents.retrieval_policies import MoERetriever, PLRetriever, gumbel_noise, gumbel_top_k, pl_log_prob
 from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.configs import bounded, validate
+from shopsim.envs.records import TWO_STAGE_RETRIEVAL
 from shopsim.envs.two_stage_retrieval import (
     TwoStageRetrievalConfig,
     TwoStageRetrievalSim,
@@ -192,7 +193,7 @@ class CAPGTrainer(LoopAlgorithm):
     families: ClassVar[tuple[str, ...]] = ("retrieval",)
     Config: ClassVar[type] = CAPGConfig
     estimator: ClassVar[str] = ""
-    default_env_id: ClassVar[str] = "shopsim/TwoStageRetrieval-v0"
+    default_env_id: ClassVar[str] = TWO_STAGE_RETRIEVAL.id
 
     @property
     def lr(self) -> float:

@@ -1,4 +1,4 @@
-"""Gaussian hybrid PPO for Replenishment-v0 and multi_warehouse (docs/algorithms/hybrid_ppo.md).
+"""Gaussian hybrid PPO for the replenishment and multi-warehouse envs (docs/algorithms/hybrid_ppo.md).
 
 PPO (Schulman et al., arXiv 1707.06347) with GAE (arXiv 1506.02438) on the hybrid action: a Bernoulli order head per
 SKU and a Gaussian quantity head (fixed σ), both trained by the score function; the joint log-prob of an agent's
@@ -26,7 +26,7 @@ from agents.inventory_nets import HybridPolicy, SumValue, n_features, sku_featur
 from baselines.core.gae import gae
 from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.configs import bounded, validate
-from shopsim.envs import check_env_id
+from shopsim.envs import check_env_id, is_pettingzoo
 from shopsim.envs.replenishment import (
     PAST_DEMANDS,
     ReplenishmentConfig,
@@ -92,7 +92,8 @@ class HybridPPOConfig:
 
 
 class InventorySim:
-    """Batched torch simulator of Replenishment-v0 (W = 1) or multi_warehouse (W warehouses, shared supplier).
+    """Batched torch simulator of the replenishment env (W = 1) or the multi-warehouse env (a PettingZoo env: W
+    warehouses, shared supplier).
 
     Reproduces the envs exactly: for a (task id, seed) pair it draws demand and the starting stock with
     `numpy.random.default_rng(seed)` in the order the env's reset does, so an evaluation here equals an episode of
@@ -101,12 +102,12 @@ class InventorySim:
     def __init__(self, env_id: str, env_kwargs: dict | None = None, dtype=torch.float32):
         check_env_id(env_id)
         kw = dict(env_kwargs or {})
-        self.multi = env_id.endswith("MultiWarehouse-v0")
+        self.multi = is_pettingzoo(env_id)  # the multi-agent form: one agent per warehouse
         self.n_warehouses = int(kw.pop("n_warehouses", 3)) if self.multi else 1
         self.supplier_capacity = float(kw.pop("supplier_capacity", 1.5)) if self.multi else None
         kw.pop("render_mode", None)
         self.cfg = ReplenishmentConfig.from_dict(kw)
-        self.env_name = "MultiWarehouse-v0" if self.multi else "Replenishment-v0"
+        self.env_name = env_id.split("/")[-1]  # the split manifest's name (`load_split`)
         self.dtype = dtype
 
     @property

@@ -1,4 +1,4 @@
-"""ProRL and its two controls on ProactiveRec-v0 (docs/algorithms/prorl.md).
+"""ProRL and its two controls on the proactive-recommendation env (docs/algorithms/prorl.md).
 
 Hou et al., "ProRL: Effective Reinforcement Learning for Proactive Recommendation via Rectified Policy Gradient
 Estimation", arXiv 2605.28293 (code: hongruhou89/ProRL). Three registered algorithms share one on-policy iteration
@@ -51,9 +51,10 @@ from shopsim.configs import bounded, validate
 from shopsim.envs.proactive_rec import L_MAX, PathScorer, RewardWeights
 from shopsim.envs.proactive_rec.env import load_split
 from shopsim.envs.proactive_rec.scoring import PathScores, path_metrics
+from shopsim.envs.records import PROACTIVE_REC
 from shopsim.errors import ConfigError
 
-ENV_ID = "shopsim/ProactiveRec-v0"
+ENV_ID = PROACTIVE_REC.id
 COMPONENTS = ("IoI", "IoR", "CTR")
 
 

@@ -16,7 +16,7 @@ from shopsim.errors import UnknownNameError
 
 #: (name, family) -> "module:Class". Imported only when made.
 _REGISTRY: dict[tuple[str, str], str] = {
-    # language agent on Shopping-v0
+    # language agents (the shopping env)
     ("reinforce", "shopping"): "baselines.reinforce:Reinforce",
     ("ppo", "shopping"): "baselines.ppo:PPO",
     ("grpo", "shopping"): "baselines.grpo:GRPO",
@@ -31,17 +31,17 @@ _REGISTRY: dict[tuple[str, str], str] = {
     ("tropd", "shopping"): "baselines.tropd:TrOPD",
     ("delta", "shopping"): "baselines.delta:DelTA",
     ("midtrain", "shopping"): "baselines.midtrain:MidTrain",
-    # ProactiveRec-v0
+    # proactive recommendation
     ("reinforce", "rec"): "baselines.prorl:RecReinforce",
     ("grpo", "rec"): "baselines.prorl:RecGRPO",
     ("prorl", "rec"): "baselines.prorl:ProRL",
-    # TwoStageRetrieval-v0 (CA-PG family, one module)
+    # two-stage retrieval (CA-PG family, one module)
     ("vpg", "retrieval"): "baselines.capg:VPG",
     ("vpg_swr", "retrieval"): "baselines.capg:VPGSwR",
     ("capg", "retrieval"): "baselines.capg:CAPG",
     ("capg_swr", "retrieval"): "baselines.capg:CAPGSwR",
     ("top1", "retrieval"): "baselines.capg:Top1",
-    # Replenishment-v0 and multi_warehouse
+    # inventory: the replenishment and multi-warehouse envs
     ("ppo", "inventory"): "baselines.hybrid_ppo:HybridPPO",
     ("hpo", "inventory"): "baselines.hpo:HPO",
 }

@@ -64,7 +64,7 @@ def _better(a: dict, b: dict, metric: str, lower: bool) -> bool:
 
 
 def claims(rows: dict[str, dict[str, dict]]) -> list[dict]:
-    from shopsim.leaderboard.protocols import FAMILY_METRICS, LOWER_IS_BETTER
+    from shopsim.envs.record import lower_is_better, table_metrics
 
     out = []
     for env, entries in sorted(rows.items()):
@@ -72,8 +72,8 @@ def claims(rows: dict[str, dict[str, dict]]) -> list[dict]:
         for name, rec in sorted(entries.items()):
             if rec["kind"] != "trained" or rand is None:
                 continue
-            metric = FAMILY_METRICS[rec["family"]][0]
-            lower = metric in LOWER_IS_BETTER
+            metric = table_metrics(rec["env_id"], rec["family"])[0]
+            lower = lower_is_better(metric)
             base = rand["metrics"][metric]["mean"]
             rel = 100 * (rec["metrics"][metric]["mean"] - base) / abs(base) if base else None  # random at 0
             out.append({"env": env, "claim": f"{name} beats random on {metric}",

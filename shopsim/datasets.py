@@ -395,7 +395,7 @@ def to_messages(source, *, form: str = "text", system: str | None = None, only_s
 
     * ``form="text"``: each turn is a ``user`` message (the observation; non-text observations as JSON) followed by
       an ``assistant`` message (the action as sent, text or JSON).
-    * ``form="tool_calls"`` (Shopping-v0, the form `shopsim.integrations.trl` trains in): the first observation is
+    * ``form="tool_calls"`` (the shopping env, the form `shopsim.integrations.trl` trains in): the first observation is
       the ``user`` message; each action that parses against the tool table `tools` (default
       `shopsim.envs.shopping.tools.TOOLS`) is an ``assistant`` message with one OpenAI-style ``tool_calls`` entry
       (arguments by name), answered by a ``tool`` message holding the next observation; an action that does not

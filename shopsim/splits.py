@@ -1,9 +1,10 @@
-"""The split manifests ``data/splits/<Name-vN>.json``: the one place that reads them (docs/design.md).
+"""The split manifests (``data/splits/<Name-vN>.json``, the env record's ``split_file``): the one place that reads
+them (docs/design.md).
 
 A manifest names an env's task ids per split, shared by the env (``reset(options={"split": ..., "task_id": ...})``),
 the trainers and the leaderboard::
 
-    {"env_id": "shopsim/Shopping-v0", "train": {"range": [lo, hi]}, "dev": [...], "test": [...],
+    {"env_id": "<env id>", "train": {"range": [lo, hi]}, "dev": [...], "test": [...],
      "eval_seeds": [0, 1, 2], "tries": 4}
 
 `load_splits` reads and caches a manifest (the cache is keyed by the file's path, size and modification time, so a
@@ -11,7 +12,7 @@ rewritten file is read again); everything else in shopsim calls it. `sample_task
 into task ids: training draws from the train range with the caller's RNG, evaluation takes the first n ids of the
 dev/test list, so every algorithm and seed is evaluated on the same tasks. Task families: when the env package
 exposes ``task_family(task_id) -> str`` the lists are filtered by it; else, when it exposes ``FAMILIES``, the
-Shopping-v0 default-mix rule ``FAMILIES[task_id % len(FAMILIES)]`` is used.
+default-mix rule of the shopping env, ``FAMILIES[task_id % len(FAMILIES)]``, is used.
 
 The returned manifest is shared between callers: read it, do not modify it.
 """
@@ -32,9 +33,13 @@ SPLITS = ("train", "dev", "test")
 
 
 def splits_path(env_id: str, root: str | Path | None = None) -> Path:
-    """``<root>/splits/<Name-vN>.json`` for ``shopsim/<Name-vN>`` (or ``Name-vN``); root defaults to `data_dir`."""
-    name = env_id.split("/")[-1]
-    return Path(root if root is not None else data_dir()) / "splits" / f"{name}.json"
+    """The split manifest of `env_id` (or its ``Name-vN``) under `root` (default `data_dir`): its record's
+    ``split_file``, and ``splits/<Name-vN>.json`` for an env without a record."""
+    from shopsim.envs.record import find_record
+
+    record = find_record(env_id)
+    rel = record.split_file if record is not None else f"splits/{env_id.split('/')[-1]}.json"
+    return Path(root if root is not None else data_dir()) / rel
 
 
 def has_splits(env_id: str, root: str | Path | None = None) -> bool:
@@ -74,19 +79,19 @@ def _read(path: str, mtime_ns: int, size: int) -> dict:
 
 
 def _family_fn(env_id: str):
-    from shopsim.envs import ENV_SPECS
+    from shopsim.envs.record import find_record
 
-    spec = ENV_SPECS.get(env_id)
-    if spec is None:
+    record = find_record(env_id)
+    if record is None:
         return None
     try:
-        mod = importlib.import_module(spec[0].split(":")[0])
+        mod = importlib.import_module(record.entry_point.split(":")[0])
     except Exception:
         return None
     fn = getattr(mod, "task_family", None)
     fams = getattr(mod, "FAMILIES", None)
     if fn is None and fams:
-        # Shopping-v0's documented default mix: family = FAMILIES[task_id % len(FAMILIES)]
+        # the documented default mix of the shopping env: family = FAMILIES[task_id % len(FAMILIES)]
         def fn(task_id, _f=tuple(fams)):
             return _f[int(task_id) % len(_f)]
     return fn

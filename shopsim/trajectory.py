@@ -203,9 +203,9 @@ LATENCY_KEYS = ("turns_before_first_answer", "chars_before_first_answer")
 
 
 def style_metrics(trajs) -> dict[str, float]:
-    """How episodes talk to the customer, from the final ``info["episode_metrics"]`` (Shopping-v0): ``asked`` (share
-    of episodes that asked at least one question), ``asked/<family>`` per task family, and the means of the latency
-    proxy (`LATENCY_KEYS`). Episodes without episode metrics are left out; empty when none has them."""
+    """How episodes talk to the customer, from the final ``info["episode_metrics"]`` (the shopping env): ``asked``
+    (share of episodes that asked at least one question), ``asked/<family>`` per task family, and the means of the
+    latency proxy (`LATENCY_KEYS`). Episodes without episode metrics are left out; empty when none has them."""
     em = [(t, (t.final_info or {}).get("episode_metrics") or {}) for t in trajs]
     em = [(t, m) for t, m in em if "questions" in m]
     if not em:

@@ -3,20 +3,23 @@
 Those libraries take a `Box`, `Discrete`, `MultiDiscrete` or `MultiBinary` action and a `Box` (or a `Dict` of
 1-D spaces) observation. Two shopsim envs do not fit as they are:
 
-* ``Replenishment-v0`` acts with a hybrid ``Dict(order=MultiBinary(N), quantity=Box(0, q_max, (N,)))``.
+* the replenishment env (`shopsim.envs.replenishment`) acts with a hybrid
+  ``Dict(order=MultiBinary(N), quantity=Box(0, q_max, (N,)))``.
   `ReplenishmentBoxAction` takes a plain ``Box(0, q_max, (N,))`` of quantities instead: an order is placed for a SKU
   exactly when its quantity is > 0. This loses nothing: the env's dynamics and costs read only
   ``order * quantity`` and ``order * (quantity > 0)`` (`shopsim.envs.replenishment.step_numpy`), so the hybrid
   action ``(order, quantity)`` and the Box action ``order * quantity`` (`hybrid_to_box`) give the same period
   (tests/test_wrappers.py steps both forms side by side).
-* ``ProactiveRec-v0`` observes a `Dict` with 2-D `MultiDiscrete` entries (``history_sid``, ``path_sid``), which
-  SB3's ``MultiInputPolicy`` cannot encode. `FlattenRecObservation` flattens them: ``mode="multidiscrete"`` keeps
-  a `Dict` of 1-D discrete spaces (SB3 one-hot encodes each entry; ``MultiInputPolicy``), ``mode="box"`` gives one
-  float `Box` in [0, 1] with every id divided by its number of values (``MlpPolicy``; much smaller input).
+* the proactive-recommendation env (`shopsim.envs.proactive_rec`) observes a `Dict` with 2-D `MultiDiscrete` entries
+  (``history_sid``, ``path_sid``), which SB3's ``MultiInputPolicy`` cannot encode. `FlattenRecObservation` flattens
+  them: ``mode="multidiscrete"`` keeps a `Dict` of 1-D discrete spaces (SB3 one-hot encodes each entry;
+  ``MultiInputPolicy``), ``mode="box"`` gives one float `Box` in [0, 1] with every id divided by its number of values
+  (``MlpPolicy``; much smaller input).
 
-``TwoStageRetrieval-v0`` (`Box` observation, `MultiDiscrete` action) needs no wrapper.
+The two-stage retrieval env (`Box` observation, `MultiDiscrete` action) needs no wrapper.
 
-`make_sb3_env` builds any numeric env with the wrappers it needs. For Replenishment it also applies Gymnasium's
+`make_sb3_env` builds any env whose record names an ``sb3_wrapper`` (`shopsim.envs.record.EnvRecord`: one of the
+``sb3_*`` functions here) with the wrappers it needs. For replenishment it also applies Gymnasium's
 `RescaleAction` (the Box action in [-1, 1], since SB3's Gaussian policies start around 0 with unit scale; -1 maps to
 quantity 0, i.e. no order, and SB3 clips to the bounds, so "no order" is reachable) and `FlattenObservation` (the
 `Dict` of (N,) and (N, L) arrays as one vector, which SB3's ``MlpPolicy`` takes).
@@ -47,7 +50,7 @@ def hybrid_to_box(action: dict) -> np.ndarray:
 
 
 class ReplenishmentBoxAction(gym.ActionWrapper):
-    """Replenishment-v0 with a ``Box(0, q_max, (N,), float32)`` action: per SKU the order quantity; 0 = no order.
+    """The replenishment env with a ``Box(0, q_max, (N,), float32)`` action: per SKU the order quantity; 0 = no order.
 
     The hybrid action passed on is ``order = (quantity > 0)``, ``quantity`` unchanged. Quantities outside
     [0, q_max] or NaN are not clipped: the env raises its `InvalidActionError` as for a bad hybrid action.
@@ -57,7 +60,7 @@ class ReplenishmentBoxAction(gym.ActionWrapper):
         super().__init__(env)
         hybrid = env.action_space
         if not (isinstance(hybrid, spaces.Dict) and set(hybrid.spaces) == {"order", "quantity"}):
-            raise ConfigError("ReplenishmentBoxAction wraps shopsim/Replenishment-v0 (a Dict(order, quantity) "
+            raise ConfigError("ReplenishmentBoxAction wraps the replenishment env (a Dict(order, quantity) "
                               f"action space); got {hybrid}")
         q = hybrid["quantity"]
         self.action_space = spaces.Box(q.low, q.high, q.shape, np.float32)
@@ -117,7 +120,7 @@ def neutral_action_to_quantity(action, q0, q_max: float, band: float | None = No
 
 
 class ReplenishmentNeutralAction(gym.Wrapper):
-    """Replenishment-v0 with a ``Box(-1, 1, (N,), float32)`` action around a sensible order at 0 (`make_sb3_env`'s
+    """The replenishment env with a ``Box(-1, 1, (N,), float32)`` action around a sensible order at 0 (`make_sb3_env`'s
     default for Replenishment).
 
     Per SKU, ``a = -1`` is no order, ``a = 0`` the neutral order `neutral_order` (an (s, S) rule or a base-stock
@@ -132,7 +135,7 @@ class ReplenishmentNeutralAction(gym.Wrapper):
         super().__init__(env)
         hybrid = env.action_space
         if not (isinstance(hybrid, spaces.Dict) and set(hybrid.spaces) == {"order", "quantity"}):
-            raise ConfigError("ReplenishmentNeutralAction wraps shopsim/Replenishment-v0 (a Dict(order, quantity) "
+            raise ConfigError("ReplenishmentNeutralAction wraps the replenishment env (a Dict(order, quantity) "
                               f"action space); got {hybrid}")
         if neutral not in NEUTRAL_RULES:
             raise ConfigError(f"ReplenishmentNeutralAction neutral={neutral!r}; choose one of "
@@ -175,7 +178,7 @@ def _flat_nvec(space: spaces.Space) -> np.ndarray:
 
 
 class FlattenRecObservation(gym.ObservationWrapper):
-    """ProactiveRec-v0's `Dict` observation with every entry flattened (module docstring).
+    """The proactive-recommendation env's `Dict` observation with every entry flattened (module docstring).
 
     ``mode="multidiscrete"``: the same keys, each a 1-D `MultiDiscrete` (a `Discrete` entry stays `Discrete`);
     the values are the env's, reshaped. ``mode="box"``: one ``Box(0, 1, (D,), float32)``, the entries concatenated
@@ -190,7 +193,8 @@ class FlattenRecObservation(gym.ObservationWrapper):
             raise ConfigError(f"FlattenRecObservation mode={mode!r}; choose one of {', '.join(self.MODES)}")
         obs = env.observation_space
         if not isinstance(obs, spaces.Dict):
-            raise ConfigError(f"FlattenRecObservation wraps a Dict observation (ProactiveRec-v0); got {obs}")
+            raise ConfigError(f"FlattenRecObservation wraps a Dict observation (the proactive-recommendation env); "
+                              f"got {obs}")
         self.mode = mode
         self._nvec = {k: _flat_nvec(s) for k, s in obs.spaces.items()}
         if mode == "multidiscrete":
@@ -216,7 +220,9 @@ REPL_ACTIONS = (*NEUTRAL_RULES, "quantity")
 
 def make_sb3_env(env_id: str, *, rec_mode: str = "box", repl_action: str = "s_S", rescale: bool = True,
                  **kwargs) -> gym.Env:
-    """``gymnasium.make(env_id, **kwargs)`` wrapped for SB3 / CleanRL.
+    """``gymnasium.make(env_id, **kwargs)`` wrapped for SB3 / CleanRL by the function its record names
+    (``sb3_wrapper``; `sb3_replenishment`, `sb3_proactive_rec`, `sb3_as_made`), which reads the options below that
+    concern its env. An env without one (a text env, a PettingZoo env) is refused.
 
     Replenishment: a ``Box(-1, 1, (N,))`` action and a flat observation. ``repl_action="s_S"`` (default) or
     ``"base_stock"``: `ReplenishmentNeutralAction` with that neutral rule (0 = the rule's order, -1 = no order,
@@ -225,27 +231,46 @@ def make_sb3_env(env_id: str, *, rec_mode: str = "box", repl_action: str = "s_S"
     ProactiveRec: `FlattenRecObservation(mode=rec_mode)` (default "box", for ``MlpPolicy``) and, unless
     ``action_mode`` is given, ``action_mode="item"``: a ``Discrete(n_items + 1)`` item id (the last is stop), so that
     every action names an existing item; with ``action_mode="semantic_id"`` almost every uniformly drawn digit tuple
-    names no item and is penalised, and a policy that stops at once scores above such random actions.
-    TwoStageRetrieval is returned as made. Shopping-v0 (text) and the PettingZoo multi-warehouse env are refused."""
-    from shopsim.envs import ENV_SPECS, check_env_id
+    names no item and is penalised, and a policy that stops at once scores above such random actions."""
+    import importlib
 
-    check_env_id(env_id)
-    if env_id not in ENV_SPECS or env_id == "shopsim/Shopping-v0":
-        raise ConfigError(f"{env_id} has no SB3 form; use shopsim/Replenishment-v0, shopsim/TwoStageRetrieval-v0 or "
-                          "shopsim/ProactiveRec-v0 (Shopping-v0 is a text env: see shopsim.integrations.trl)")
+    from shopsim.envs import RECORDS, env_record
+
+    record = env_record(env_id)
+    if record.sb3_wrapper is None:
+        usable = [r.id for r in RECORDS.values() if r.sb3_wrapper]
+        hint = " (a text env: see shopsim.integrations.trl)" if record.text else ""
+        raise ConfigError(f"{env_id} has no SB3 form{hint}; use one of {', '.join(usable)}")
     if repl_action not in REPL_ACTIONS:
         raise ConfigError(f"repl_action={repl_action!r}; choose one of {', '.join(REPL_ACTIONS)}")
-    if env_id == "shopsim/ProactiveRec-v0":
-        kwargs.setdefault("action_mode", "item")
+    module, _, attr = record.sb3_wrapper.partition(":")
+    wrap = getattr(importlib.import_module(module), attr)
+    return wrap(env_id, rec_mode=rec_mode, repl_action=repl_action, rescale=rescale, **kwargs)
+
+
+def sb3_replenishment(env_id: str, *, repl_action: str = "s_S", rescale: bool = True, rec_mode: str = "box",
+                      **kwargs) -> gym.Env:
+    """The replenishment env for SB3 (`make_sb3_env`): a Box action (`repl_action`, `rescale`) and a flat
+    observation; `rec_mode` is not its option and is ignored."""
     env = gym.make(env_id, **kwargs)
-    if env_id == "shopsim/Replenishment-v0":
-        if repl_action == "quantity":
-            env = gym.wrappers.FlattenObservation(ReplenishmentBoxAction(env))
-            if rescale:
-                ones = np.ones(env.action_space.shape, np.float32)  # float32 bounds: no precision-loss warning
-                env = gym.wrappers.RescaleAction(env, -ones, ones)
-        else:
-            env = gym.wrappers.FlattenObservation(ReplenishmentNeutralAction(env, neutral=repl_action))
-    elif env_id == "shopsim/ProactiveRec-v0":
-        env = FlattenRecObservation(env, mode=rec_mode)
-    return env
+    if repl_action == "quantity":
+        env = gym.wrappers.FlattenObservation(ReplenishmentBoxAction(env))
+        if rescale:
+            ones = np.ones(env.action_space.shape, np.float32)  # float32 bounds: no precision-loss warning
+            env = gym.wrappers.RescaleAction(env, -ones, ones)
+        return env
+    return gym.wrappers.FlattenObservation(ReplenishmentNeutralAction(env, neutral=repl_action))
+
+
+def sb3_proactive_rec(env_id: str, *, rec_mode: str = "box", repl_action: str = "s_S", rescale: bool = True,
+                      **kwargs) -> gym.Env:
+    """The proactive-recommendation env for SB3 (`make_sb3_env`): item-id actions unless ``action_mode`` is given,
+    the observation flattened (`rec_mode`); `repl_action` and `rescale` are not its options and are ignored."""
+    kwargs.setdefault("action_mode", "item")
+    return FlattenRecObservation(gym.make(env_id, **kwargs), mode=rec_mode)
+
+
+def sb3_as_made(env_id: str, *, rec_mode: str = "box", repl_action: str = "s_S", rescale: bool = True,
+                **kwargs) -> gym.Env:
+    """An env whose spaces SB3 takes as they are (`make_sb3_env`); the wrapper options are ignored."""
+    return gym.make(env_id, **kwargs)

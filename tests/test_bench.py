@@ -173,15 +173,19 @@ def test_bench_is_deterministic(toy_world, tmp_path):
 def test_pettingzoo_section_equals_a_hand_loop_over_the_parallel_env(tmp_path, monkeypatch):
     """MultiWarehouse-v0's section: (s, S) per warehouse through the bench (a 2-warehouse scenario) costs exactly
     what a hand loop over parallel_env's reset/step costs, per warehouse and in total."""
+    from dataclasses import replace
+
     import numpy as np
 
     from agents.inventory_policies import SSPolicyAgent
+    from shopsim.envs import RECORDS, env_record
     from shopsim.envs.multi_warehouse import parallel_env
-    from shopsim.leaderboard import protocols
+    from shopsim.envs.record import Scenario
     from shopsim.leaderboard.protocols import load_protocol
 
     kw = {"n_warehouses": 2, "horizon": 30, "warmup": 5}
-    monkeypatch.setitem(protocols.SCENARIOS, "shopsim/MultiWarehouse-v0", {"two": kw})
+    mw = env_record("shopsim/MultiWarehouse-v0")
+    monkeypatch.setitem(RECORDS, mw.id, replace(mw, scenarios={"two": Scenario(kw)}))
     key = "shopsim/MultiWarehouse-v0:two"
     table = {"quick": {key: Budget(references=("s_S", "random"), tasks=3)}}
     outcome = run_bench("quick", tmp_path / "mw", envs=["MultiWarehouse-v0:two"], table=table, progress=False,
@@ -218,11 +222,12 @@ def test_pettingzoo_section_equals_a_hand_loop_over_the_parallel_env(tmp_path, m
 
 
 def test_scenario_keys_give_their_own_protocol_and_table():
+    from shopsim.envs import env_record
     from shopsim.errors import ConfigError
-    from shopsim.leaderboard.protocols import SCENARIOS, load_protocol, scenario_keys
+    from shopsim.leaderboard.protocols import load_protocol, scenario_keys
 
     base, seasonal = load_protocol("shopsim/Replenishment-v0"), load_protocol("shopsim/Replenishment-v0:seasonal")
-    assert seasonal.env_kwargs == SCENARIOS["shopsim/Replenishment-v0"]["seasonal"]
+    assert seasonal.env_kwargs == env_record("shopsim/Replenishment-v0").scenarios["seasonal"].env_kwargs
     assert seasonal.task_ids == base.task_ids and seasonal.hash != base.hash and base.env_kwargs == {}
     assert seasonal.key == "shopsim/Replenishment-v0:seasonal" and base.key == "shopsim/Replenishment-v0"
     assert scenario_keys(["shopsim/Replenishment-v0"]) == ["shopsim/Replenishment-v0",

@@ -1,7 +1,7 @@
 """Every registered env passes the conformance checks of `shopsim.testing` (docs/adding-an-env.md).
 
-Parametrised over the env registry (`shopsim.envs.all_env_ids`: Gymnasium's and the PettingZoo table), so a newly
-registered env is checked without touching this file:
+Parametrised over the env registry (`shopsim.envs.all_env_ids`: every env record, Gymnasium and PettingZoo), so a
+newly registered env is checked without touching this file (built with its record's ``test_kwargs``):
 
 * ``api`` — Gymnasium's `check_env` (PettingZoo's `parallel_api_test` and `api_test` for a PettingZoo env);
 * ``determinism`` — two fresh runs with the same seed (the env's random agent) give the same observations, rewards
@@ -23,12 +23,8 @@ from gymnasium.envs.registration import register, registry
 
 import shopsim  # noqa: F401  (registers the env ids)
 from agents.base import ScriptedAgent
-from shopsim.envs import all_env_ids
+from shopsim.envs import EnvRecord, all_env_ids, env_record
 from shopsim.testing import CONFORMANCE_CHECKS
-
-#: env id -> constructor options that make the env fast to build in a test (the same task, a cheaper world): an env
-#: absent here is built with its defaults. ProactiveRec's default SASRec simulator trains for a minute on a cold cache.
-FAST: dict[str, dict] = {"shopsim/ProactiveRec-v0": {"simulator": "analytic"}}
 
 
 @pytest.mark.filterwarnings("ignore")  # the env's own tests judge the checkers' warnings; here their errors count
@@ -36,7 +32,7 @@ FAST: dict[str, dict] = {"shopsim/ProactiveRec-v0": {"simulator": "analytic"}}
 @pytest.mark.parametrize("env_id", all_env_ids())
 def test_env_conformance(env_id, check, tmp_path):
     fn = CONFORMANCE_CHECKS[check]
-    kwargs = FAST.get(env_id, {})
+    kwargs = dict(env_record(env_id).test_kwargs)  # options that build the same tasks quickly
     if check == "protocol":
         row = fn(env_id, tmp_path / "results", kwargs)
         print(row)
@@ -118,7 +114,8 @@ def test_each_check_fails_on_an_env_that_breaks_its_rule(env_cls, check, error, 
     env_id = f"test/{env_cls.__name__.strip('_')}-v0"
     if env_id not in registry:
         register(id=env_id, entry_point=f"{__name__}:{env_cls.__name__}")
-    monkeypatch.setitem(shopsim.envs.ENV_SPECS, env_id, (f"{__name__}:{env_cls.__name__}", "walk", {}))
+    monkeypatch.setitem(shopsim.envs.RECORDS, env_id, EnvRecord(env_id, f"{__name__}:{env_cls.__name__}", "walk",
+                                                                 description="a toy walk"))
     monkeypatch.setitem(agents.registry._REGISTRY, ("random", "walk"), f"{__name__}:_RandomWalker")
     monkeypatch.setenv("SHOPSIM_DATA_DIR", str(tmp_path / "data"))  # no splits file there
     args = (env_id, tmp_path / "results", {}) if check == "protocol" else (env_id, {})

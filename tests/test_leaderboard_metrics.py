@@ -196,13 +196,14 @@ def test_two_level_bootstrap_carries_run_to_run_variation():
 def test_default_protocol_size_and_hash():
     from dataclasses import replace
 
-    from shopsim.leaderboard.protocols import PROTOCOL_SIZE, load_protocol
+    from shopsim.envs import env_record
+    from shopsim.leaderboard.protocols import load_protocol
 
     p = load_protocol("shopsim/Replenishment-v0")
     whole = load_protocol("shopsim/Replenishment-v0", sized=False)
-    size = PROTOCOL_SIZE["shopsim/Replenishment-v0"]
-    assert len(p.task_ids) == size["tasks"] and p.tries == size["tries"] and p.seeds == size["seeds"]
-    assert p.task_ids == whole.task_ids[:size["tasks"]]  # the first tasks of the split
+    size = env_record("shopsim/Replenishment-v0").protocol_size
+    assert len(p.task_ids) == size.tasks and p.tries == size.tries and p.seeds == size.seeds
+    assert p.task_ids == whole.task_ids[:size.tasks]  # the first tasks of the split
     assert p.episodes_per_seed * len(p.seeds) * 40 < whole.episodes_per_seed * len(whole.seeds)
     # the hash names the episodes: equal for equal protocols, different when tasks, tries or env options differ
     assert p.hash == load_protocol("shopsim/Replenishment-v0").hash and len(p.hash) == 16

@@ -6,9 +6,10 @@ import re
 
 import pytest
 
+from shopsim.envs import RECORDS, env_record
 from shopsim.leaderboard.charts import curve_of, plot_env, read_curve
-from shopsim.leaderboard.page import ENV_TEXT, metric_text, protocol_notes, ranks, reproduce_command, to_html
-from shopsim.leaderboard.protocols import FAMILY_METRICS, Protocol
+from shopsim.leaderboard.page import env_text, metric_text, protocol_notes, ranks, reproduce_command, to_html
+from shopsim.leaderboard.protocols import Protocol
 from shopsim.leaderboard.render import group_by_env, render_all
 from shopsim.leaderboard.results import find_results, make_results, write_results
 from tests.fixtures.headless import dump_dom
@@ -24,7 +25,7 @@ def _m(mean, lo=None, hi=None):
 
 
 def _shop_metrics(base):
-    out = {m: _m(base, max(0.0, base - 0.05), min(1.0, base + 0.05)) for m in FAMILY_METRICS["shopping"]}
+    out = {m: _m(base, max(0.0, base - 0.05), min(1.0, base + 0.05)) for m in env_record(SHOP).metrics}
     out["turns"], out["tokens"] = _m(12.3456, 11.0, 13.5), _m(1234.5, 1100.0, 1300.0)
     out["success/bundle"] = _m(base / 2, base / 2 - 0.1 if base > 0.2 else 0.0, base / 2 + 0.1)
     return out
@@ -149,11 +150,11 @@ def test_ranks_share_ties_and_skip_rows_without_a_value():
 def test_every_env_and_shown_metric_has_a_paragraph_with_its_direction(tmp_path):
     from shopsim.envs import all_env_ids
 
-    assert set(all_env_ids()) <= set(ENV_TEXT)
-    for family, metrics in FAMILY_METRICS.items():
-        for m in metrics:
+    assert all(env_text(e) == env_record(e).description != "" for e in all_env_ids())
+    for env_id, record in RECORDS.items():
+        for m in record.metrics:
             text = metric_text(m)
-            assert "a metric the env reports" not in text, (family, m)
+            assert "a metric the env reports" not in text, (env_id, m)
             assert text.endswith("Lower is better." if m in ("cost", "gap_to_s_S_pct", "turns", "tokens",
                                                              "invalid_rate", "regret") else "Higher is better."), m
     page = html.unescape(to_html(board_results(tmp_path)))
@@ -161,7 +162,7 @@ def test_every_env_and_shown_metric_has_a_paragraph_with_its_direction(tmp_path)
     assert ("<dt>success/<family></dt><dd>success rate on the tasks of one family (find_and_buy, clarify_and_buy, "
             "bundle, after_sales, personalized_buy). Higher is better.</dd>") in page
     assert "<dt>pass^k (k = 1, 2, 3, 4)</dt><dd>probability that all k tries of a task succeed" in page
-    assert ENV_TEXT[RET] in page
+    assert env_text(RET) in page
 
 
 def test_provenance_and_commands_to_reproduce_or_submit(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from shopsim.envs import ENV_SPECS
+from shopsim.envs import RECORDS
 
 WAIT_S = 90
 #: small configurations where an env takes options that make building it expensive
@@ -46,7 +46,7 @@ def _make(env_id: str, kwargs: dict):
 
 @pytest.mark.timeout(4 * WAIT_S)
 @pytest.mark.parametrize("context", CONTEXTS, ids=lambda c: c or "default")
-@pytest.mark.parametrize("env_id", sorted(ENV_SPECS))
+@pytest.mark.parametrize("env_id", sorted(r.id for r in RECORDS.values() if r.api == "gymnasium"))
 def test_async_vector_env_resets_and_steps(env_id, context, threaded_parent):
     if context is not None and context not in multiprocessing.get_all_start_methods():
         pytest.fail(f"start method {context} is not available on this platform")

@@ -52,6 +52,7 @@ from agents.lm.decoder import supports as slot_decoder_supports
 from agents.lm.generation import PrefixCache, SamplingConfig, action_logprobs, sample, token_logprobs
 from agents.lm.parsing import decode_action
 from agents.lm.prompts import DEFAULT_SYSTEM, ChatFormat, EpisodeContext
+from shopsim.envs.records import SHOPPING
 from shopsim.errors import ConfigError
 
 #: options saved in the manifest and restored whenever a checkpoint with a manifest is loaded (the constructor's
@@ -111,14 +112,14 @@ class LMPolicy:
 
 
 class LMAgent(Agent):
-    """Language-model agent for `shopsim/Shopping-v0` (see module docstring for the trainer interface)."""
+    """Language-model agent for the shopping env (see module docstring for the trainer interface)."""
 
     learns = True
     #: env copies an evaluation runs for this agent (`shopsim.leaderboard.evaluate.run_seeds`): one decoding batch
     #: of this many episodes amortises each step's fixed cost; the actions do not depend on it
     eval_slots = 64
 
-    def __init__(self, env_id: str = "shopsim/Shopping-v0", checkpoint: str | Path | None = None,
+    def __init__(self, env_id: str = SHOPPING.id, checkpoint: str | Path | None = None,
                  context_mode: str = _UNSET, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = _UNSET, greedy: bool = False, record_hidden: bool = False, device: str = "cpu",
                  history: int = _UNSET, history_obs_chars: int | None = _UNSET, max_prompt_tokens: int | None = None,
@@ -323,4 +324,4 @@ class LMAgent(Agent):
 
     @classmethod
     def from_checkpoint(cls, directory, env_id: str | None = None, **kwargs: Any) -> LMAgent:
-        return cls(env_id=env_id or "shopsim/Shopping-v0", checkpoint=Path(directory), **kwargs)
+        return cls(env_id=env_id or SHOPPING.id, checkpoint=Path(directory), **kwargs)

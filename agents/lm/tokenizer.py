@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from shopsim.envs.records import SHOPPING
+
 PAD, SYSTEM, USER, ASSISTANT, END = "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
 SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
 
@@ -180,7 +182,7 @@ def observation_texts(env_id: str, episodes: int = 200, seed: int = 0) -> Iterat
 
 
 def build_default_tokenizer(out: str | Path | None = None, *, vocab_size: int = 4096, catalog_size: int = 10_000,
-                            env_id: str = "shopsim/Shopping-v0", episodes: int = 200, seed: int = 0):
+                            env_id: str = SHOPPING.id, episodes: int = 200, seed: int = 0):
     """Re-create the shipped tokenizer: catalog text + grammar + observations, saved with `save_pretrained`."""
     from shopsim.catalog import load_catalog
 

@@ -2,7 +2,7 @@
 
 `run_bench(mode="quick")` is the project's main job (``shopsim bench --quick``, ``make run``). For every env that
 has an evaluation split (`shopsim.leaderboard.protocols.protocol_envs`; PettingZoo envs too, evaluated on their
-parallel env) and every scenario of it (``<env id>:<scenario>``, `shopsim.leaderboard.protocols.SCENARIOS`: its
+parallel env) and every scenario of it (``<env id>:<scenario>``, the ``scenarios`` of its record: its
 own protocol, table and results folder), in registry order:
 
 1. evaluate the reference agents (scripted expert, random; (s, S) and base-stock for replenishment; the shipped SFT
@@ -17,7 +17,8 @@ own protocol, table and results folder), in registry order:
 A failing entry becomes an error row (its traceback in ``OUT/logs/``) and the run goes on; the exit status is
 non-zero only if a reference agent failed (then the table has no anchor to read the others against).
 
-All budgets live in `BUDGETS` (tier → env id or family → `Budget`):
+All budgets live in the env records (``budgets``, `shopsim.envs.records`), gathered in `BUDGETS` (tier → env id
+or family → `Budget`):
 
 * ``standard`` — every baseline of an env at one fixed budget with 3 training seeds; its results ship in
   ``data/results/standard/<Env>/<entry>.json`` (plus the first seed's checkpoint) and are what the leaderboard
@@ -35,16 +36,19 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shopsim.envs.record import RECORDS, TIERS, Budget, EnvRecord, find_record
+from shopsim.envs.records import STANDARD_TRAIN_SEEDS
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
 from shopsim.leaderboard.metrics import summarize
 from shopsim.leaderboard.protocols import (
     Protocol,
+    board_key,
     key_slug,
     load_protocol,
     protocol_envs,
@@ -55,168 +59,51 @@ from shopsim.leaderboard.protocols import (
 from shopsim.leaderboard.results import find_results, make_results, write_results
 from shopsim.paths import portable_path
 
-
-@dataclass(frozen=True)
-class Budget:
-    """What one env gets in one benchmark mode."""
-
-    references: tuple[str, ...] = ("expert", "random")
-    """Agent names (`agents.make`) evaluated as reference rows."""
-    algos: dict[str, int] = field(default_factory=dict)
-    """Baselines trained on the env: algorithm name -> training iterations."""
-    overrides: dict[str, dict] = field(default_factory=dict)
-    """Config overrides per algorithm name (small models / batches for the quick run)."""
-    user_iterations: int = 10
-    """Iterations for classes given with --algo."""
-    tasks: int | None = None
-    """Use the first `tasks` test tasks (None: all)."""
-    seeds: int | None = None
-    """Use the first `seeds` eval seeds (None: all)."""
-    tries: int | None = None
-    """Tries per task and seed (None: the protocol's; pass^k needs >= k)."""
-    num_envs: int | None = None
-    """Env copies an evaluation steps together (None: the agent's evaluation batch, `evaluate.eval_num_envs`)."""
-    train_seeds: int = 1
-    """Independent training runs per baseline (seeds train_seed, train_seed+1, ...). With more than one, a trained
-    entry's intervals are over training seeds (each run's metrics averaged over the eval seeds first)."""
-    needs_init: bool = False
-    """Trainers start from the shipped SFT checkpoint (LM envs); skipped when there is none."""
-    demo: bool = False
-    """The trained rows are short live demos (``demo-<algo>``), shown apart from the shipped standard rows."""
-    live_checkpoints: tuple[str, ...] | None = None
-    """The shipped trained entries whose checkpoint this tier re-evaluates live (None: every one). The main job
-    checks one Shopping LM checkpoint, since each costs an LM evaluation of the whole protocol;
-    ``--tier standard --envs Shopping-v0`` reproduces them all."""
-
-
-_SHOP_REFS = ("expert", "random")
-_INV_REFS = ("s_S", "base_stock", "random")
-#: MultiWarehouse-v0's references: (s, S) per warehouse (the gap's reference) and random
-_MW_REFS = ("s_S", "random")
-# Smaller batches/evaluations than the papers' defaults so that the quick run fits in ~10 min on 2 cores; they are
-# recorded in every results file's config (and so in its config hash).
-_REC_SMALL = {"sft_steps": 50, "eval_tasks": 8, "group_size": 8, "prompts_per_iter": 4}
-_RET_SMALL = {"eval_contexts": 1000}
-_INV_SMALL = {"batch_scenarios": 32, "eval_scenarios": 0}
-# Shopping LM trainers: a few rollouts per iteration, no in-training evaluation (the leaderboard evaluates), the
-# learning rate and rollout temperature of benchmarks/learning_lm.py (the papers' 1e-6 is for billion-parameter models)
-_SHOP_SMALL = {"lr": 1e-4, "temperature": 0.7, "eval_episodes": 0, "checkpoint_every": 0}
-_SHOP_QUICK = {"grpo": {**_SHOP_SMALL, "group_size": 4, "tasks_per_iter": 4},
-               "mpo": {**_SHOP_SMALL, "group_size": 1, "tasks_per_iter": 16}}
-_SHOP_TINY = {"grpo": {**_SHOP_SMALL, "group_size": 2, "tasks_per_iter": 2, "max_new_tokens": 32}}
-_QUICK_OVERRIDES = {
-    "shopsim/ProactiveRec-v0": {"prorl": _REC_SMALL, "reinforce": _REC_SMALL, "grpo": _REC_SMALL},
-    "shopsim/TwoStageRetrieval-v0": {a: _RET_SMALL for a in ("capg", "capg_swr", "vpg", "vpg_swr", "top1")},
-    "shopsim/Replenishment-v0": {"hpo": {**_INV_SMALL, "hidden": (128, 128)}, "ppo": _INV_SMALL},
+#: what a tier gives an env whose record names no budget for it
+DEFAULT_BUDGETS: dict[str, Budget] = {
+    "standard": Budget(user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
+    "quick": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
+    "tiny": Budget(tasks=2, seeds=2, tries=4, user_iterations=1),
+    "full": Budget(user_iterations=100, train_seeds=3),
 }
 
-# The standard tier: one fixed budget per env at which every baseline of the env is trained with 3 seeds and whose
-# results ship in data/results/standard/. The numeric envs' budgets are sized so that all of them together train
-# and evaluate in about 40 minutes on one CPU core; in-training evaluation is kept small (it only feeds the learning
-# curve; the leaderboard evaluates on the protocol).
-# ProactiveRec decodes real, unseen items only (valid_only, no_repeat): at this budget the unconstrained decoding
-# lets the policy learn to stop after almost no items, and the constrained SFT start is the stronger one.
-_REC_STD = {"sft_steps": 100, "eval_tasks": 32, "group_size": 8, "prompts_per_iter": 4, "eval_every": 10,
-            "valid_only": True, "no_repeat": True}
-_RET_STD = {"eval_contexts": 1000, "eval_every": 25}
-_INV_STD = {"batch_scenarios": 32, "eval_scenarios": 0}
-_MW_STD = {"hpo": {"batch_scenarios": 16, "eval_scenarios": 0, "hidden": (128, 128)},
-           "ppo": {"batch_scenarios": 16, "eval_scenarios": 0}}
-_SHOP_STD = {"grpo": {**_SHOP_SMALL, "group_size": 4, "tasks_per_iter": 8},
-             "mpo": {**_SHOP_SMALL, "group_size": 1, "tasks_per_iter": 32}}
-STANDARD_TRAIN_SEEDS = 3
 
-#: mode (tier) -> env id (or family, as a fallback for newly registered envs; "*" for any) -> Budget
-BUDGETS: dict[str, dict[str, Budget]] = {
-    "standard": {
-        # 10 iterations x 32 rollouts per LM run, sized so the 6 runs and their evaluations fit in about an hour
-        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 10, "mpo": 10}, overrides=_SHOP_STD, needs_init=True,
-                                      user_iterations=10, train_seeds=STANDARD_TRAIN_SEEDS),
-        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 100, "reinforce": 100, "grpo": 100},
-                                          overrides={a: _REC_STD for a in ("prorl", "reinforce", "grpo")},
-                                          user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
-        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 300, "capg_swr": 300, "vpg": 300, "vpg_swr": 300,
-                                                      "top1": 300},
-                                               overrides={a: _RET_STD for a in ("capg", "capg_swr", "vpg",
-                                                                                "vpg_swr", "top1")},
-                                               user_iterations=300, train_seeds=STANDARD_TRAIN_SEEDS),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 60, "ppo": 60},
-                                           overrides={"hpo": {**_INV_STD, "hidden": (128, 128)}, "ppo": _INV_STD},
-                                           user_iterations=60, train_seeds=STANDARD_TRAIN_SEEDS),
-        # the seasonal scenario (protocols.SCENARIOS): 30 iterations, half the default scenario's, sized so its 6
-        # runs fit in about 25 minutes on 2 cores
-        "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, {"hpo": 30, "ppo": 30},
-                                                    overrides={"hpo": {**_INV_STD, "hidden": (128, 128)},
-                                                               "ppo": _INV_STD},
-                                                    user_iterations=30, train_seeds=STANDARD_TRAIN_SEEDS),
-        # MultiWarehouse-v0 (3 warehouses, evaluated on the PettingZoo parallel env): 20 iterations of 16 scenarios
-        # x 3 warehouses, a small budget sized like the seasonal scenario's
-        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, {"hpo": 20, "ppo": 20}, overrides=_MW_STD, user_iterations=20,
-                                            train_seeds=STANDARD_TRAIN_SEEDS),
-        "*": Budget(user_iterations=100, train_seeds=STANDARD_TRAIN_SEEDS),
-    },
-    # The main job (make run): the shipped standard rows are re-checked live (reference agents and the shipped
-    # checkpoints, on fewer tasks than the standard protocol except for Shopping, whose 100 tasks x 4 tries keep every
-    # family's Wilson interval under ±0.1), plus one short demo training per env family.
-    "quick": {
-        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 2}, overrides=_SHOP_TINY, needs_init=True, demo=True,
-                                      live_checkpoints=("grpo",),
-                                      user_iterations=3),
-        # the standard tier's decoding (real, unseen items): a 10-iteration demo decoding freely stops early
-        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 10}, tasks=64, demo=True,
-                                          overrides={"prorl": {**_REC_SMALL, "valid_only": True, "no_repeat": True}}),
-        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 50}, tasks=1000, demo=True,
-                                               overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 10}, tasks=64, demo=True,
-                                           overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"], user_iterations=6),
-        # the seasonal scenario: references and the shipped checkpoints only (the demo training is the default
-        # scenario's)
-        "shopsim/Replenishment-v0:seasonal": Budget(_INV_REFS, tasks=32, user_iterations=6),
-        # MultiWarehouse-v0: references and the shipped checkpoints live (a demo training would cost > 20 s)
-        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, tasks=16, user_iterations=3),
-        "*": Budget(tasks=8, seeds=2, tries=4, user_iterations=5),
-    },
-    "tiny": {  # CI smoke run: every entry type once, seconds not minutes
-        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 1}, tasks=2, seeds=2, tries=4, needs_init=True,
-                                      overrides=_SHOP_TINY, user_iterations=1),
-        "shopsim/ProactiveRec-v0": Budget(algos={"reinforce": 1}, tasks=2, seeds=2, tries=4, user_iterations=1,
-                                          overrides=_QUICK_OVERRIDES["shopsim/ProactiveRec-v0"]),
-        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 1}, tasks=4, seeds=2, tries=4, user_iterations=1,
-                                               overrides=_QUICK_OVERRIDES["shopsim/TwoStageRetrieval-v0"]),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 1}, tasks=2, seeds=2, tries=4, user_iterations=1,
-                                           overrides=_QUICK_OVERRIDES["shopsim/Replenishment-v0"]),
-        "shopsim/MultiWarehouse-v0": Budget(_MW_REFS, {"hpo": 1}, tasks=2, user_iterations=1, overrides=_MW_STD),
-        "*": Budget(tasks=2, seeds=2, tries=4, user_iterations=1),
-    },
-    "full": {
-        "shopsim/Shopping-v0": Budget(_SHOP_REFS, {"grpo": 200, "mpo": 200, "ppo": 200, "reinforce": 200,
-                                                   "gigpo": 200, "dapo": 200, "bipace": 200, "basis": 200,
-                                                   "arc": 200, "delta": 200, "wapo": 200, "tropd": 200,
-                                                   "midtrain": 200, "vapo": 200},
-                                      needs_init=True,
-                                      user_iterations=200, train_seeds=3),
-        "shopsim/ProactiveRec-v0": Budget(algos={"prorl": 500, "grpo": 500, "reinforce": 500},
-                                          user_iterations=500, train_seeds=3),
-        "shopsim/TwoStageRetrieval-v0": Budget(algos={"capg": 2000, "capg_swr": 2000, "vpg": 2000,
-                                                      "vpg_swr": 2000, "top1": 2000}, user_iterations=2000,
-                                               train_seeds=3),
-        "shopsim/Replenishment-v0": Budget(_INV_REFS, {"hpo": 300, "ppo": 300}, user_iterations=300,
-                                           train_seeds=3),
-        "*": Budget(user_iterations=100, train_seeds=3),
-    },
-}
+def budget_table(records: Iterable[EnvRecord] | None = None) -> dict[str, dict[str, Budget]]:
+    """Tier -> leaderboard key (an env id, or ``<env id>:<scenario>``) -> `Budget`, read from the env records'
+    ``budgets`` (and their scenarios'), with ``"*"`` -> the tier's `DEFAULT_BUDGETS` entry."""
+    records = list(RECORDS.values() if records is None else records)
+    table: dict[str, dict[str, Budget]] = {}
+    for tier in TIERS:
+        rows: dict[str, Budget] = {}
+        for rec in records:
+            if tier in rec.budgets:
+                rows[rec.id] = rec.budgets[tier]
+            for name, scenario in rec.scenarios.items():
+                if tier in scenario.budgets:
+                    rows[board_key(rec.id, name)] = scenario.budgets[tier]
+        rows["*"] = DEFAULT_BUDGETS[tier]
+        table[tier] = rows
+    return table
+
+
+#: tier -> env id, scenario key (or family, as a fallback for newly registered envs; "*" for any) -> Budget: the
+#: records' budgets when shopsim was imported (`budget_for` reads a record registered later directly)
+BUDGETS: dict[str, dict[str, Budget]] = budget_table()
 MODES = tuple(BUDGETS)
 
 
 def budget_for(mode: str, env_id: str, family: str, table: dict | None = None) -> Budget:
     """The budget of a leaderboard key (an env id, or ``<env id>:<scenario>``, which falls back to its env's row)
-    in `mode`, else of its family, else ``"*"``."""
+    in `mode`: its row in `table` (default `BUDGETS`), else its env record's budget for `mode` (a record registered
+    after import), else its family's row, else ``"*"``."""
     table = (table or BUDGETS)
     if mode not in table:
         raise ConfigError(f"unknown benchmark mode {mode!r}; choose one of {', '.join(table)}")
     rows = table[mode]
-    return (rows.get(env_id) or rows.get(split_key(env_id)[0]) or rows.get(family) or rows.get("*")
-            or Budget())
+    base = split_key(env_id)[0]
+    record = find_record(base)
+    late = record.budgets.get(mode) if record is not None and table is BUDGETS else None
+    return (rows.get(env_id) or rows.get(base) or late or rows.get(family) or rows.get("*") or Budget())
 
 
 def sft_checkpoint(root: str | Path | None = None) -> Path | None:
@@ -267,7 +154,7 @@ class Entry:
     shipped_entry: str | None = None
     """For a shipped checkpoint evaluated live: the shipped entry it must reproduce."""
     scenario: str | None = None
-    """The env's leaderboard scenario (`shopsim.leaderboard.protocols.SCENARIOS`), None for its default protocol."""
+    """The env's leaderboard scenario (one of its record's ``scenarios``), None for its default protocol."""
 
     @property
     def key(self) -> str:
@@ -280,7 +167,7 @@ class Entry:
 def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | None = None,
          sft: Path | None = None, shipped: list[dict] = ()) -> list[Entry]:
     """Every entry of the run, in order (references first per env, so their failure shows early). `env_ids` are
-    leaderboard keys: env ids, or ``<env id>:<scenario>`` for a scenario of `protocols.SCENARIOS`."""
+    leaderboard keys: env ids, or ``<env id>:<scenario>`` for a scenario of the env's record."""
     import agents
     import baselines
     from baselines.registry import load_target
@@ -574,7 +461,7 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
     t_start = time.perf_counter()
     out = Path(out)
     log = log or _console_log()
-    if envs:  # env ids or names, optionally with a scenario (Replenishment-v0:seasonal)
+    if envs:  # env ids or names, optionally with a scenario (<Name-vN>:<scenario>)
         env_ids = []
         for e in envs:
             key = e if "/" in e else f"shopsim/{e}"
@@ -688,9 +575,9 @@ def shipped_checkpoint(rec: dict) -> Path | None:
 
 
 def _primary(rec: dict) -> str | None:
-    from shopsim.leaderboard.protocols import DEFAULT_METRICS, FAMILY_METRICS
+    from shopsim.envs.record import table_metrics
 
-    cols = FAMILY_METRICS.get(rec.get("family") or "", DEFAULT_METRICS)
+    cols = table_metrics(rec.get("env_id") or "", rec.get("family"))
     return next((c for c in cols if c in rec["metrics"]), None)
 
 

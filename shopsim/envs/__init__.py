@@ -1,17 +1,12 @@
-"""Environment registry: every shopsim env id, its entry point and its family.
+"""Environment registry: every shopsim env's record (`shopsim.envs.record.EnvRecord`), read by id.
 
-Importing `shopsim` (or `shopsim.envs`) registers the ids with Gymnasium, so
-``gymnasium.make("shopsim/Shopping-v0")`` works. The multi-warehouse env is a PettingZoo `ParallelEnv`
-and is made with `shopsim.envs.multi_warehouse.parallel_env(...)` (PettingZoo has no registry in common use).
+Importing `shopsim` (or `shopsim.envs`) registers the records of `shopsim.envs.records` and, for the Gymnasium envs,
+their ids with Gymnasium, so ``gymnasium.make(<env id>)`` works. A PettingZoo env (``api="pettingzoo"``) is made with
+its module's ``parallel_env(...)`` (PettingZoo has no registry in common use); `make` makes either kind.
+`register_env` adds a record at runtime (docs/adding-an-env.md).
 
-Families group envs by the kind of agent and trainer that fits them:
-
-| family | envs | agents / trainers |
-|---|---|---|
-| shopping | Shopping-v0 | language agents; LM baselines |
-| rec | ProactiveRec-v0 | semantic-ID transformer; reinforce/grpo/prorl |
-| retrieval | TwoStageRetrieval-v0 | Plackett-Luce retrievers; capg family |
-| inventory | Replenishment-v0, multi_warehouse | torch hybrid policies; ppo/hpo |
+Families group envs by the kind of agent and trainer that fits them (`EnvRecord.family`): agents and trainers are
+registered per family (`agents.registry`, `baselines.registry`).
 """
 
 from __future__ import annotations
@@ -21,26 +16,20 @@ import sys
 
 from gymnasium.envs.registration import register, registry
 
+from shopsim.envs.record import RECORDS, EnvRecord, add_record, find_record
+from shopsim.envs.records import SHIPPED
 from shopsim.errors import UnknownNameError
 
-MULTI_WAREHOUSE_ID = "shopsim/MultiWarehouse-v0"
+__all__ = ["RECORDS", "EnvRecord", "all_env_ids", "check_env_id", "env_record", "family_of", "is_pettingzoo",
+           "make", "register_env"]
 
-#: env id -> (entry point, family, registration kwargs)
-ENV_SPECS: dict[str, tuple[str, str, dict]] = {
-    # --- language envs ---
-    "shopsim/Shopping-v0": ("shopsim.envs.shopping:ShoppingEnv", "shopping", {"max_episode_steps": 60}),
-    # --- recommendation / retrieval envs ---
-    "shopsim/ProactiveRec-v0": ("shopsim.envs.proactive_rec:ProactiveRecEnv", "rec", {}),
-    "shopsim/TwoStageRetrieval-v0": ("shopsim.envs.two_stage_retrieval:TwoStageRetrievalEnv", "retrieval", {}),
-    # --- numeric envs ---
-    "shopsim/Replenishment-v0": ("shopsim.envs.replenishment:ReplenishmentEnv", "inventory", {}),
-}
 
-#: PettingZoo envs (not in Gymnasium's registry): id -> (module, family)
-PZ_ENVS: dict[str, tuple[str, str]] = {
-    MULTI_WAREHOUSE_ID: ("shopsim.envs.multi_warehouse", "inventory"),
-}
-
+def register_env(record: EnvRecord) -> EnvRecord:
+    """Add `record` to the registry (`RECORDS`) and, for a Gymnasium env, register its id with Gymnasium (once)."""
+    add_record(record)
+    if record.api == "gymnasium" and record.id not in registry:
+        register(id=record.id, entry_point=record.entry_point, **record.register_kwargs)
+    return record
 
 
 def _torch_single_thread_in_forked_child() -> None:
@@ -61,27 +50,37 @@ def _torch_single_thread_in_forked_child() -> None:
 # at fork time, in the child, before any user code runs (once per interpreter: this module is imported once)
 os.register_at_fork(after_in_child=_torch_single_thread_in_forked_child)
 
-for _env_id, (_entry, _family, _kw) in ENV_SPECS.items():
-    if _env_id not in registry:
-        register(id=_env_id, entry_point=_entry, **_kw)
+for _record in SHIPPED:
+    register_env(_record)
 
 
 def all_env_ids() -> list[str]:
-    return [*ENV_SPECS, *PZ_ENVS]
+    """Every registered env id: the Gymnasium envs, then the PettingZoo ones, each in registration order."""
+    return [*(r.id for r in RECORDS.values() if not r.multi_agent), *(r.id for r in RECORDS.values() if r.multi_agent)]
+
+
+def env_record(env_id: str) -> EnvRecord:
+    """The record of `env_id` (`shopsim.envs.record.EnvRecord`); raises with the list of known ids."""
+    record = RECORDS.get(env_id)
+    if record is None:
+        raise UnknownNameError(f"unknown env {env_id!r}; available: {', '.join(all_env_ids())}")
+    return record
 
 
 def family_of(env_id: str) -> str:
-    """The family of an env id (see module docstring); raises with the list of known ids."""
-    if env_id in ENV_SPECS:
-        return ENV_SPECS[env_id][1]
-    if env_id in PZ_ENVS:
-        return PZ_ENVS[env_id][1]
-    raise UnknownNameError(f"unknown env {env_id!r}; available: {', '.join(all_env_ids())}")
+    """The family of an env id (`EnvRecord.family`); raises with the list of known ids."""
+    return env_record(env_id).family
 
 
 def check_env_id(env_id: str) -> str:
-    family_of(env_id)
+    env_record(env_id)
     return env_id
+
+
+def _entry(record: EnvRecord) -> tuple[str, str]:
+    """(module, attribute) of a record's entry point; a PettingZoo env's attribute is its ``parallel_env``."""
+    module, _, attr = record.entry_point.partition(":")
+    return module, attr or ("parallel_env" if record.multi_agent else "")
 
 
 def presentation_kwargs(env_id: str) -> frozenset:
@@ -89,23 +88,25 @@ def presentation_kwargs(env_id: str) -> frozenset:
     ``PRESENTATION_KWARGS``): an agent may pick them (e.g. the rendering it was trained on) in a fixed evaluation."""
     import importlib
 
-    entry = ENV_SPECS[env_id][0] if env_id in ENV_SPECS else PZ_ENVS[check_env_id(env_id)][0]
-    module, _, attr = entry.partition(":")
-    cls = getattr(importlib.import_module(module), attr, None) if attr else None
+    record = env_record(env_id)
+    module, attr = _entry(record)
+    cls = getattr(importlib.import_module(module), attr, None) if attr and not record.multi_agent else None
     return frozenset(getattr(cls, "PRESENTATION_KWARGS", ()))
 
 
 def is_pettingzoo(env_id: str) -> bool:
-    return env_id in PZ_ENVS
+    record = find_record(env_id)
+    return record is not None and record.multi_agent
 
 
 def make(env_id: str, **kwargs):
     """Make any shopsim env by id: Gymnasium envs via `gymnasium.make`, PettingZoo envs via `parallel_env`."""
-    check_env_id(env_id)
-    if env_id in PZ_ENVS:
+    record = env_record(env_id)
+    if record.multi_agent:
         import importlib
 
-        return importlib.import_module(PZ_ENVS[env_id][0]).parallel_env(**kwargs)
+        module, attr = _entry(record)
+        return getattr(importlib.import_module(module), attr)(**kwargs)
     import gymnasium
 
     return gymnasium.make(env_id, **kwargs)
@@ -116,11 +117,12 @@ def _constructor(env_id: str):
     import importlib
     import typing
 
-    if env_id in ENV_SPECS:
-        module, _, attr = ENV_SPECS[env_id][0].partition(":")
+    record = env_record(env_id)
+    module, attr = _entry(record)
+    if not record.multi_agent:
         cls = getattr(importlib.import_module(module), attr, None)
     else:
-        factory = importlib.import_module(PZ_ENVS[check_env_id(env_id)][0]).parallel_env
+        factory = getattr(importlib.import_module(module), attr)
         try:
             cls = typing.get_type_hints(factory).get("return")
         except Exception:
@@ -164,8 +166,7 @@ def check_env_kwargs(env_id: str, kwargs: dict, *, what: str = "env_kwargs") -> 
         unknown = re.search(r"unexpected keyword argument '([^']+)'", message)
         if not unknown:
             raise ConfigError(f"{what}: {env_id} rejects {kwargs}: {message}") from None
-        entry = ENV_SPECS[env_id][0] if env_id in ENV_SPECS else PZ_ENVS[env_id][0] + ":parallel_env"
-        module, _, attr = entry.partition(":")
+        module, attr = _entry(env_record(env_id))
         import importlib
 
         mod = importlib.import_module(module)

@@ -5,23 +5,23 @@
 | | |
 |---|---|
 | Agents | `warehouse_0` … `warehouse_{W-1}` (default W = 3) |
-| Action space (per agent) | `Dict(order=MultiBinary(N), quantity=Box(0, q_max, (N,), float32))`, as Replenishment-v0 |
-| Observation space (per agent) | Replenishment-v0's dict plus `supply_fill` (N,): last period's supplier fill ratio |
+| Action space (per agent) | `Dict(order=MultiBinary(N), quantity=Box(0, q_max, (N,), float32))`, as replenishment |
+| Observation space (per agent) | replenishment's dict plus `supply_fill` (N,): last period's supplier fill ratio |
 | Import | `from shopsim.envs.multi_warehouse import parallel_env, env` |
 
 Each warehouse has its own SKU parameters and demand (warehouse w of task t uses `make_scenario(64·t + w)`), and
-follows Replenishment-v0's dynamics (`step_numpy`). The coupling: one supplier ships at most
+follows the replenishment env's dynamics (`step_numpy`). The coupling: one supplier ships at most
 `capacity_i = supplier_capacity · Σ_w mean_{w,i}` units of SKU i per period; when the warehouses' orders for SKU i
 exceed it, every order is scaled by capacity_i / Σ_w q_{w,i} (proportional allocation, `allocate`). The allocation
 is piecewise smooth, so HPO's pathwise gradient crosses agents through it (`allocate_torch`).
 
 Rewards: each agent gets minus its own period cost; with `team_reward=True` every agent gets minus the mean cost
-over warehouses. Actions outside the space raise `InvalidActionError` (the Replenishment-v0 rule); a missing
+over warehouses. Actions outside the space raise `InvalidActionError` (the replenishment env's rule); a missing
 agent's action also raises. All agents terminate together after `horizon` periods (never truncated). The final
 infos hold `episode_metrics` per warehouse (its reported cost, fill rate and order rate) plus `team_cost` (the sum
 over warehouses) and `team_fill_rate` (over all warehouses' demand). Each reset info names the warehouse's
 scenario (`scenario`: its task id for `make_scenario` and the config), so that a reference policy can tune itself
-on it exactly as on Replenishment-v0.
+on it exactly as on the replenishment env.
 
 Version History: v0 initial version.
 """
@@ -37,6 +37,7 @@ from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
 from shopsim.configs import checked_options
+from shopsim.envs.records import MULTI_WAREHOUSE
 from shopsim.envs.replenishment import (
     PAST_DEMANDS,
     InvalidActionError,
@@ -52,7 +53,7 @@ from shopsim.envs.replenishment import (
 )
 from shopsim.errors import ConfigError, ShopsimError
 
-ENV_ID = "shopsim/MultiWarehouse-v0"
+ENV_ID = MULTI_WAREHOUSE.id
 MAX_WAREHOUSES = 64
 
 
@@ -90,7 +91,7 @@ class MultiWarehouseEnv(ParallelEnv):
 
     metadata = {"name": "multi_warehouse_v0", "render_modes": ["ansi"], "is_parallelizable": True}
 
-    @checked_options("shopsim/MultiWarehouse-v0", config=ReplenishmentConfig)
+    @checked_options(ENV_ID, config=ReplenishmentConfig)
     def __init__(self, n_warehouses: int = 3, supplier_capacity: float = 1.5, team_reward: bool = False,
                  render_mode: str | None = None, **kwargs: Any):
         if not 1 <= int(n_warehouses) <= MAX_WAREHOUSES:
@@ -136,7 +137,7 @@ class MultiWarehouseEnv(ParallelEnv):
         split = options.get("split", "train")
         task_id = options.get("task_id")
         if task_id is None:
-            task_id = draw_task(split, rng, env_name="MultiWarehouse-v0")
+            task_id = draw_task(split, rng, env_name=ENV_ID)
         self.task_id, self.split = int(task_id), split
         cfg = self.config
         self.scenario = stack_scenarios([make_scenario(i, cfg) for i in scenario_ids(self.task_id, self.n_warehouses)])
@@ -194,7 +195,7 @@ class MultiWarehouseEnv(ParallelEnv):
             self._acc += costs
             d = self._demand[t]
             self._demand_sum += d.sum(-1)
-            # demand not served from stock (as Replenishment-v0 counts it): min(d, (d - available)^+)
+            # demand not served from stock (as the replenishment env counts it): min(d, (d - available)^+)
             self._short_sum += np.minimum(np.maximum(d - avail, 0.0), d).sum(-1)
             self._orders += (order * (shipped > 0)).sum(-1)
         self._t = t + 1

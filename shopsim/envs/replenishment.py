@@ -24,10 +24,11 @@ import numpy as np
 from gymnasium import spaces
 
 from shopsim.configs import bounded, check_options, checked_options, validate
+from shopsim.envs.records import REPLENISHMENT
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.splits import load_splits
 
-ENV_ID = "shopsim/Replenishment-v0"
+ENV_ID = REPLENISHMENT.id
 PAST_DEMANDS = 4  # how many past demands the observation shows
 _SALT = 0x5E9A  # separates scenario streams from other uses of the same integer
 
@@ -38,7 +39,7 @@ class InvalidActionError(ShopsimError):
 
 @dataclass(frozen=True)
 class ReplenishmentConfig:
-    """Every knob of Replenishment-v0 (defaults: the HPO paper preset)."""
+    """Every knob of the replenishment env (defaults: the HPO paper preset)."""
 
     n_skus: int = bounded(5, min=1)
     lead_time: int = bounded(2, min=1)
@@ -240,12 +241,13 @@ def step_torch(on_hand, pipeline, order, quantity, demand, holding, backlog, fix
     return StepOut(new_on_hand, new_pipeline, c_h, c_b, c_f, over, total)
 
 
-def load_split(env_name: str = "Replenishment-v0") -> dict:
-    """The split manifest data/splits/<env_name>.json (train range, dev and test id lists; `shopsim.splits`)."""
+def load_split(env_name: str = ENV_ID) -> dict:
+    """The split manifest of env `env_name` (its record's split file: train range, dev and test id lists;
+    `shopsim.splits`)."""
     return load_splits(env_name)
 
 
-def draw_task(split: str, rng: np.random.Generator, env_name: str = "Replenishment-v0") -> int:
+def draw_task(split: str, rng: np.random.Generator, env_name: str = ENV_ID) -> int:
     """A task id of `split` drawn with `rng` (train: uniform over the range; dev/test: uniform over the list)."""
     manifest = load_split(env_name)
     if split not in ("train", "dev", "test"):
@@ -339,7 +341,7 @@ class ReplenishmentEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    @checked_options("shopsim/Replenishment-v0", config=ReplenishmentConfig)
+    @checked_options(ENV_ID, config=ReplenishmentConfig)
     def __init__(self, config: ReplenishmentConfig | None = None, render_mode: str | None = None, **kwargs: Any):
         if config is None:
             config = ReplenishmentConfig.from_dict(kwargs)

@@ -18,8 +18,8 @@ of the CA-PG family (`baselines.capg`) use it directly. `TwoStageRetrievalEnv` i
 episode, one step.
 
 Task ids: a task id is a context (user) seed; the context is a pure function of (base_seed, task id), computed with a
-vectorised counter-based hash so that a batch of ids maps to contexts in one call. Splits live in
-``data/splits/TwoStageRetrieval-v0.json``.
+vectorised counter-based hash so that a batch of ids maps to contexts in one call. Splits live in the record's split
+file (``data/splits/<Name-vN>.json``).
 
 Invalid actions (documented rule): in the Gymnasium env an action with the wrong length, an out-of-range id or a
 repeated id is an *invalid step*: reward 0.0, the episode ends, ``info["invalid_action"]`` says why. The batch API
@@ -38,11 +38,12 @@ import numpy as np
 from gymnasium import spaces
 
 from shopsim.configs import checked_options
+from shopsim.envs.records import TWO_STAGE_RETRIEVAL
 from shopsim.errors import ConfigError, ShopsimError
 from shopsim.splits import load_splits as _load_manifest
 from shopsim.splits import read_manifest
 
-ENV_ID = "shopsim/TwoStageRetrieval-v0"
+ENV_ID = TWO_STAGE_RETRIEVAL.id
 LSR_KINDS = ("optimal", "noisy", "uniform", "anti")
 ITEM_SOURCES = ("synthetic", "catalog")
 
@@ -318,7 +319,7 @@ class TwoStageRetrievalSim:
 
 # ---------------------------------------------------------------------- splits
 def load_splits(path: Path | None = None) -> dict:
-    """The split manifest data/splits/TwoStageRetrieval-v0.json, or the one at `path` (`shopsim.splits`)."""
+    """The env's split manifest (its record's split file), or the one at `path` (`shopsim.splits`)."""
     return read_manifest(path) if path is not None else _load_manifest(ENV_ID)
 
 
@@ -372,7 +373,7 @@ class TwoStageRetrievalEnv(gym.Env):
 
     metadata: ClassVar[dict] = {"render_modes": ["ansi"], "render_fps": 1}
 
-    @checked_options("shopsim/TwoStageRetrieval-v0", config=TwoStageRetrievalConfig)
+    @checked_options(ENV_ID, config=TwoStageRetrievalConfig)
     def __init__(self, render_mode: str | None = None, **config) -> None:
         self.config = TwoStageRetrievalConfig(**config)
         self.sim = TwoStageRetrievalSim(self.config)

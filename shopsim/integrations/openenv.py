@@ -1,4 +1,4 @@
-"""Shopping-v0 behind an OpenEnv (``openenv-core``) server, with typed action, observation and state models.
+"""The shopping env behind an OpenEnv (``openenv-core``) server, with typed action, observation and state models.
 
 OpenEnv serves an environment as a FastAPI app: each WebSocket session (``/ws``) gets its own environment instance
 built by a factory, and clients (`openenv.core.EnvClient` subclasses) send ``reset`` / ``step`` / ``state``
@@ -16,7 +16,7 @@ messages whose payloads are the pydantic models below. This module provides
   ``SUPPORTS_CONCURRENT_SESSIONS`` is True and one server holds many sessions;
 * `ShoppingClient`: the `EnvClient` for it (async; ``.sync()`` for a blocking client; ``token=`` for a server that
   has one);
-* `create_shopping_app` / `serve`: the app and a uvicorn runner, which ``shopsim serve --env shopsim/Shopping-v0
+* `create_shopping_app` / `serve`: the app and a uvicorn runner, which ``shopsim serve --env <env id>
   --port P`` calls; `background_server` runs the same app on a thread of this process (tests, benchmarks,
   notebooks). The app speaks OpenEnv's WebSocket protocol on ``/ws`` (one env per session) within the limits of a
   `ServePolicy` (`shopsim.integrations.serve_guard`): at most ``max_sessions`` sessions and ``per_client`` of them
@@ -56,6 +56,7 @@ from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from shopsim.envs.records import SHOPPING
 from shopsim.errors import ConfigError
 from shopsim.integrations.serve_guard import TOKEN_ENV, GuardMiddleware, ServePolicy, client_address, is_loopback
 
@@ -63,12 +64,12 @@ __all__ = ["SERVABLE", "ServePolicy", "ShoppingAction", "ShoppingClient", "Shopp
            "ShoppingObservation", "ShoppingState", "background_server", "create_shopping_app", "prepare_server",
            "serve"]
 
-#: env ids `serve` can expose
-SERVABLE = ("shopsim/Shopping-v0",)
+#: env ids `serve` can expose: the shopping env, whose `ShoppingEnvironment` this module defines
+SERVABLE = (SHOPPING.id,)
 
 
 class ShoppingAction(Action):
-    """One Shopping-v0 action: ``text`` (the text grammar or a JSON tool-call string) or ``tool`` + ``arguments``."""
+    """One shopping-env action: ``text`` (the text grammar or a JSON tool-call string) or ``tool`` + ``arguments``."""
 
     text: str | None = Field(default=None, description="An action in the text grammar, e.g. 'search[boots]'")
     tool: str | None = Field(default=None, description="A tool name, e.g. 'search'")
@@ -133,7 +134,7 @@ class ShoppingEnvironment(Environment[ShoppingAction, ShoppingObservation, Shopp
     def reset(self, seed: int | None = None, episode_id: str | None = None, split: str | None = None,
               task_id: int | None = None, family: str | None = None, strategy: str | None = None
               ) -> ShoppingObservation:
-        """Start an episode; `split`, `task_id`, `family`, `strategy` are Shopping-v0's reset options."""
+        """Start an episode; `split`, `task_id`, `family`, `strategy` are the shopping env's reset options."""
         options = {k: v for k, v in (("split", split), ("task_id", task_id), ("family", family),
                                      ("strategy", strategy)) if v is not None}
         obs, info = self.env.reset(seed=seed, options=options)
@@ -286,7 +287,7 @@ async def _answer(env: ShoppingEnvironment, raw: str) -> str | None:
             options = WSResetMessage.model_validate(message).data
             unknown = sorted(set(options) - set(RESET_OPTIONS))
             if unknown:
-                return _error(f"unknown reset option(s) {', '.join(map(str, unknown))}; Shopping-v0 takes "
+                return _error(f"unknown reset option(s) {', '.join(map(str, unknown))}; the shopping env takes "
                               f"{', '.join(RESET_OPTIONS)}", WSErrorCode.VALIDATION_ERROR)
             obs = await asyncio.to_thread(env.reset, **options)
         elif kind == "step":
@@ -379,7 +380,7 @@ def _check_app_args(env_id: str, env_kwargs: dict) -> None:
     check_env_kwargs(env_id, env_kwargs, what="--env-kwargs")
 
 
-def create_shopping_app(env_id: str = "shopsim/Shopping-v0", *, max_concurrent_envs: int = 8,
+def create_shopping_app(env_id: str = SHOPPING.id, *, max_concurrent_envs: int = 8,
                         policy: ServePolicy | None = None, warm: bool = True, **env_kwargs):
     """The FastAPI app serving `env_id`: one env per WebSocket session (``/ws``, the OpenEnv protocol's reset /
     step / state / close messages), within `policy`'s limits and access rules (default: ``ServePolicy(
@@ -455,7 +456,7 @@ def bind_port(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another --host or --port") from None
 
 
-def prepare_server(env_id: str = "shopsim/Shopping-v0", *, host: str = "127.0.0.1", port: int = 8000,
+def prepare_server(env_id: str = SHOPPING.id, *, host: str = "127.0.0.1", port: int = 8000,
                    policy: ServePolicy | None = None, log_level: str = "warning", **env_kwargs):
     """Everything `serve` does before serving: check the env id and options, bind the port, build the app (and
     one env). Returns ``(uvicorn.Server, socket)``; ``server.run(sockets=[sock])`` serves. Every refusal is a
@@ -476,7 +477,7 @@ def prepare_server(env_id: str = "shopsim/Shopping-v0", *, host: str = "127.0.0.
     return uvicorn.Server(config), sock
 
 
-def serve(env_id: str = "shopsim/Shopping-v0", *, host: str = "127.0.0.1", port: int = 8000,
+def serve(env_id: str = SHOPPING.id, *, host: str = "127.0.0.1", port: int = 8000,
           max_concurrent_envs: int = 8, log_level: str = "warning", policy: ServePolicy | None = None,
           **env_kwargs) -> None:
     """Serve `env_id` with uvicorn until interrupted (`prepare_server`, then run)."""
@@ -486,7 +487,7 @@ def serve(env_id: str = "shopsim/Shopping-v0", *, host: str = "127.0.0.1", port:
 
 
 @contextlib.contextmanager
-def background_server(env_id: str = "shopsim/Shopping-v0", *, host: str = "127.0.0.1", port: int = 0,
+def background_server(env_id: str = SHOPPING.id, *, host: str = "127.0.0.1", port: int = 0,
                       max_concurrent_envs: int = 8, startup_timeout_s: float = 60.0,
                       policy: ServePolicy | None = None, **env_kwargs) -> Iterator[str]:
     """Run the server on a daemon thread of this process; yields its base URL (``port=0``: a free port) and stops

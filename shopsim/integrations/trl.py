@@ -1,4 +1,4 @@
-"""Shopping-v0 as an environment class for TRL's ``GRPOTrainer(environment_factory=...)`` (docs/clients.md).
+"""The shopping env as an environment class for TRL's ``GRPOTrainer(environment_factory=...)`` (docs/clients.md).
 
 TRL (``trl>=1.0``) trains tool-using agents through an *environment factory*: a callable returning an object
 whose ``reset(**row)`` starts an episode (the dataset row's columns are its keyword arguments; a returned string is
@@ -110,7 +110,7 @@ class _ShoppingToolEnvBase:
 
     def reset(self, split: str | None = None, task_id: int | None = None, family: str | None = None,
               seed: int | None = None, strategy: str | None = None, **row) -> str:
-        """Start the episode of the row's task (the Shopping-v0 reset options; other columns such as ``prompt``
+        """Start the episode of the row's task (the shopping env's reset options; other columns such as ``prompt``
         are ignored) and return its first page."""
         options = {k: v for k, v in (("split", split), ("task_id", task_id), ("family", family),
                                      ("strategy", strategy)) if v is not None}
@@ -147,7 +147,7 @@ def environment_class(tools: dict | None = None, name: str = "ShoppingToolEnv", 
         # (the catalog is memoised, so the instances TRL builds later do not pay for it again)
         tools = ShoppingEnv(**env_kwargs).tools
     namespace: dict[str, Any] = {"_env_kwargs": dict(env_kwargs), "_tools": dict(tools), "__module__": __name__,
-                                 "__doc__": f"Shopping-v0 tools for TRL: {', '.join(tools)}."}
+                                 "__doc__": f"Shopping-env tools for TRL: {', '.join(tools)}."}
     for tool in tools.values():
         if tool.name in _RESERVED or tool.name.startswith("_") or tool.name in namespace:
             raise ConfigError(f"tool name {tool.name!r} clashes with the TRL environment interface "
@@ -157,7 +157,7 @@ def environment_class(tools: dict | None = None, name: str = "ShoppingToolEnv", 
 
 
 def shopping_environment(**env_kwargs):
-    """The ``environment_factory`` for GRPOTrainer: a class whose instances play Shopping-v0 with `env_kwargs`
+    """The ``environment_factory`` for GRPOTrainer: a class whose instances play the shopping env with `env_kwargs`
     (e.g. ``catalog_size=2000, family="find_and_buy", max_turns=10``)."""
     return environment_class(**env_kwargs)
 

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from shopsim.leaderboard.protocols import FAMILY_METRICS, LOWER_IS_BETTER
+from shopsim.envs.record import lower_is_better, table_metrics
 from shopsim.leaderboard.tables import columns_for, family, slug
 
 #: family -> metrics.csv columns that measure what the family optimises, in order of preference; a run's learning
@@ -152,7 +152,7 @@ def bar_chart(key: str, rows: list[dict], metric: str, out_dir: Path) -> Path | 
         return None
     plt = _plt()
     ref = COST_REFERENCE.get(family(rows))
-    relative = metric in LOWER_IS_BETTER and ref is not None and all(ref[1] in r["metrics"] for r in ok)
+    relative = lower_is_better(metric) and ref is not None and all(ref[1] in r["metrics"] for r in ok)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.75 * len(ok) + 2), 3.2))
     colors = ["#888888" if r["kind"] == "reference" else "#3b6fb6" for r in ok]
     if relative:
@@ -180,9 +180,9 @@ def bar_chart(key: str, rows: list[dict], metric: str, out_dir: Path) -> Path | 
         errs = [_interval(r["metrics"][metric]) for r in ok]
         ax.bar(range(len(ok)), means, yerr=list(zip(*errs, strict=True)), color=colors, capsize=3)
         ax.set_ylabel(metric, fontsize=8)
-        if metric in LOWER_IS_BETTER and min(means) > 0 and max(means) / min(means) > 10:
+        if lower_is_better(metric) and min(means) > 0 and max(means) / min(means) > 10:
             ax.set_yscale("log")  # one far-off row (a random agent's cost) would squash the rest
-        better = "lower" if metric in LOWER_IS_BETTER else "higher"
+        better = "lower" if lower_is_better(metric) else "higher"
         ax.set_title(f"{metric}\n({better} is better; bars: 95% interval)", fontsize=9)
     ax.set_xticks(range(len(ok)), [r["entry"] for r in ok], rotation=30, ha="right")
     fig.tight_layout()
@@ -191,7 +191,8 @@ def bar_chart(key: str, rows: list[dict], metric: str, out_dir: Path) -> Path | 
 
 def family_chart(key: str, rows: list[dict], out_dir: Path) -> Path | None:
     """Shopping: success per task family (``success/<family>`` metrics), grouped by family, one bar per entry."""
-    names = [m for m in FAMILY_METRICS.get(family(rows), ()) if m.startswith("success/")]
+    env_id = next((r.get("env_id") for r in rows if r.get("env_id")), "") or ""
+    names = [m for m in table_metrics(env_id, family(rows)) if m.startswith("success/")]
     names += sorted({m for r in rows for m in r.get("metrics", {}) if m.startswith("success/")} - set(names))
     ok = [r for r in rows if r["status"] == "ok" and any(m in r["metrics"] for m in names)]
     names = [m for m in names if any(m in r["metrics"] for r in ok)]
@@ -238,7 +239,7 @@ def curves_chart(key: str, rows: list[dict], out_dir: Path) -> Path | None:
         values = [v for c in mine for v in c.lo + c.hi]
         if "cost" in metric and min(values) > 0 and max(values) / min(values) > 10:
             ax.set_yscale("log")  # early costs can be orders of magnitude above the converged ones
-        better = "lower" if "cost" in metric or metric in LOWER_IS_BETTER else "higher"
+        better = "lower" if "cost" in metric or lower_is_better(metric) else "higher"
         ax.set_title(f"{metric} ({better} is better)", fontsize=9)
         ax.set_xlabel("iteration", fontsize=8)
         ax.tick_params(labelsize=7)

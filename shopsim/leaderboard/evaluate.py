@@ -10,7 +10,7 @@ with a reference policy (``protocol.reference``; replenishment: the (s, S) polic
 per process and protocol (`reference_run`), and every entry gets ``gap_to_s_S_pct`` (a paired bootstrap). When the
 agent being evaluated *is* the reference (same name and env), its own run is reused instead of running it twice.
 
-PettingZoo envs (MultiWarehouse-v0) run through `parallel_records`: the env's parallel API, every agent of every
+PettingZoo envs (the multi-warehouse env) run through `parallel_records`: the env's parallel API, every agent of every
 episode one slot of the evaluated agent (which acts for each warehouse on that warehouse's own observation), one
 record per episode with the total (team) cost, each agent's cost (``cost/<agent>``) and the pooled fill rate.
 

@@ -51,8 +51,6 @@ Z_975 = 1.959963984540054
 #: bootstrap resamples per interval and the generator seed (fixed: the same records give the same interval)
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-#: metrics that are a share of episodes (Wilson interval); ``success/<family>`` is matched by prefix
-RATE_METRICS = frozenset({"success", "success_rate"})
 #: two-sided 95% Student-t critical values t_{0.975, df} for df = 1..30; larger df use the normal 1.96
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -286,7 +284,11 @@ def bootstrap_runs_tasks(matrix, reference=None, *, resamples: int = BOOTSTRAP_R
 
 
 def is_rate(metric: str) -> bool:
-    return metric in RATE_METRICS or metric.startswith("success/")
+    """Whether `metric` is a share of episodes (a Wilson interval): the metric registry's ``interval``
+    (`shopsim.envs.record.METRICS`; ``success/<family>`` by prefix)."""
+    from shopsim.envs.record import is_rate as registered_rate
+
+    return registered_rate(metric)
 
 
 def task_values(records: Sequence[Mapping]) -> dict[str, dict]:

@@ -2,18 +2,20 @@
 
 `to_html(results, plots)` writes, per table (an env, or an env and protocol when an env has several):
 
-* a paragraph on the env (`ENV_TEXT`) and the protocol line (split, tasks × tries, eval seeds), and, where the env
-  has results under several protocols, a note of what differs between them (rows are ranked within a protocol only);
+* a paragraph on the env (its record's ``description``, `shopsim.envs.records`) and the protocol line (split,
+  tasks × tries, eval seeds), and, where the env has results under several protocols, a note of what differs
+  between them (rows are ranked within a protocol only);
 * the table, best first on the primary metric: a rank column, the entry, its kind and tier (the budget mode it was
   trained at), every metric as the mean with its 95% interval below it, budget and status; click a header to sort;
-* one paragraph per shown metric (`METRIC_TEXT`: what it measures and which direction is better);
+* one paragraph per shown metric (the metric registry, `shopsim.envs.record.METRICS`: what it measures and which
+  direction is better);
 * the charts (`shopsim.leaderboard.charts`: primary metric, Shopping's per-family success, learning curves), inlined
   as base64 PNG;
 * provenance per row: creation date, shopsim version, git commit, wall time, eval seeds, config hash and the command
   that reproduces the row (the results file's ``command`` if it records one, else derived from the file), and the
   command that adds your own algorithm to the table.
 
-Tabs are links: ``index.html#Replenishment-v0`` opens that tab, and the address follows the tab shown. The page's
+Tabs are links: ``index.html#<Name-vN>`` opens that tab, and the address follows the tab shown. The page's
 script ends with ``document.body.dataset.ready = "1"``, records a script error in ``document.body.dataset.jsError``
 and, once laid out, the page's ``scrollWidth`` and ``clientWidth`` (so a headless browser test can check that the
 tables fit the window).
@@ -27,85 +29,27 @@ import json
 import shlex
 from pathlib import Path
 
-from shopsim.leaderboard.protocols import LOWER_IS_BETTER, record_key
+from shopsim.envs.record import find_record, lower_is_better, metric
+from shopsim.leaderboard.protocols import record_key
 from shopsim.leaderboard.tables import columns_for, group_by_env, slug
 
-#: env id -> what the env is and what its leaderboard measures
-ENV_TEXT: dict[str, str] = {
-    "shopsim/Shopping-v0": (
-        "A multi-turn text shop: the agent searches a catalog, opens products, picks options, asks the simulated "
-        "customer questions and buys, across four task families (find_and_buy, clarify_and_buy with hidden "
-        "constraints, bundle under a budget, after_sales under a written policy, graded on the final order database). "
-        "The primary metric is the success rate; the per-family columns and chart show where an agent fails."),
-    "shopsim/ProactiveRec-v0": (
-        "Proactive recommendation: the agent emits up to 10 items as semantic IDs to steer a simulated user's "
-        "interest from their history toward a far target item. Rows are ranked by return, the fused reward of the "
-        "three ProRL components: IoI (interest in the target), IoR (its rank) and CTR (acceptance)."),
-    "shopsim/TwoStageRetrieval-v0": (
-        "Two-stage recommendation as a contextual bandit (the CA-PG setting): the retriever picks K candidates out of "
-        "the catalog and a fixed later-stage ranker shows some of them. Rows are ranked by the policy value, the "
-        "expected reward of the items shown; regret is the gap to the best candidate set."),
-    "shopsim/Replenishment-v0": (
-        "Periodic-review inventory control of several SKUs with lead times, stochastic demand, holding, backlog and "
-        "fixed ordering costs. Rows are ranked by cost (lower is better); the reference is the (s, S) policy, and "
-        "each row's gap to it is measured on the same demand paths."),
-    "shopsim/Replenishment-v0:seasonal": (
-        "Replenishment-v0's seasonal scenario: the same SKUs with seasonal demand (mean × (1 + 0.7·sin(2πt/20 + "
-        "phase)), five seasons per episode) and a shared capacity of 100 on-hand units, above which every unit "
-        "costs 5 per period. A stationary (s, S) rule is not optimal here: the reference is the same (s, S) rule as "
-        "on the default scenario (one pair of levels per SKU for the whole episode, tuned per SKU without the "
-        "shared capacity), and a learned policy can follow the season and keep the stock under the capacity."),
-    "shopsim/MultiWarehouse-v0": (
-        "Several warehouses (PettingZoo agents) replenish from one supplier of limited capacity that allocates "
-        "proportionally; the evaluation runs the PettingZoo parallel env, one agent action per warehouse and "
-        "period. Rows are ranked by total (team) cost, the sum of every warehouse's cost, with each warehouse's "
-        "own cost beside it; the reference is (s, S) per warehouse (each warehouse tunes and runs its own (s, S) "
-        "on its own observation, ignoring the shared supplier)."),
-}
-#: family -> fallback paragraph for envs without their own entry in `ENV_TEXT`
-FAMILY_TEXT: dict[str, str] = {
-    "shopping": "A text shopping env; rows are ranked by success rate.",
-    "rec": "A recommendation env; rows are ranked by return.",
-    "retrieval": "A retrieval env; rows are ranked by policy value.",
-    "inventory": "An inventory env; rows are ranked by cost (lower is better).",
-}
-#: metric -> what it measures (the direction is added from `LOWER_IS_BETTER`)
-METRIC_TEXT: dict[str, str] = {
-    "success_rate": "share of episodes the env grades a success.",
-    "score": "the env's episode score (Shopping: the purchase grade in [0, 1], partial credit for near misses).",
-    "return": "sum of rewards over the episode.",
-    "turns": "actions per episode.",
-    "tokens": "tokens the language agent generated per episode.",
-    "invalid_rate": "share of actions the env rejected as invalid (unparsable, or a tool call that failed).",
-    "IoI": "Increase of Interest: the rise of log P(target | history) over the episode (ProRL).",
-    "IoR": "Increase of Rank: how many positions the target item rose in the user's ranking (ProRL).",
-    "CTR": "mean probability that the user accepts a recommended item.",
-    "length": "items recommended before stopping (at most 10); very short paths mean a collapsed policy.",
-    "policy_value": "expected reward of the items the ranker shows from the retrieved candidates (without noise).",
-    "regret": "value of the best candidate set minus the policy value.",
-    "recall": "share of the best K items (by true relevance) among the retrieved candidates.",
-    "cost": "holding, backlog and fixed ordering cost of an episode after the warm-up periods.",
-    "gap_to_s_S_pct": "cost relative to the (s, S) policy on the same episodes, in % (0 = equal, −10 = 10% cheaper).",
-    "fill_rate": "share of demand served from stock.",
-    "order_rate": "share of (SKU, period) pairs with an order.",
-}
+
+def env_text(key: str) -> str:
+    """The paragraph on a leaderboard key's env: its scenario's description, else its record's (empty for an env
+    without a record)."""
+    env_id, _, scenario = key.partition(":")
+    record = find_record(env_id)
+    if record is None:
+        return ""
+    found = record.scenarios.get(scenario) if scenario else None
+    return (found.description if found is not None else "") or record.description
 
 
-def metric_text(metric: str) -> str:
-    """What `metric` measures and which direction is better."""
-    if metric in METRIC_TEXT:
-        text = METRIC_TEXT[metric]
-    elif metric.startswith("cost/"):
-        text = f"the cost of {metric.split('/', 1)[1]} alone (the total cost is the sum over agents)."
-    elif metric.startswith("success/"):
-        text = f"success rate on the tasks of the {metric.split('/', 1)[1]} family."
-    elif metric.startswith("pass^"):
-        k = metric[5:]
-        text = (f"probability that all {k} tries of a task succeed (τ-bench's pass^k, the mean over tasks of "
-                f"C(c, {k}) / C(n, {k})); it falls with k unless the agent is consistent.")
-    else:
-        text = "a metric the env reports at the end of an episode."
-    better = "lower" if metric in LOWER_IS_BETTER or metric.startswith("cost/") else "higher"
+def metric_text(name: str) -> str:
+    """What metric `name` measures and which direction is better (the metric registry, `metric`)."""
+    m = metric(name)
+    text = m.text if m is not None else "a metric the env reports at the end of an episode."
+    better = "lower" if lower_is_better(name) else "higher"
     return f"{text} {better.capitalize()} is better."
 
 
@@ -387,9 +331,7 @@ def to_html(results: list[dict], plots: dict[str, list[Path]] | None = None, tit
         tab = slug(key)
         nav.append(f'<a href="#{esc(tab)}" data-tab="{esc(tab)}">{esc(tab)}</a>')
         cols = columns_for(rows)
-        env_id = rows[0]["env_id"]
-        about = (ENV_TEXT.get(record_key(rows[0])) or ENV_TEXT.get(env_id)
-                 or FAMILY_TEXT.get(rows[0].get("family") or "", ""))
+        about = env_text(record_key(rows[0]))
         desc = _protocol_desc(rows)
         proto = (f"Protocol: split {desc['split']}, {desc['tasks']} tasks × {desc['tries']} tries per eval seed, "
                  f"eval seeds {desc['eval seeds']}" + (f", env options {desc['env options']}"

@@ -3,17 +3,22 @@
 An evaluation split is a fixed list of task ids in ``data/splits/<Name-vN>.json`` that training
 never samples. The file is shared with the env (which resolves ``reset(options={"split": ..., "task_id": ...})``)::
 
-    {"env_id": "shopsim/Shopping-v0", "train": {"range": [lo, hi]}, "dev": [...], "test": [...],
+    {"env_id": "<env id>", "train": {"range": [lo, hi]}, "dev": [...], "test": [...],
      "eval_seeds": [0, 1, 2], "tries": 4}
 
 ``tries`` (optional, default 4) is the number of episodes per task and eval seed; pass^k needs ``tries >= k``, and
 the leaderboard reports k = 1..4 as τ-bench does. An eval seed fixes the per-episode reset seeds (see
 `Protocol.episode_seed`), so a protocol names every episode exactly (`Protocol.hash`); confidence intervals are
 taken over tasks (`shopsim.leaderboard.metrics`). By default an evaluation uses the first tasks, tries and eval seeds
-of `PROTOCOL_SIZE` rather than the whole split.
+of the env record's ``protocol_size`` (`shopsim.envs.record.EnvRecord`) rather than the whole split.
 
-Which metrics a table shows depends on the env family (`FAMILY_METRICS`); the results file stores every metric
-the episodes produced, so a table can be re-rendered with other columns later.
+Which metrics a table shows, and the reference agent of the gap metric, are the env record's (``metrics``,
+``gap_reference``); the results file stores every metric the episodes produced, so a table can be re-rendered with
+other columns later. An env's scenarios (``scenarios`` in its record) are further leaderboard sections, each evaluated
+(and its baselines trained) with the scenario's env options: a scenario's protocol carries them in
+`Protocol.env_kwargs`, so its protocol hash differs from the env's default one and its rows get their own table; its
+leaderboard key is ``<env id>:<name>`` (``shopsim bench --envs <Name-vN>:<name>``) and its results live in
+``<Name-vN>_<name>/``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from shopsim.envs.record import DEFAULT_METRICS, find_record, table_metrics
 from shopsim.errors import ConfigError, DatasetError
 from shopsim.splits import load_splits, splits_path
 
@@ -30,53 +36,16 @@ MAX_K = 4
 #: reset seed of try j of task i under eval seed s: s * SEED_STRIDE + i * tries + j (see `Protocol.episode_seed`)
 SEED_STRIDE = 100_000
 
-#: family -> table columns (metric names as in the results file), first = the column the table is sorted by
-FAMILY_METRICS: dict[str, tuple[str, ...]] = {
-    "shopping": ("success_rate", "success/find_and_buy", "success/clarify_and_buy", "success/bundle",
-                 "success/after_sales", "success/personalized_buy", "score", "pass^1", "pass^2", "pass^3", "pass^4",
-                 "turns", "tokens", "invalid_rate"),
-    "rec": ("return", "IoI", "IoR", "CTR", "length", "success_rate"),
-    "retrieval": ("policy_value", "regret", "recall", "success_rate"),
-    "inventory": ("cost", "gap_to_s_S_pct", "fill_rate", "order_rate"),
-}
-DEFAULT_METRICS: tuple[str, ...] = ("success_rate", "score", "return", "pass^1", "pass^4", "turns")
-#: metrics where lower is better (the table sorts ascending on them)
-LOWER_IS_BETTER = frozenset({"cost", "gap_to_s_S_pct", "turns", "tokens", "invalid_rate", "regret"})
-#: family -> the reference agent whose per-seed cost every entry's gap is measured against (same episodes)
-FAMILY_REFERENCE: dict[str, str] = {"inventory": "s_S"}
-
-#: env id -> the default evaluation size: the first `tasks` test (or dev) tasks, `tries` per task, these eval seeds.
-#: Sized so that the 95% intervals over tasks are tight at a fraction of the whole split (measured on the reference
-#: agents, docs/leaderboard.md): independent tasks carry more information per episode than repeated tries, so the
-#: numeric envs use one try and one eval seed. Shopping keeps 4 tries (pass^1..4) and has 100 tasks, i.e. 100
-#: episodes per task family, for a Wilson interval under ±0.1 on every family. `load_protocol(sized=False)` (``shopsim
-#: eval --whole-split``) uses the split file's whole list, its eval seeds and tries.
-PROTOCOL_SIZE: dict[str, dict] = {
-    "shopsim/Shopping-v0": {"tasks": 100, "tries": 4, "seeds": (0,)},
-    "shopsim/ProactiveRec-v0": {"tasks": 256, "tries": 1, "seeds": (0,)},
-    "shopsim/TwoStageRetrieval-v0": {"tasks": 4000, "tries": 1, "seeds": (0,)},
-    "shopsim/Replenishment-v0": {"tasks": 256, "tries": 1, "seeds": (0,)},
-    "shopsim/MultiWarehouse-v0": {"tasks": 128, "tries": 1, "seeds": (0,)},
-}
-
-#: env id -> scenario name -> env options: further leaderboard sections of an env, each evaluated (and its baselines
-#: trained) with these options. A scenario's protocol carries them in `Protocol.env_kwargs`, so its protocol hash
-#: differs from the env's default one and its rows get their own table; its leaderboard key is ``<env id>:<name>``
-#: (``shopsim bench --envs Replenishment-v0:seasonal``) and its results live in ``<Env-vN>_<name>/``.
-#:
-#: ``seasonal``: demand with a seasonal factor 1 + 0.7·sin(2πt/20 + phase_i) (a season of 20 periods, 5 per
-#: 100-period episode) and a shared warehouse capacity of 100 on-hand units (about two periods of total mean demand)
-#: above which every unit costs 5 per period. A stationary (s, S) rule is not optimal here: its levels cannot follow
-#: the season, and its per-SKU tuning ignores the shared capacity (its batches overflow at the peaks).
-SCENARIOS: dict[str, dict[str, dict]] = {
-    "shopsim/Replenishment-v0": {
-        "seasonal": {"seasonality": 0.7, "season_period": 20, "capacity": 100.0, "overflow_cost": 5.0},
-    },
-}
 SCENARIO_SEP = ":"
 
 #: `Protocol.decoding` values: arg-max decoding, or the agent's own sampling
 DECODINGS = ("greedy", "sample")
+
+
+def scenarios_of(env_id: str) -> dict:
+    """Scenario name -> `shopsim.envs.record.Scenario` of `env_id` (empty for an env without a record)."""
+    record = find_record(env_id)
+    return dict(record.scenarios) if record is not None else {}
 
 
 def split_key(key: str) -> tuple[str, str | None]:
@@ -85,10 +54,10 @@ def split_key(key: str) -> tuple[str, str | None]:
     env_id, sep, scenario = key.partition(SCENARIO_SEP)
     if not sep:
         return key, None
-    known = SCENARIOS.get(env_id, {})
+    known = scenarios_of(env_id)
     if scenario not in known:
         raise ConfigError(f"{env_id} has no leaderboard scenario {scenario!r}; choose one of "
-                          f"{', '.join(known) or '(none)'} (shopsim.leaderboard.protocols.SCENARIOS)")
+                          f"{', '.join(known) or '(none)'} (the scenarios of its record, shopsim.envs.records)")
     return env_id, scenario
 
 
@@ -98,7 +67,7 @@ def board_key(env_id: str, scenario: str | None = None) -> str:
 
 
 def key_slug(key: str) -> str:
-    """The folder name of a leaderboard key's results: ``Replenishment-v0`` or ``Replenishment-v0_seasonal``."""
+    """The folder name of a leaderboard key's results: ``<Name-vN>`` or ``<Name-vN>_<scenario>``."""
     env_id, scenario = split_key(key)
     name = env_id.split("/")[-1]
     return f"{name}_{scenario}" if scenario else name
@@ -111,7 +80,7 @@ def record_key(rec: dict) -> str:
 
 def scenario_keys(env_ids: list[str]) -> list[str]:
     """`env_ids` with every scenario key of each env right after it."""
-    return [k for e in env_ids for k in (e, *(board_key(e, s) for s in SCENARIOS.get(e, {})))]
+    return [k for e in env_ids for k in (e, *(board_key(e, s) for s in scenarios_of(e)))]
 
 
 @dataclass(frozen=True)
@@ -128,7 +97,7 @@ class Protocol:
     reference: str | None = None
     env_kwargs: dict = field(default_factory=dict, compare=False, hash=False)
     scenario: str | None = field(default=None, compare=False, hash=False)
-    """The `SCENARIOS` name whose options `env_kwargs` holds (None: the env's defaults)."""
+    """The scenario (of the env record's ``scenarios``) whose options `env_kwargs` holds (None: the env's defaults)."""
     decoding: str = "greedy"
     """How an agent that samples its actions from a language model decodes them (`DECODINGS`): ``greedy``
     (arg-max, the default: every entry of a board is measured at the same decoding, whatever temperature it was
@@ -215,8 +184,9 @@ class Protocol:
 def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None = None,
                   family: str | None = None, sized: bool = True) -> Protocol:
     """The evaluation protocol of `env_id` on `split` ("test" or "dev"), read from its splits file, limited to the
-    env's `PROTOCOL_SIZE` unless `sized` is False. `env_id` may be a scenario key (``<env id>:<scenario>``,
-    `SCENARIOS`): the protocol then runs the same tasks with the scenario's env options."""
+    env record's ``protocol_size`` unless `sized` is False; its table columns and gap reference are the record's.
+    `env_id` may be a scenario key (``<env id>:<scenario>``): the protocol then runs the same tasks with the
+    scenario's env options."""
     env_id, scenario = split_key(env_id)
     if family is None:
         from shopsim.envs import family_of
@@ -240,12 +210,17 @@ def load_protocol(env_id: str, split: str = "test", *, root: str | Path | None =
     tries = spec.get("tries", DEFAULT_TRIES)
     if not isinstance(tries, int) or tries < 1:
         raise DatasetError(f"{path}: 'tries' must be a positive integer, got {tries!r}")
+    record = find_record(env_id)
     protocol = Protocol(env_id=env_id, family=family, split=split, task_ids=tuple(ids), seeds=tuple(seeds),
-                        tries=tries, metrics=FAMILY_METRICS.get(family, DEFAULT_METRICS),
-                        reference=FAMILY_REFERENCE.get(family),
-                        env_kwargs=dict(SCENARIOS[env_id][scenario]) if scenario else {}, scenario=scenario)
-    size = PROTOCOL_SIZE.get(env_id) if sized else None
-    return protocol.limited(**size) if size else protocol
+                        tries=tries, metrics=table_metrics(env_id, family),
+                        reference=record.gap_reference if record is not None else None,
+                        env_kwargs=dict(scenarios_of(env_id)[scenario].env_kwargs) if scenario else {},
+                        scenario=scenario)
+    size = record.protocol_size if record is not None and sized else None
+    if size is None:
+        return protocol
+    return protocol.limited(tasks=size.tasks, seeds=list(size.seeds) if size.seeds is not None else None,
+                            tries=size.tries)
 
 
 def protocol_envs(root: str | Path | None = None) -> list[str]:

@@ -6,7 +6,7 @@ confidence intervals over seeds. Results are files that anyone can re-render (`s
 Schema (``schema_version`` = `SCHEMA_VERSION`)::
 
     {"schema": "shopsim.results", "schema_version": 1,
-     "env_id": "shopsim/Replenishment-v0", "env_version": 0, "family": "inventory", "split": "test",
+     "env_id": "shopsim/<Name-vN>", "env_version": 0, "family": "inventory", "split": "test",
      "task_ids": [...], "seeds": [0, 1, 2], "tries": 4, "episodes": 96, "protocol_hash": "9a0e...",
      "entry": "hpo", "kind": "reference" | "trained" | "agent" | "checkpoint",
      "agent": "module:Class", "algorithm": "hpo" | null, "config": {...}, "config_hash": "1f0c...",
@@ -17,8 +17,8 @@ Schema (``schema_version`` = `SCHEMA_VERSION`)::
      "ci_over": "eval_seeds" | "train_seeds",
      "status": "ok" | "error" | "skipped", "error": null | "message",
      "curve": {"metric": "cost", "x": [iterations...], "per_seed": [[values...], ...]} | null,
-     "command": "shopsim bench --tier standard --envs Replenishment-v0" | null,
-     "scenario": "seasonal", "env_kwargs": {...}  (only on a scenario's rows, `protocols.SCENARIOS`),
+     "command": "shopsim bench --tier standard --envs <Name-vN>" | null,
+     "scenario": "seasonal", "env_kwargs": {...}  (only on a scenario's rows: the env record's scenarios),
      "decoding": "sample"  (only when LM agents sampled; absent: greedy, `Protocol.decoding`),
      "train_seeds": [0, 1, 2] | null,
      "package_version": "0.1.0", "git_commit": "abc123..." | "unknown", "created": "2026-...Z", "wall_s": 12.3}

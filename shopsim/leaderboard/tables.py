@@ -10,12 +10,12 @@ import math
 import re
 
 from shopsim.envs import all_env_ids
-from shopsim.leaderboard.protocols import DEFAULT_METRICS, FAMILY_METRICS, LOWER_IS_BETTER, SCENARIOS, record_key
+from shopsim.envs.record import lower_is_better, table_metrics
+from shopsim.leaderboard.protocols import record_key, scenarios_of
 
 
 def slug(key: str) -> str:
-    """File- and URL-fragment-safe short name of a table key ("shopsim/Replenishment-v0 [protocol 2]" ->
-    "Replenishment-v0_p2")."""
+    """File- and URL-fragment-safe short name of a table key ("shopsim/Name-v0 [protocol 2]" -> "Name-v0_p2")."""
     name = key.split("/")[-1].replace(" [protocol ", "_p").replace("]", "")
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
@@ -25,8 +25,10 @@ def family(rows: list[dict]) -> str:
 
 
 def columns_for(results: list[dict]) -> list[str]:
-    """The family's table metrics that at least one entry has (in the family's order), else the defaults."""
-    wanted = FAMILY_METRICS.get(family(results), DEFAULT_METRICS)
+    """The env record's table metrics that at least one entry has (in the record's order; `table_metrics`), else
+    the first eight metrics the entries have."""
+    env_id = next((r.get("env_id") for r in results if r.get("env_id")), "") or ""
+    wanted = table_metrics(env_id, family(results))
     present = {m for r in results for m in r.get("metrics", {})}
     cols = [m for m in wanted if m in present]
     if "cost" in cols:  # multi-agent envs: each agent's cost (cost/warehouse_0, ...) right after the total
@@ -41,7 +43,7 @@ def _sort_key(row: dict, primary: str | None):
     value = row.get("metrics", {}).get(primary, {}).get("mean") if primary else None
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return (0 if ok else 2, 1, 0.0, row.get("entry", ""))
-    signed = value if primary in LOWER_IS_BETTER else -value
+    signed = value if primary and lower_is_better(primary) else -value
     return (0 if ok else 2, 0, signed, row.get("entry", ""))
 
 
@@ -52,11 +54,11 @@ def _natural(name: str) -> tuple:
 
 
 def _env_order(key: str) -> tuple[int, int, str]:
-    """Registry order (Shopping, ProactiveRec, TwoStageRetrieval, Replenishment, ...), each env's scenarios right
-    after it (`protocols.SCENARIOS` order), unknown ids last."""
+    """Registry order (`shopsim.envs.all_env_ids`), each env's scenarios right after it (its record's order),
+    unknown ids last."""
     env_id, _, scenario = key.partition(":")
     ids = all_env_ids()
-    names = list(SCENARIOS.get(env_id, {}))
+    names = list(scenarios_of(env_id))
     sub = names.index(scenario) + 1 if scenario in names else (0 if not scenario else len(names) + 1)
     return (ids.index(env_id) if env_id in ids else len(ids), sub, key)
 
@@ -69,7 +71,7 @@ def _protocol_key(r: dict) -> str:
 
 def group_by_env(results: list[dict]) -> dict[str, list[dict]]:
     """One table per env id (in registry order), each sorted best first on the env's first table column. A
-    scenario's rows (``scenario`` in the record, `protocols.SCENARIOS`) get their own table keyed
+    scenario's rows (``scenario`` in the results record; the env record's scenarios) get their own table keyed
     ``<env id>:<scenario>``.
 
     Only entries evaluated on the same episodes (the same ``protocol_hash``; for older files the same split, task

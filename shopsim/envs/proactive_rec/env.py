@@ -9,15 +9,17 @@ from gymnasium import spaces
 from shopsim.configs import checked_options
 from shopsim.envs.proactive_rec.scoring import INVALID, STOP, PathScorer, RewardWeights
 from shopsim.envs.proactive_rec.world import DEFAULT_CATALOG_SIZE, HISTORY_LEN, L_MAX, World, get_world
+from shopsim.envs.records import PROACTIVE_REC
 from shopsim.errors import ConfigError
 from shopsim.splits import load_splits
 
+ENV_ID = PROACTIVE_REC.id
 SPLITS = ("train", "dev", "test")
 SEQ_LEN = HISTORY_LEN + L_MAX
 
 
-def load_split(name: str = "ProactiveRec-v0") -> dict:
-    """The split manifest data/splits/<name>.json (`shopsim.splits`)."""
+def load_split(name: str = ENV_ID) -> dict:
+    """The split manifest of env `name` (its record's split file; `shopsim.splits`)."""
     return load_splits(name)
 
 
@@ -60,7 +62,7 @@ class ProactiveRecEnv(gym.Env):
     ## Starting State
     A scenario (task id) = (10-item history from the synthetic user process, far target); a pure function of the
     catalog and the id. `reset(options={"split": s, "task_id": t})` picks it; without `task_id` one is drawn from the
-    split (`data/splits/ProactiveRec-v0.json`) with the env RNG.
+    split (the record's split file, `data/splits/<Name-vN>.json`) with the env RNG.
 
     ## Episode End
     Terminated after EOS or after the 10th recommendation (L_max, part of the task). Never truncated.
@@ -80,7 +82,7 @@ class ProactiveRecEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    @checked_options("shopsim/ProactiveRec-v0")
+    @checked_options(ENV_ID)
     def __init__(self, catalog_size: int = DEFAULT_CATALOG_SIZE, catalog_seed: int = 0, simulator: str = "sasrec",
                  action_mode: str = "semantic_id", w_ctr: float = 1.0, w_ioi: float = 1.0, w_ior: float = 1.0,
                  ior_scale: float | None = None, ctr_offset: float = 2.0, invalid_ioi: float = -2.0,

@@ -1,4 +1,4 @@
-"""Item embeddings and hierarchical semantic IDs for ProactiveRec-v0.
+"""Item embeddings and hierarchical semantic IDs for the proactive-recommendation env.
 
 ProRL (arXiv 2605.28293, §3; code hongruhou89/ProRL) names each item with a 4-token *semantic ID*: three codes from a
 residual k-means (RQ-style) quantisation of the item embedding, plus a collision digit that separates items whose

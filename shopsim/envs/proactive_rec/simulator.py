@@ -1,4 +1,4 @@
-"""The frozen user model of ProactiveRec-v0: P(next item | interaction history).
+"""The frozen user model of the proactive-recommendation env: P(next item | interaction history).
 
 ProRL (arXiv 2605.28293) scores recommendation paths with a frozen SASRec (Kang & McAuley 2018) trained
 on real interaction logs: the user state is the encoder output at the last position, item scores are state · item

@@ -1,4 +1,5 @@
-"""The shared, read-only world of ProactiveRec-v0: items, embeddings, semantic IDs, simulator and scenarios.
+"""The shared, read-only world of the proactive-recommendation env: items, embeddings, semantic IDs, simulator
+and scenarios.
 
 One `World` per (catalog size, catalog seed, simulator kind) per process (`get_world` memoises), so vector-env copies,
 the batched scorer, agents and trainers share it. Building it for a 5k-item catalog takes a few seconds plus, the first

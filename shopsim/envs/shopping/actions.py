@@ -1,4 +1,4 @@
-"""The Shopping-v0 action language: a WebShop-compatible text grammar and an equivalent JSON tool-call form.
+"""The shopping env's action language: a WebShop-compatible text grammar and an equivalent JSON tool-call form.
 
 An agent sends one string per step. A string whose first non-blank character is ``{`` is read as a JSON tool
 call ``{"name": ..., "arguments": {...}}`` (``arguments`` may also be a JSON-encoded string, as OpenAI-style

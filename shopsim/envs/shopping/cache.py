@@ -1,4 +1,4 @@
-"""Process-wide read caches of Shopping-v0, shared by every env copy in a process.
+"""Process-wide read caches of the shopping env, shared by every env copy in a process.
 
 Keyed by the shared, read-only catalog / index objects. GRPO-style groups replay the same task several times, so
 the same products and queries recur across copies; `clear` empties them (the benchmark measures cold searches).

@@ -1,4 +1,4 @@
-"""The simulated customer of Shopping-v0: a seeded, programmatic user (no language model).
+"""The simulated customer of the shopping env: a seeded, programmatic user (no language model).
 
 It knows the task's hidden constraints (clarify_and_buy) and answers `ask[...]` questions from templates
 (`data/shopping/templates.json`); the phrasing is drawn with the episode RNG, so the same reset seed gives the same

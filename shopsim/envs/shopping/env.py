@@ -1,4 +1,4 @@
-"""`ShoppingEnv` (``shopsim/Shopping-v0``): a multi-turn shopping assistant with a simulated customer."""
+"""`ShoppingEnv`: a multi-turn shopping assistant with a simulated customer."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_pu
 from shopsim.envs.shopping.orders import ToolError, apply_gold
 from shopsim.envs.shopping.tasks import (
     ALL_FAMILIES,
+    ENV_ID,
     FAMILIES,
     INSTRUCTION_STYLES,
     SPLITS,
@@ -142,7 +143,7 @@ class ShoppingEnv(gym.Env):
     PRESENTATION_KWARGS = frozenset({"numbered_results", "results_per_page", "obs_mode", "order_refs",
                                      "task_reminder"})
 
-    @checked_options("shopsim/Shopping-v0")
+    @checked_options(ENV_ID)
     def __init__(self, catalog_size: int = 10_000, catalog_seed: int = 0, obs_mode: str = "compact",
                  family: str | None = None, invalid_penalty: float = 0.0, max_invalid: int = 5,
                  results_per_page: int = 10, max_results: int = 50, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,

@@ -1,4 +1,4 @@
-"""Reward rules of Shopping-v0 (purchase partial credit, bundles); after-sales grading lives in `orders`.
+"""Reward rules of the shopping env (purchase partial credit, bundles); after-sales grading lives in `orders`.
 
 **Purchase score** (find_and_buy, clarify_and_buy), WebShop's form (Yao et al. 2022, arXiv 2207.01206, §3.2,
 "reward"), with exact matching because the catalog's attributes and options are structured:

@@ -1,4 +1,4 @@
-"""Observation text, valid actions, structured view and anchor key of Shopping-v0 (pure functions of env state).
+"""Observation text, valid actions, structured view and anchor key of the shopping env (pure functions of env state).
 
 Compact mode (what small language models see; about 400 tokens or fewer at 10 results per page) is, line by line:
 

@@ -1,4 +1,4 @@
-"""Task families and splits of Shopping-v0: a task is a pure function of (family, task id, catalog).
+"""Task families and splits of the shopping env: a task is a pure function of (family, task id, catalog).
 
 Families (docs/envs.md):
 
@@ -16,11 +16,11 @@ Families (docs/envs.md):
   constraint. Not in the default mix (``family="personalized_buy"``).
 
 **Splits.** Task ids live in disjoint ranges: train ``[0, 1_000_000)``, dev ``1_000_000 + i``, test
-``2_000_000 + i``; the lists used for evaluation are in ``data/splits/Shopping-v0.json``. Target products are
-partitioned by a hash of the product id: products with ``h(id) % 10 == 0`` are targets only of test tasks, the rest
-only of train/dev tasks, so the test split asks for products training never targeted. The task RNG is seeded with
-``(family, task_id, catalog size, catalog seed)`` only; the reset seed drives the episode's own randomness
-(customer phrasing), never the task.
+``2_000_000 + i``; the lists used for evaluation are in the record's split file (``data/splits/<Name-vN>.json``).
+Target products are partitioned by a hash of the product id: products with ``h(id) % 10 == 0`` are targets only of
+test tasks, the rest only of train/dev tasks, so the test split asks for products training never targeted. The task
+RNG is seeded with ``(family, task_id, catalog size, catalog seed)`` only; the reset seed drives the episode's own
+randomness (customer phrasing), never the task.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from shopsim.envs.records import SHOPPING
 from shopsim.envs.shopping.cache import product as _product
 from shopsim.envs.shopping.grading import Goal
 from shopsim.envs.shopping.orders import CANCEL_REASONS, RETURN_WINDOW_DAYS, Item, Order, OrderDB
@@ -52,7 +53,7 @@ TRAIN_RANGE = (0, 1_000_000)
 DEV_BASE, TEST_BASE = 1_000_000, 2_000_000
 N_DEV, N_TEST = 200, 500
 TEST_SHARE = 10  # one product in TEST_SHARE is a test-only target
-ENV_ID = "shopsim/Shopping-v0"
+ENV_ID = SHOPPING.id
 
 
 @lru_cache(maxsize=1)
@@ -82,7 +83,7 @@ def split_ids(split: str) -> range:
 
 
 def splits_manifest() -> dict:
-    """The content of data/splits/Shopping-v0.json (written by `write_splits`)."""
+    """The content of the env's split file (written by `write_splits`)."""
     return {"env_id": ENV_ID, "train": {"range": list(TRAIN_RANGE)}, "dev": list(split_ids("dev")),
             "test": list(split_ids("test")), "eval_seeds": [0, 1, 2], "families": list(FAMILIES),
             "named_families": list(ALL_FAMILIES[len(FAMILIES):]),
@@ -92,7 +93,7 @@ def splits_manifest() -> dict:
 
 
 def write_splits() -> None:
-    path = data_dir() / "splits" / "Shopping-v0.json"
+    path = data_dir() / SHOPPING.split_file
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in splits_manifest().items()]
     path.write_text("{\n" + ",\n".join(lines) + "\n}\n")
 

@@ -1,4 +1,4 @@
-"""The Shopping-v0 tool table: each tool is one `Tool` entry (name, description, JSON schema, handler).
+"""The shopping env's tool table: each tool is one `Tool` entry (name, description, JSON schema, handler).
 
 As in tau-bench (Yao et al. 2024, arXiv 2406.12045, §3), where each tool is one class with its schema and its
 ``invoke``, a tool here is one entry of `TOOLS`, and everything else is derived from that entry:
@@ -196,7 +196,8 @@ _ROLE = ("You are a shopping assistant in a web shop, serving one customer. Each
 
 
 def system_prompt(tools: dict[str, Tool] | None = None, form: str = "text") -> str:
-    """A system prompt that tells a chat model how to act in Shopping-v0 with the tools of `tools` (default `TOOLS`).
+    """A system prompt that tells a chat model how to act in the shopping env with the tools of `tools` (default
+    `TOOLS`).
 
     ``form="text"``: the text grammar, one line per tool (``name[arg, ...]: description``), for a model whose chat
     template has no tool support; ``form="tools"``: only the role and the rule of one call per turn, for a template
