@@ -78,3 +78,10 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def env_help() -> str:
+    """The ``--env`` help of a command: the registered env ids (`shopsim.envs.all_env_ids`)."""
+    from shopsim.envs import all_env_ids
+
+    return f"env id, one of: {', '.join(all_env_ids())}"

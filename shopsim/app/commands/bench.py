@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
                    help="where results files are written and resumed from (default OUT/results)")
     p.add_argument("--no-resume", action="store_true",
                    help="train and evaluate every entry again even if its results file exists")
-    p.add_argument("--envs", nargs="+", default=None, help="env ids (or names like Replenishment-v0); default all")
+    p.add_argument("--envs", nargs="+", default=None,
+                   help="env ids or names (Name-vN), a scenario as Name-vN:scenario; default all")
     p.add_argument("--algo", nargs="+", action="extend", default=[], metavar="MODULE:CLASS",
                    help="also train and rank your own baselines.Algorithm subclass(es), e.g. mypkg.module:MyAlgo "
                         "(imported from the current folder or an installed package)")

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from shopsim.app.commands import positive_int, writable_output
+from shopsim.app.commands import env_help, positive_int, writable_output
 from shopsim.app.commands.rollout import add_model_arguments, add_scale_arguments, model_agent_from_args, ray_pool
 
 
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
                                    "env so that intervals are tight; --whole-split for all of them): every task is "
                                    "tried --tries times under each eval seed; metrics get 95%% intervals (Wilson "
                                    "for rates, a seeded bootstrap over tasks otherwise).")
-    p.add_argument("--env", required=True, help="env id, e.g. shopsim/Replenishment-v0")
+    p.add_argument("--env", required=True, help=env_help())
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--agent", help="agent name (expert, random, s_S, ...) or module:Class")
     who.add_argument("--checkpoint", help="a checkpoint folder written by training (has shopsim_agent.json)")
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
                      help="any local causal-LM folder (safetensors, tokenizer, chat template; e.g. from `shopsim "
                           "model import`), acting through its own chat template: with the env's tool schemas where "
                           "the template renders tools, else with the env's text grammar in the system prompt "
-                          "(Shopping-v0 only). The results record the model's name and weights sha256")
+                          "(text envs only). The results record the model's name and weights sha256")
     p.add_argument("--name", default=None, help="leaderboard entry name (default: the agent name / folder name)")
     p.add_argument("--split", default="test", choices=["test", "dev"])
     p.add_argument("--episodes", type=positive_int, default=None,

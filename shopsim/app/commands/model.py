@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
 
 def run_import(args: argparse.Namespace) -> int:
     from agents.lm.pretrained import check_import_target, gguf_file, import_gguf, model_record
+    from shopsim.envs.record import text_env_ids
 
     gguf_file(args.source)  # a bad name or path fails before the output folder is made
     check_import_target(args.out)
@@ -44,5 +45,5 @@ def run_import(args: argparse.Namespace) -> int:
     import_gguf(args.source, out, dtype=args.dtype)
     rec = model_record(out)
     print(f"wrote {out}: {rec['model']} (weights sha256 {rec['weights_sha256'][:16]}); evaluate it with "
-          f"`shopsim eval --env shopsim/Shopping-v0 --model {out} --tasks 2 --out results.json`")
+          f"`shopsim eval --env {text_env_ids()[0]} --model {out} --tasks 2 --out results.json`")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from shopsim.app.commands import positive_int, writable_output
+from shopsim.app.commands import env_help, positive_int, writable_output
 
 
 def add_parser(sub) -> None:
@@ -17,11 +17,11 @@ def add_parser(sub) -> None:
                                    "checkpoint (--checkpoint, or the shipped SFT model behind --agent lm) runs on "
                                    "the env options its manifest records, e.g. the observation rendering it was "
                                    "trained on.")
-    p.add_argument("--env", required=True, help="env id, e.g. shopsim/Shopping-v0")
+    p.add_argument("--env", required=True, help=env_help())
     p.add_argument("--agent", default=None, help="agent name (expert, random, lm, ...) or module:Class")
     p.add_argument("--model", metavar="DIR", default=None,
                    help="instead of --agent: any local causal-LM folder acting through its own chat template "
-                        "(Shopping-v0; see `shopsim eval --model`), sampling at --temperature")
+                        "(text envs; see `shopsim eval --model`), sampling at --temperature")
     p.add_argument("--checkpoint", default=None, help="load the agent from a checkpoint folder instead")
     p.add_argument("--episodes", type=positive_int, required=True, help="number of episodes (tasks)")
     p.add_argument("--group-size", type=positive_int, default=1, help="rollouts per task sharing the initial state")

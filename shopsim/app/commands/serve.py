@@ -28,6 +28,7 @@ def _seconds(text: str) -> float:
 
 
 def add_parser(sub) -> None:
+    from shopsim.envs.record import text_env_ids
     from shopsim.integrations.serve_guard import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, TOKEN_ENV
 
     p = sub.add_parser("serve", help="serve an env to OpenEnv clients over HTTP/WebSocket",
@@ -35,7 +36,7 @@ def add_parser(sub) -> None:
                                    "env; clients send typed reset/step/state messages "
                                    "(shopsim.integrations.openenv.ShoppingClient). Needs shopsim[openenv]. "
                                    "docs/clients.md describes the limits and access rules.")
-    p.add_argument("--env", default="shopsim/Shopping-v0", help="env id (shopsim/Shopping-v0)")
+    p.add_argument("--env", default=text_env_ids()[0], help="env id: a text env (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (0: a free one)")
     p.add_argument("--max-sessions", type=positive_int, default=8, help="concurrent sessions (one env each)")
