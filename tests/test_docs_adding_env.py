@@ -20,7 +20,7 @@ def blocks(lang: str) -> list[str]:
 def test_adding_an_env_page_runs_as_printed(tmp_path):
     commands = [line for block in blocks("bash") for line in block.splitlines() if line.strip()]
     cli = [c for c in commands if c.startswith("shopsim ")]
-    # the pytest line needs the env in the package tables; the conformance snippet runs the same checks
+    # the pytest line needs the env among the shipped records; the conformance snippet runs the same checks
     assert [c for c in commands if c not in cli] == ["pytest tests/test_env_conformance.py -k Guess"]
     assert len(blocks("python")) == 6 and cli
     script = "\n\n".join(blocks("python")) + "\n\n" + "\n".join([
@@ -37,4 +37,6 @@ def test_adding_an_env_page_runs_as_printed(tmp_path):
     assert "| expert | reference | 1.000" in res.stdout  # the conformance check's row and the API walk-through's
     board = (tmp_path / "leaderboard" / "leaderboard.md").read_text()
     assert "## shopsim/Guess-v0" in board and "| random | reference |" in board
+    header = next(line for line in board.splitlines() if line.startswith("| entry") or "success_rate" in line)
+    assert "misses" in header  # the record's columns, with the metric the walk-through registered
     assert not (ROOT / "data" / "splits" / "Guess-v0.json").exists()
