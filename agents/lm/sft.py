@@ -115,9 +115,9 @@ class SFTConfig:
     curriculum_steps: int = bounded(2000, min=0)
     """Short-to-long curriculum: the first this many steps (part of `steps`) draw only from the shortest
     `curriculum_share` of the rows (concat mode: every episode cut after its first action), in batches of the
-    same token budget as the others. In Shopping-v0 those are the first turns, whose action is a copy of the task
-    line, so a from-scratch model learns to copy on short rows before it meets the long ones, and reuses that for
-    option values (docs/agents.md). 0: off."""
+    same token budget as the others. In the shopping env those are the first turns, whose action is a copy of the
+    task line, so a from-scratch model learns to copy on short rows before it meets the long ones, and reuses that
+    for option values (docs/agents.md). 0: off."""
     curriculum_share: float = bounded(0.25, gt=0, max=1)
     """Share of the rows (the shortest) the window-mode curriculum draws from."""
     augment_copies: int = bounded(1, min=0)

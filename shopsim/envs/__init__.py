@@ -21,7 +21,7 @@ from shopsim.envs.records import SHIPPED
 from shopsim.errors import UnknownNameError
 
 __all__ = ["RECORDS", "EnvRecord", "all_env_ids", "check_env_id", "env_record", "family_of", "is_pettingzoo",
-           "make", "register_env"]
+           "make", "register_env", "task_families"]
 
 
 def register_env(record: EnvRecord) -> EnvRecord:
@@ -92,6 +92,15 @@ def presentation_kwargs(env_id: str) -> frozenset:
     module, attr = _entry(record)
     cls = getattr(importlib.import_module(module), attr, None) if attr and not record.multi_agent else None
     return frozenset(getattr(cls, "PRESENTATION_KWARGS", ()))
+
+
+def task_families(env_id: str) -> tuple[str, ...]:
+    """The task families `env_id` takes by name (its entry module's ``ALL_FAMILIES``, else ``FAMILIES``); empty for
+    an env without named task families."""
+    import importlib
+
+    module = importlib.import_module(_entry(env_record(env_id))[0])
+    return tuple(getattr(module, "ALL_FAMILIES", None) or getattr(module, "FAMILIES", None) or ())
 
 
 def is_pettingzoo(env_id: str) -> bool:

@@ -1,7 +1,7 @@
 """`shopsim sft`: supervised warm start of the LM agent on scripted-expert trajectories (agents.lm.sft).
 
-    shopsim sft --env shopsim/Shopping-v0 --expert-episodes 1000 --out runs/sft [--family find_and_buy] [--seed 0]
-    shopsim sft --env shopsim/Shopping-v0 --data expert.parquet --out runs/sft
+    shopsim sft --expert-episodes 1000 --out runs/sft [--env ENV] [--family find_and_buy] [--seed 0]
+    shopsim sft --data expert.parquet --out runs/sft
 
 The training options are the fields of `agents.lm.sft.SFTConfig`, one ``--field-name`` flag each
 (`shopsim.configs.add_config_arguments`), so their defaults are SFTConfig's: the recipe that lets the default
@@ -28,10 +28,11 @@ def add_parser(sub) -> None:
     from agents.lm.sft import SFTConfig
     from shopsim.app.commands import positive_int
     from shopsim.configs import add_config_arguments
+    from shopsim.envs.record import text_env_ids
 
     p = sub.add_parser("sft", help="supervised warm start of the LM agent on expert trajectories",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--env", default="shopsim/Shopping-v0", help="env id (default: %(default)s)")
+    p.add_argument("--env", default=text_env_ids()[0], help="env id: a text env (default: %(default)s)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="a Parquet dataset of expert trajectories (from `shopsim rollout`)")
     src.add_argument("--expert-episodes", type=positive_int, help="collect this many expert episodes first")
@@ -54,15 +55,15 @@ def build_config(args: argparse.Namespace):
     """The SFTConfig of parsed `shopsim sft` arguments (checks --family against the env's task families)."""
     from agents.lm.sft import SFTConfig
     from shopsim.configs import config_from_args
+    from shopsim.envs import RECORDS, task_families
     from shopsim.errors import ConfigError
 
     families = () if args.family in ("all", "") else tuple(f.strip() for f in args.family.split(",") if f.strip())
-    if args.env == "shopsim/Shopping-v0":
-        from shopsim.envs.shopping.tasks import ALL_FAMILIES as FAMILIES
-
-        bad = [f for f in families if f not in FAMILIES]
+    known = task_families(args.env) if args.env in RECORDS else ()
+    if known:
+        bad = [f for f in families if f not in known]
         if bad:
-            raise ConfigError(f"--family {','.join(bad)}: choose from {', '.join(FAMILIES)} (comma-separated) or all")
+            raise ConfigError(f"--family {','.join(bad)}: choose from {', '.join(known)} (comma-separated) or all")
     return config_from_args(SFTConfig, args, families=families)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from shopsim.app.commands import positive_int, writable_output
+from shopsim.app.commands import env_help, positive_int, writable_output
 from shopsim.errors import ConfigError
 
 
@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a baseline algorithm on an env",
                        description="Train a registered algorithm (see baselines.available()) on an env; writes "
                                    "metrics.csv, TensorBoard logs and a checkpoint folder under --out.")
-    p.add_argument("--env", default=None, help="env id, e.g. shopsim/Shopping-v0 (required unless --show-config)")
+    p.add_argument("--env", default=None, help=env_help() + " (required unless --show-config)")
     p.add_argument("--algo", required=True, help="algorithm name (grpo, ppo, mpo, ...) or module:Class")
     p.add_argument("--show-config", action="store_true",
                    help="print the algorithm's config fields with their defaults and docs, then exit")
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print(describe_config(cls.Config))
         return 0
     if args.env is None:
-        raise ConfigError("--env is required to train (e.g. --env shopsim/Shopping-v0); see shopsim train --help")
+        raise ConfigError(f"--env is required to train ({env_help()}); see shopsim train --help")
     overrides = parse_overrides(args.overrides, cls.Config, algo=getattr(cls, "name", args.algo))
     if "env_kwargs" in overrides:  # an unknown or bad env option fails now, not iterations into the run
         check_env_kwargs(args.env, overrides["env_kwargs"])
