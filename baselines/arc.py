@@ -29,14 +29,13 @@ from typing import Literal
 import numpy as np
 import torch
 
+from baselines.core.advantages import GroupOutcomeConfig, group_advantages, trajectory_reward, zero_variance_share
 from baselines.core.batch import Batch
 from baselines.core.stats import group_index, group_stats
-from baselines.grpo import GRPO, GRPOConfig, grpo_advantages, trajectory_reward, zero_variance_share
+from baselines.core.trainer import Advantages, Ctx, LMAlgorithm
 from shopsim.configs import bounded
 from shopsim.errors import ConfigError
 from shopsim.trajectory import Trajectory, style_metrics
-
-from .core.trainer import Advantages, Ctx
 
 #: the card's M = 3 strategies, as the Shopping env names them (`shopsim.envs.shopping.env.STRATEGIES`)
 DEFAULT_STRATEGIES = ("recommend_directly", "ask_first", "confirm_before_buying")
@@ -45,7 +44,7 @@ FREE = None
 
 
 @dataclass
-class ARCConfig(GRPOConfig):
+class ARCConfig(GroupOutcomeConfig):
     """ARC's options; defaults are the card's [derived] design (docs/algorithms/arc.md)."""
 
     group_size: int = bounded(4, min=1)
@@ -178,7 +177,7 @@ def ppo_group_advantages(batch: Batch, values: torch.Tensor, r: torch.Tensor, gi
     return out, ret
 
 
-class ARC(GRPO):
+class ARC(LMAlgorithm):
     """ARC: group-relative advantages inside (task, strategy) groups, on a format/tool-mixed reward."""
 
     name = "arc"
@@ -224,7 +223,7 @@ class ARC(GRPO):
                                             eps=c.eps_std)
             return Advantages(adv=adv, returns=ret, metrics={**parts, "reward_mixed": float(r.mean())})
         w = batch.turn_mask.sum(1) if c.stats_over == "rows" else None
-        A = grpo_advantages(r, gids, scale=c.scale_rewards, eps=c.eps_std, singleton=c.singleton, weights=w)
+        A = group_advantages(r, gids, scale=c.scale_rewards, eps=c.eps_std, singleton=c.singleton, weights=w)
         sizes = torch.bincount(gids)
         zv = zero_variance_share(r, gids)
         metrics = {**parts, "reward_mixed": float(r.mean()), "zero_variance_groups": zv,

@@ -36,13 +36,11 @@ from typing import Literal
 import numpy as np
 import torch
 
-from baselines.core.advantages import turn_returns_to_go
+from baselines.core.advantages import GROUP_MODES, Reward, trajectory_reward, turn_returns_to_go
 from baselines.core.batch import Batch
 from baselines.core.config import AggMode
 from baselines.core.stats import group_normalize
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from baselines.gigpo import MODES
-from baselines.grpo import Reward, trajectory_reward
 from shopsim.configs import bounded
 from shopsim.envs.shopping.actions import ActionError, parse
 from shopsim.errors import ConfigError
@@ -272,7 +270,7 @@ def bipace_advantages(R: torch.Tensor, step_returns: torch.Tensor, turn_mask: to
                       giant_share: float = 0.5) -> tuple[torch.Tensor, dict]:
     """Joint advantages [N, K] (module docstring) from episode rewards R [N], step returns [N, K], the turn mask,
     prompt-group ids [N], hidden summaries [N, K, H] and action strings ``actions[i][k]``; plus metrics."""
-    AE = group_normalize(R, group_ids, MODES[mode])
+    AE = group_normalize(R, group_ids, GROUP_MODES[mode])
     idx = turn_mask.bool().nonzero(as_tuple=False)  # [M, 2], rows in trajectory-then-step order
     if idx.numel() == 0:
         return torch.zeros_like(step_returns), {}
@@ -323,8 +321,9 @@ class BiPACE(LMAlgorithm):
         super().__init__(*args, **kwargs)
         self.epsilon: float | None = None  # calibrated ε, frozen after the first batch (saved in algo_state)
 
-    def _configure_agent(self, agent) -> None:
-        super()._configure_agent(agent)
+    def configure_agent(self, agent) -> None:
+        """The shared sampling options, plus the layer the recorded hidden summaries read (`hidden_layer`)."""
+        super().configure_agent(agent)
         samp = getattr(agent, "sampling", None)
         if samp is not None and hasattr(samp, "hidden_layer"):
             samp.hidden_layer = self.config.hidden_layer

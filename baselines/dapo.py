@@ -20,10 +20,10 @@ from typing import Literal
 import numpy as np
 import torch
 
+from baselines.core.advantages import Reward, group_advantages, trajectory_reward, zero_variance_share
 from baselines.core.batch import Batch
 from baselines.core.config import AggMode
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from baselines.grpo import Reward, grpo_advantages, trajectory_reward, zero_variance_share
 from shopsim.configs import bounded
 
 
@@ -97,7 +97,7 @@ class DAPO(LMAlgorithm):
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
         c = self.config
         R = self.shaped_reward(batch)
-        A = grpo_advantages(R, batch.group_ids, scale="group", eps=c.eps_std)
+        A = group_advantages(R, batch.group_ids, scale="group", eps=c.eps_std)
         return Advantages(adv=batch.traj_to_tokens(A), metrics={
             "zero_variance_groups": zero_variance_share(R, batch.group_ids),
             "overlong_penalty": float((R - trajectory_reward(batch, c.reward)).mean())})

@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from baselines.core.advantages import turn_returns_to_go
+from baselines.core.advantages import GROUP_MODES, Reward, trajectory_reward, turn_returns_to_go
 from baselines.core.batch import Batch
 from baselines.core.config import AggMode
 from baselines.core.stats import group_index, group_normalize, group_stats
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from baselines.grpo import Reward, trajectory_reward
 from shopsim.configs import bounded
 
-MODES = {"mean_norm": "mean", "mean_std_norm": "mean_std"}
+MODES = GROUP_MODES  # the mode names of `mode` (shared with BiPACE through baselines.core.advantages)
 
 
 @dataclass
@@ -59,6 +58,22 @@ class GiGPOConfig(LMConfig):
     or the success flag."""
     env_kwargs: dict = field(default_factory=lambda: {"invalid_penalty": 0.1})
     """verl-agent's WebShop invalid-action penalty 0.1 (the env's ``invalid_penalty``); set {} for the env default."""
+
+
+def anchor_key(turn) -> Any:
+    """GiGPO's anchor-state key of a turn (the pre-action state without history): ``turn.extra["anchor"]``, else
+    ``turn.info["anchor"]``, else the observation (its repr when it is not a string)."""
+    a = turn.extra.get("anchor") if turn.extra else None
+    if a is None:
+        a = turn.info.get("anchor") if turn.info else None
+    if a is None:
+        a = turn.observation if isinstance(turn.observation, str) else repr(turn.observation)
+    return a if isinstance(a, (str, int, float, tuple)) else repr(a)
+
+
+def batch_anchors(batch: Batch) -> list[list[Any]]:
+    """The anchor key of every turn of every trajectory of `batch` (``[i][k]``)."""
+    return [[anchor_key(t) for t in tr.turns] for tr in batch.trajectories]
 
 
 def similarity_clusters(texts: list[str], thresh: float) -> list[int]:
@@ -122,6 +137,6 @@ class GiGPO(LMAlgorithm):
         c = self.config
         R = trajectory_reward(batch, c.reward)
         Rk = turn_returns_to_go(batch, c.gamma)
-        A, m = gigpo_advantages(R, Rk, batch.turn_mask.float(), batch.group_ids, batch.anchors, mode=c.mode,
+        A, m = gigpo_advantages(R, Rk, batch.turn_mask.float(), batch.group_ids, batch_anchors(batch), mode=c.mode,
                                 w=c.step_advantage_w, similarity=c.similarity_thresh if c.enable_similarity else None)
         return Advantages(adv=batch.turn_to_tokens(A), metrics=m)

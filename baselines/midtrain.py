@@ -15,9 +15,9 @@ at its boundary because its output is written atomically into ``OUT/midtrain/`` 
    ``data.parquet`` (`shopsim.datasets`, one ``strategy`` label per episode) and ``generate.json``.
 2. **Mid-train** (`midtrain_sft`): `agents.lm.sft.train_sft` on the agent tokens of that dataset (``sft_lr``,
    ``sft_epochs``), in place on the policy; output ``sft/checkpoint`` and ``sft.json``.
-3. **RL**: GRPO (`baselines.grpo.GRPO`, group size 16, β = 0) from the mid-trained weights: the shared loop's
-   iterations, so ``--iterations N`` is N GRPO iterations and a run interrupted during RL resumes from
-   ``state.safetensors``. ``--iterations 0`` runs stages 1–2 only.
+3. **RL**: GRPO (the ``"group_outcome"`` estimator of `baselines.core.advantages`, group size 16, β = 0) from
+   the mid-trained weights: the shared loop's iterations, so ``--iterations N`` is N GRPO iterations and a run
+   interrupted during RL resumes from ``state.safetensors``. ``--iterations 0`` runs stages 1–2 only.
 
 Controls (`MidTrainConfig.data`): ``star`` (correct own samples without a strategy prompt, STaR-style),
 ``incorrect`` (adherent but failed samples: diverse but incorrect), ``none`` (plain GRPO); the "many tasks × 1
@@ -35,7 +35,8 @@ from typing import Literal
 
 import numpy as np
 
-from baselines.grpo import GRPO, GRPOConfig
+from baselines.core.advantages import GroupOutcomeConfig
+from baselines.core.trainer import LMAlgorithm
 from shopsim.configs import bounded
 from shopsim.errors import ConfigError
 from shopsim.paths import write_text_atomic
@@ -190,7 +191,7 @@ def strip_strategy(traj):
 
 
 @dataclass
-class MidTrainConfig(GRPOConfig):
+class MidTrainConfig(GroupOutcomeConfig):
     """Mid-training's options (card §14); the RL stage is GRPO with the card's G = 16 and β = 0."""
 
     group_size: int = 16
@@ -396,11 +397,13 @@ def midtrain_sft(env_id: str, agent, config: MidTrainConfig, out_dir: Path, *, s
     return info
 
 
-class MidTrain(GRPO):
-    """Generate → mid-train → GRPO (module docstring); stages 1–2 run once in `before_training`."""
+class MidTrain(LMAlgorithm):
+    """Generate → mid-train → GRPO (module docstring); stages 1–2 run once in `before_training`, the RL stage
+    uses GRPO's estimator (``"group_outcome"``)."""
 
     name = "midtrain"
     Config = MidTrainConfig
+    advantage_estimator = "group_outcome"
 
     def before_training(self, env_id: str, agent, rng: np.random.Generator, out_dir: Path) -> dict:
         c = self.config

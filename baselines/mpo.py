@@ -240,11 +240,11 @@ class MPO(LMAlgorithm):
 
     def policy_loss_tok(self, mb, logp, adv, mask):
         c = self.config
-        ratio = turn_ratio(logp, mb["old_logp_pi"], mb["turn_index"], mask, clamp=c.log_ratio_clamp,
+        ratio = turn_ratio(logp, mb.old_logp, mb.turn_index, mask, clamp=c.log_ratio_clamp,
                            geometric=c.turn_ratio == "geometric")
-        loss, st = clipped_surrogate(logp, mb["old_logp_pi"], adv, mask, c.clip_low, c.clip_high, c.dual_clip,
+        loss, st = clipped_surrogate(logp, mb.old_logp, adv, mask, c.clip_low, c.clip_high, c.dual_clip,
                                      ratio=ratio)
         if c.clip_token_ratio:
-            tok_loss, _ = clipped_surrogate(logp, mb["old_logp_pi"], adv, mask, c.clip_low, c.clip_high, c.dual_clip)
+            tok_loss, _ = clipped_surrogate(logp, mb.old_logp, adv, mask, c.clip_low, c.clip_high, c.dual_clip)
             loss = torch.maximum(loss, tok_loss)
         return loss, st

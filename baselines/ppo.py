@@ -3,7 +3,8 @@
 Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347, eq. 7 (clipped surrogate) and eq. 9
 (combined loss); GAE: Schulman et al., arXiv 1506.02438, eq. 16. Multi-turn token GAE as in verl: every generated
 token is an action, r_k sits on the last generated token of turn k, and env tokens are skipped (next value and
-running advantage carry over them). Advantages are whitened over the batch's generated tokens.
+running advantage carry over them), the shared ``"token_gae"`` estimator of `baselines.core.advantages`.
+Advantages are whitened over the batch's generated tokens.
 
     actor:  L_π = −token-mean min(ρ·A, clip(ρ, 1−ε, 1+ε)·A)      (optional dual clip c = 3)
     critic: L_V = ½·token-mean max((V − R)², (clip(V, V_old ± ε_v) − R)²)
@@ -17,10 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from baselines.core.advantages import token_gae_for_batch
-from baselines.core.batch import Batch
 from baselines.core.config import AggMode, Truncation
-from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
+from baselines.core.trainer import LMAlgorithm, LMConfig
 from shopsim.configs import bounded
 
 
@@ -58,15 +57,4 @@ class PPO(LMAlgorithm):
     name = "ppo"
     Config = PPOConfig
     uses_critic = True
-
-    def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
-        c = self.config
-        values = ctx.values
-        extra, m = None, {}
-        if c.kl_in_reward > 0 and ctx.ref_logp is not None:
-            kl = (ctx.old_logp - ctx.ref_logp) * batch.gen_mask  # k1 on generated tokens (verl)
-            extra = -c.kl_in_reward * kl
-            m["kl_in_reward"] = float(kl.sum() / batch.gen_mask.sum().clamp_min(1))
-        adv, ret = token_gae_for_batch(batch, values, gamma=c.gamma, lam=c.gae_lambda, truncation=c.truncation,
-                                       extra_rewards=extra)
-        return Advantages(adv=adv, returns=ret, metrics=m)
+    advantage_estimator = "token_gae"

@@ -19,10 +19,12 @@ paper replaces it by a top-k forward KL toward the teacher (`outlier="topk_fkd"`
 (`"clip"`) and dropping the token (`"mask"`). `objective="opd"` is plain on-policy distillation (K1 on every
 token, no trust region), the comparison of the reproduction check.
 
-The teacher forward runs once per batch, without gradient, at the generated positions only; the batch keeps its
-log-prob of every sampled token and its top-k ids and log-probs (`Batch.teacher_logp`, `teacher_topk_ids`,
-`teacher_topk_logp`), never the full [R, S, V] distribution. The update's single student forward also gathers the
-student's log-probs at the teacher's top-k ids (`policy_forward`).
+The teacher forward runs once per batch, without gradient, at the generated positions only (`teacher_scores`); it
+keeps the teacher's log-prob of every sampled token and its top-k ids and log-probs (`TeacherScores`), never the
+full [R, S, V] distribution. TrOPD's per-token tensors travel as the trainer's typed extensions: `TrOPDTokens` (K1,
+the trust region, the prefix tokens and the teacher's top-k, from `compute_advantages`) reaches the loss as
+``mb.ext``, and the update's single student forward (`policy_forward`) also gathers the student's log-probs at the
+teacher's top-k ids and the off-policy KL, `StudentTopK`, which reaches the loss as ``mb.fwd``.
 
 Off-policy guidance (`prefix_guidance`, on by default): while f > 0 the training rollouts are collected by
 `PrefixGuidedAgent`: the teacher samples each turn (T_T tokens), the student keeps the first ⌈f·T_T⌉ of them and
@@ -42,14 +44,15 @@ from typing import Literal
 
 import torch
 
-from baselines.core.batch import Batch
+from baselines.core.batch import Batch, Forward, MicroBatch, RowTensors
 from baselines.core.losses import entropy_from_logits
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
 from shopsim.configs import bounded
 from shopsim.errors import ConfigError, ShopsimError
 
 __all__ = ["TrOPD", "TrOPDConfig", "trust_region", "tropd_loss_tok", "check_same_tokenizer", "positions_logits",
-           "PrefixGuidedAgent", "prefix_schedule", "prefix_mask"]
+           "PrefixGuidedAgent", "prefix_schedule", "prefix_mask", "TeacherScores", "TrOPDTokens", "StudentTopK",
+           "recorded_teacher_scores"]
 
 Objective = Literal["tropd", "opd"]
 Outlier = Literal["topk_fkd", "clip", "mask"]
@@ -309,12 +312,82 @@ class PrefixGuidedAgent:
         return decisions
 
 
+# ---------------------------------------------------------------------------------------------- extensions
+@dataclass
+class TeacherScores(RowTensors):
+    """The teacher's scores of a batch's sampled tokens: `logp` [R, S] (its log-prob of each generated token, 0
+    elsewhere) and its top-k ids / log-probs [R, S, k] at the generated positions."""
+
+    logp: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_logp: torch.Tensor
+
+
+@dataclass
+class TrOPDTokens(RowTensors):
+    """TrOPD's extension of `Advantages` ([R, S]; top-k ones [R, S, k]): what its forward and loss read per row."""
+
+    k1: torch.Tensor
+    """log p_S − log p_T of the sampled token (behaviour p_S), 0 outside the student's own tokens."""
+    in_trust: torch.Tensor
+    """The tokens that get K1 (the trust region; every student token for plain OPD)."""
+    prefix: torch.Tensor
+    """The teacher-written prefix tokens of off-policy guidance (they get L_off only)."""
+    teacher_topk_ids: torch.Tensor
+    teacher_topk_logp: torch.Tensor
+
+
+@dataclass
+class StudentTopK(RowTensors):
+    """TrOPD's extension of the update's forward: the student's log-probs at the teacher's top-k ids [B, S, k] and,
+    when the micro-batch holds prefix tokens, the full forward KL toward the teacher there [B, S]."""
+
+    topk_logp: torch.Tensor
+    offpolicy_kl: torch.Tensor | None = None
+
+
+def recorded_teacher_scores(batch: Batch) -> TeacherScores | None:
+    """The teacher's scores that the rollouts recorded themselves, from ``turn.extra`` (`teacher_logprobs`,
+    `teacher_topk_ids`, `teacher_topk_logprobs`, one entry per action token), else None. Top-k sets shorter than
+    the longest are padded with id 0 at log-prob −inf."""
+    turns = [t for tr in batch.trajectories for t in tr.turns]
+    if not any("teacher_logprobs" in (t.extra or {}) for t in turns):
+        return None
+    if not any("teacher_topk_ids" in (t.extra or {}) for t in turns):
+        return None
+    R, S = batch.input_ids.shape
+    kk = max(len(t.extra["teacher_topk_ids"][0]) for t in turns if (t.extra or {}).get("teacher_topk_ids"))
+    lp = torch.zeros(R * S)
+    ids = torch.zeros(R * S, kk, dtype=torch.long)
+    tlp = torch.full((R * S, kk), float("-inf"))
+    for i, tr in enumerate(batch.trajectories):
+        idx = batch.traj_tok_index[i].cpu()
+        j = 0
+        for t in tr.turns:
+            n = len(t.action_ids or [])
+            ex = t.extra or {}
+            pos = idx[j:j + n]
+            if n and "teacher_logprobs" in ex:
+                lp[pos] = torch.tensor(ex["teacher_logprobs"], dtype=torch.float32)
+            if n and ex.get("teacher_topk_ids"):
+                ti = torch.tensor(ex["teacher_topk_ids"], dtype=torch.long)
+                tl = torch.tensor(ex["teacher_topk_logprobs"], dtype=torch.float32)
+                ids[pos, : ti.shape[1]] = ti
+                tlp[pos, : tl.shape[1]] = tl
+            j += n
+    dev = batch.gen_mask.device
+    return TeacherScores(logp=lp.reshape(R, S).to(dev), topk_ids=ids.reshape(R, S, kk).to(dev),
+                         topk_logp=tlp.reshape(R, S, kk).to(dev))
+
+
 # ---------------------------------------------------------------------------------------------- the algorithm
 class TrOPD(LMAlgorithm):
     """Trust-region on-policy distillation from a teacher LM that shares the student's tokenizer."""
 
     name = "tropd"
     Config = TrOPDConfig
+    # a row whose tokens are all outliers has zero K1 advantage but a forward-KL loss: never skip rows
+    reads_zero_advantage_rows = True
 
     def setup(self, agent) -> None:
         """The shared setup, then the frozen teacher (checked against the student's tokenizer)."""
@@ -336,13 +409,12 @@ class TrOPD(LMAlgorithm):
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         check_same_tokenizer(s_tok, t_tok, self.model, self.teacher, str(path))
-        self._tok: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ teacher forward
     @torch.no_grad()
-    def teacher_scores(self, batch: Batch) -> None:
-        """Fill `batch.teacher_logp` [R, S] and `teacher_topk_ids` / `teacher_topk_logp` [R, S, k] at the generated
-        positions (one no-grad teacher forward per micro-batch; only the top-k of each distribution is kept)."""
+    def teacher_scores(self, batch: Batch) -> TeacherScores:
+        """The teacher's log-prob [R, S] of every generated token and its top-k ids / log-probs [R, S, k] there
+        (one no-grad teacher forward per micro-batch; only the top-k of each distribution is kept)."""
         k = self.config.top_k
         R, S = batch.input_ids.shape
         lp = torch.zeros(R, S, device=batch.input_ids.device)
@@ -362,10 +434,9 @@ class TrOPD(LMAlgorithm):
             return o_lp, o_ids, o_tlp
 
         for r in self.micro_batches(batch, torch.arange(R, device=lp.device)):
-            a, b, c = self._trimmed(fn, batch, r, batch.gen_mask[r])
+            a, b, c = self.trimmed(fn, batch, r, batch.gen_mask[r])
             lp[r], ids[r], tlp[r] = a, b, c
-        batch.teacher_logp = lp * batch.gen_mask
-        batch.teacher_topk_ids, batch.teacher_topk_logp = ids, tlp
+        return TeacherScores(logp=lp * batch.gen_mask, topk_ids=ids, topk_logp=tlp)
 
     def prefix_f(self, iteration: int) -> float:
         """The prefix share f of training iteration `iteration` (0 without prefix guidance)."""
@@ -385,18 +456,13 @@ class TrOPD(LMAlgorithm):
                                          progress=progress)
         return trajs, {**m, "prefix_f": f}
 
-    def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
-        """The shared no-grad pass, plus the teacher's scores unless the rollouts already carried them."""
-        ctx = super().prepare(batch, iteration)
-        if batch.teacher_logp is None or batch.teacher_topk_ids is None:
-            self.teacher_scores(batch)
-        return ctx
-
     # ------------------------------------------------------------------ loss
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
-        """Trust region and K1 per token; the advantage is the RKD reward −k1 on the tokens that get K1 (for the
-        shared logging); the per-token loss itself is `policy_loss_tok`."""
+        """The teacher's scores (those the rollouts recorded, else `teacher_scores`), then the trust region and K1
+        per token; the advantage is the RKD reward −k1 on the tokens that get K1 (for the shared logging); the
+        per-token loss itself is `policy_loss_tok`, which reads them in the extension `TrOPDTokens`."""
         c = self.config
+        scores = recorded_teacher_scores(batch) or self.teacher_scores(batch)
         all_gen = batch.gen_mask
         prefix = prefix_mask(batch) if c.prefix_guidance else torch.zeros_like(all_gen)
         gen = all_gen & ~prefix  # the student's own tokens; the teacher's prefix tokens get L_off
@@ -404,13 +470,14 @@ class TrOPD(LMAlgorithm):
         if c.tau_mode == "stochastic":  # seeded from (run seed, iteration): reproducible and resume-safe
             seed = int(getattr(getattr(self, "run", None), "seed", 0) or 0)
             gen_rng = torch.Generator().manual_seed(seed * 1_000_003 + ctx.iteration + 17)
-        k1, trust, inside, tau = trust_region(ctx.behav_logp, batch.teacher_logp, gen, tau=c.tau,
+        k1, trust, inside, tau = trust_region(ctx.behav_logp, scores.logp, gen, tau=c.tau,
                                               tau_mode=c.tau_mode, tau_quantile=c.tau_quantile, generator=gen_rng)
         n = gen.sum().clamp_min(1)
         outl = gen & ~inside  # logged for plain OPD too: the tokens TrOPD would treat as outliers
         if c.objective == "opd":
             inside = gen.clone()
-        self._tok = {"k1": k1, "in_trust": inside, "prefix": prefix}
+        ext = TrOPDTokens(k1=k1, in_trust=inside, prefix=prefix, teacher_topk_ids=scores.topk_ids,
+                          teacher_topk_logp=scores.topk_logp)
         adv = torch.where(inside, -k1, torch.zeros_like(k1))
         if c.outlier == "clip" and c.objective == "tropd":
             adv = torch.where(outl, -k1.clamp(max=c.clip_k1), adv)
@@ -420,33 +487,31 @@ class TrOPD(LMAlgorithm):
             "k1_max": float(k1_gen.max()) if k1_gen.numel() else 0.0,
             "outlier_share": float(outl.sum() / n),
             "trust_mean": float(trust.sum() / n),
-            "teacher_logp_mean": float((batch.teacher_logp * gen).sum() / n),
+            "teacher_logp_mean": float((scores.logp * gen).sum() / n),
             "student_logp_mean": float((ctx.behav_logp * gen).sum() / n),
             "prefix_token_share": float(prefix.sum() / all_gen.sum().clamp_min(1)),
         }
         if c.objective == "tropd" and c.tau_mode != "stochastic":
             metrics["tau"] = tau
-        return Advantages(adv=adv, metrics=metrics)
+        return Advantages(adv=adv, metrics=metrics, extra=ext)
 
-    def update(self, batch: Batch, iteration: int = 0, generator: torch.Generator | None = None) -> dict:
-        """The shared update, plus ``grad_norm_max``: the largest pre-clip gradient norm of the iteration's
-        optimizer steps (``grad_norm`` is their mean), the quantity whose spikes the paper compares with OPD's."""
-        self._step_grad_norms: list[float] = []
-        m = super().update(batch, iteration, generator)
-        if self._step_grad_norms:
-            m["grad_norm_max"] = max(self._step_grad_norms)
-        return m
-
-    def _minibatch_step(self, *args, **kwargs) -> dict:
-        out = super()._minibatch_step(*args, **kwargs)
-        self._step_grad_norms.append(out["grad_norm"])
+    def reduce_step_metrics(self, steps: dict[str, list[float]]) -> dict[str, float]:
+        """The shared means, plus ``grad_norm_max``: the largest pre-clip gradient norm of the iteration's optimizer
+        steps (``grad_norm`` is their mean), the quantity whose spikes the paper compares with OPD's."""
+        out = super().reduce_step_metrics(steps)
+        if steps.get("grad_norm"):
+            out["grad_norm_max"] = max(steps["grad_norm"])
         return out
 
-    def policy_forward(self, batch: Batch, r: torch.Tensor, *, need_entropy: bool = False,
-                       need_hidden: bool = False) -> tuple:
-        """One student forward over rows `r`: the sampled tokens' log-probs and, from the same logits, the
-        log-probs at the teacher's top-k ids (``mb["student_topk_logp"]``)."""
-        k = batch.teacher_topk_ids.shape[-1]
+    def policy_forward(self, mb: MicroBatch[TrOPDTokens, StudentTopK], *, need_entropy: bool = False,
+                       need_hidden: bool = False) -> Forward[StudentTopK]:
+        """One student forward over the rows of `mb`: the sampled tokens' log-probs and, from the same logits, the
+        log-probs at the teacher's top-k ids and the off-policy KL at prefix tokens (`StudentTopK`)."""
+        ext = mb.ext
+        if ext is None:
+            raise ConfigError("tropd: policy_forward needs the micro-batch's TrOPDTokens (from compute_advantages)")
+        batch, r = mb.batch, mb.rows
+        k = ext.teacher_topk_ids.shape[-1]
 
         def fn(i, a, g, top, pre):
             logits, sel = positions_logits(self.model, i, a, g, self.temperature)
@@ -469,21 +534,23 @@ class TrOPD(LMAlgorithm):
                 ent[:, 1:][sel] = entropy_from_logits(logits)
             return lp, ent, klp, off
 
-        pre = self._tok["prefix"][r] if "prefix" in self._tok else torch.zeros_like(batch.gen_mask[r])
-        lp, ent, klp, off = self._trimmed(fn, batch, r, batch.gen_mask[r], batch.teacher_topk_ids[r], pre)
-        return lp, ent, None, {"student_topk_logp": klp, "offpolicy_kl": off}
+        lp, ent, klp, off = self.trimmed(fn, batch, r, batch.gen_mask[r], ext.teacher_topk_ids, ext.prefix)
+        return Forward(logp=lp, entropy=ent, extra=StudentTopK(topk_logp=klp, offpolicy_kl=off))
 
-    def policy_loss_tok(self, mb: dict, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
+    def policy_loss_tok(self, mb: MicroBatch[TrOPDTokens, StudentTopK], logp: torch.Tensor, adv: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """L_RKD + λ_out·L_FKD on the student's own tokens and λ_off·L_off on the teacher's prefix tokens (module
+        docstring), from the extensions `mb.ext` (`TrOPDTokens`) and `mb.fwd` (`StudentTopK`)."""
         c = self.config
-        r = mb["rows"]
-        batch: Batch = mb["batch"]
-        pre = self._tok["prefix"][r]
+        ext, fwd = mb.ext, mb.fwd
+        if ext is None or fwd is None:
+            raise ConfigError("tropd: the loss needs the micro-batch's TrOPDTokens and StudentTopK")
+        pre = ext.prefix
         own = mask.bool() & ~pre
-        loss, parts = tropd_loss_tok(logp, self._tok["k1"][r], self._tok["in_trust"][r], own,
-                                     mb["student_topk_logp"], batch.teacher_topk_logp[r], objective=c.objective,
-                                     outlier=c.outlier, lambda_out=c.lambda_out, renormalize=c.renormalize_topk,
-                                     clip_k1=c.clip_k1)
-        off = mb.get("offpolicy_kl")
+        loss, parts = tropd_loss_tok(logp, ext.k1, ext.in_trust, own, fwd.topk_logp, ext.teacher_topk_logp,
+                                     objective=c.objective, outlier=c.outlier, lambda_out=c.lambda_out,
+                                     renormalize=c.renormalize_topk, clip_k1=c.clip_k1)
+        off = fwd.offpolicy_kl
         if off is not None:
             loss = loss + c.lambda_off * off * (mask.bool() & pre)
         m = mask.float()
@@ -494,7 +561,3 @@ class TrOPD(LMAlgorithm):
                   "loss_off_tok": ((off * m).sum() / n) if off is not None else torch.zeros(()),
                   "forward_kl_topk": (parts["fkd_all"] * own).sum() / n_own}
         return loss, st
-
-    def _zero_rows_skippable(self, ctx: Ctx, need_ent: bool) -> bool:
-        # a row whose tokens are all outliers has zero K1 advantage but a forward-KL loss: never skip rows
-        return False

@@ -95,11 +95,11 @@ class VAPO(LMAlgorithm):
         c = self.config
         if c.nll_coef == 0:
             return None, {}
-        batch: Batch = mb["batch"]
-        pos_step = (batch.success[batch.row_traj[mb["step_rows"]]] > 0).float()
-        denom = (mb["step_mask"].float() * pos_step[:, None]).sum()
+        batch: Batch = mb.batch
+        pos_step = (batch.success[batch.row_traj[mb.step_rows]] > 0).float()
+        denom = (mb.step_mask.float() * pos_step[:, None]).sum()
         if denom == 0:
             return None, {"nll_pos": 0.0}
-        pmask = mask.float() * (batch.success[mb["row_traj"]] > 0).float()[:, None]
+        pmask = mask.float() * (batch.success[mb.row_traj] > 0).float()[:, None]
         nll = (-logp * pmask).sum() / denom
         return c.nll_coef * nll, {"nll_pos": float(nll.detach())}

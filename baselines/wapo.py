@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.core.batch import Batch
+from baselines.core.advantages import Reward, trajectory_reward
+from baselines.core.batch import Batch, MicroBatch
 from baselines.core.stats import group_normalize
 from baselines.core.trainer import Advantages, Ctx, LMAlgorithm, LMConfig
-from baselines.grpo import Reward, trajectory_reward
 from shopsim.configs import bounded
 from shopsim.errors import ConfigError
 
@@ -142,16 +142,16 @@ class TokenBinLogging:
     def needs_collision(self) -> bool:
         return bool(getattr(self.config, "log_token_bins", True))
 
-    def token_metrics(self, mb: dict, logp: torch.Tensor, ent: torch.Tensor | None,
+    def token_metrics(self, mb: MicroBatch, logp: torch.Tensor, ent: torch.Tensor | None,
                       coll: torch.Tensor | None) -> dict:
         """Shares of the four bins and the mean entropy over all generated tokens of the step (this micro-batch's
         part of them)."""
         if coll is None:
             return {}
-        batch = mb["batch"]
-        total = max(float(batch.gen_mask[mb["step_rows"]].sum()), 1.0)
-        gen = mb["gen_mask"]
-        out = {k: v / total for k, v in token_bins(logp, coll, mb["adv"], gen).items()}
+        batch = mb.batch
+        total = max(float(batch.gen_mask[mb.step_rows].sum()), 1.0)
+        gen = mb.gen_mask
+        out = {k: v / total for k, v in token_bins(logp, coll, mb.adv, gen).items()}
         if ent is not None:
             out["entropy_gen"] = float((ent.detach() * gen).sum()) / total
         return out
@@ -192,9 +192,9 @@ class WAPO(TokenBinLogging, LMAlgorithm):
             length = torch.zeros(n, device=mask.device).scatter_reduce(0, gid, tl, "amax")
         return wapo_weights(mask, gid[batch.row_traj[rows]], size, length, by_kept_tokens=c.normalize_by_kept_tokens)
 
-    def policy_loss_tok(self, mb: dict, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
+    def policy_loss_tok(self, mb: MicroBatch, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
         c = self.config
-        behav = mb["behav_logp"]
+        behav = mb.behav_logp
         loss = wapo_token_loss(logp, behav, adv, clip_eps=c.clip_eps, importance_sampling=c.use_importance_sampling)
         with torch.no_grad():
             m = mask.float()

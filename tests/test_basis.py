@@ -21,7 +21,7 @@ from baselines.basis import (
     reference_values,
     task_key,
 )
-from baselines.core.batch import build_batch
+from baselines.core.batch import MicroBatch, build_batch
 from shopsim.errors import ConfigError
 from shopsim.trajectory import Trajectory, Turn
 
@@ -209,7 +209,7 @@ def test_advantages_and_loss_on_a_hand_batch():
     logp = old + torch.tensor([0.5, -0.5, 0.5, -0.5, 0.5, 0.0])
     full_logp = torch.zeros_like(batch.old_logp)
     full_logp[batch.gen_mask] = logp
-    mb = {"old_logp_pi": batch.old_logp}
+    mb = MicroBatch.of_rows(batch)
     tok, _ = algo.policy_loss_tok(mb, full_logp, adv.adv, batch.gen_mask.float())
     got = (tok * batch.gen_mask).sum() / batch.gen_mask.sum()
     # A < 0: ρ = e^.5 → min(1.6487·A, 1.2·A) = 1.6487·A; ρ = e^-.5 → min(.6065·A, .8·A) = .8·A

@@ -182,9 +182,9 @@ def test_trainer_switches_recording_on_and_hidden_is_last_prompt_token():
 
     agent = _agent("concat")
     assert not agent.sampling.record_hidden
-    baselines.make("grpo", env_id=ENV)._configure_agent(agent)
+    baselines.make("grpo", env_id=ENV).configure_agent(agent)
     assert not agent.sampling.record_hidden
-    BiPACE()._configure_agent(agent)
+    BiPACE().configure_agent(agent)
     assert agent.sampling.record_hidden
     trajs = collect(ENV, agent, episodes=2, group_size=2, num_envs=2, env_kwargs={"max_turns": 3}, progress=False,
                     agent_seed=0)

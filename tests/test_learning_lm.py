@@ -300,7 +300,7 @@ def test_top_p_reaches_the_rollouts_and_keeps_recorded_digests():
 
     algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", top_p=0.8, temperature=0.7)
     agent = SimpleNamespace(sampling=SimpleNamespace(temperature=1.0, top_p=1.0, greedy=True))
-    algo._configure_agent(agent)
+    algo.configure_agent(agent)
     assert (agent.sampling.temperature, agent.sampling.top_p, agent.sampling.greedy) == (0.7, 0.8, False)
     old = {"lr": 1e-4, "temperature": 0.7}
     assert config_digest(old) == config_digest({**old, "top_p": 1.0})

@@ -65,8 +65,8 @@ def test_unmasked_forward_equals_each_row_alone(tok, arch, mode):
         assert len(chunks) > 1
         bucketed = torch.zeros_like(b.old_logp)
         for ch in chunks:
-            bucketed[ch] = algo._trimmed(lambda i, a, p: algo._rows_forward(model, i, a, positions=p), b, ch,
-                                         b.gen_mask[ch])[0]
+            bucketed[ch] = algo.trimmed(lambda i, a, p: algo._rows_forward(model, i, a, positions=p), b, ch,
+                                        b.gen_mask[ch])[0]
     assert g.sum() > 20
     assert float((fast - alone)[g].abs().max()) <= 1e-5
     assert float((full - alone)[g].abs().max()) <= 1e-5

@@ -289,9 +289,12 @@ def test_prefix_guided_agent_keeps_the_teachers_first_tokens(tmp_path):
         assert lp[0][m[0].bool()].tolist() == pytest.approx(t.action_logprobs, abs=1e-4)
 
 
-def test_batch_carries_the_teachers_logprobs_and_topk(tmp_path):
-    from baselines.core.batch import build_batch
+def test_teacher_scores_and_the_extensions_reach_the_loss(tmp_path):
+    """The teacher's log-probs and top-k at the generated tokens (`teacher_scores`), carried to the loss in TrOPD's
+    typed extensions (`TrOPDTokens` as ``mb.ext``, `StudentTopK` as ``mb.fwd``); recorded scores are read back."""
+    from baselines.core.batch import MicroBatch, build_batch
     from baselines.core.trainer import forward_policy
+    from baselines.tropd import recorded_teacher_scores
 
     tok = _tok()
     teacher = _save_teacher(tmp_path / "t", tok)
@@ -303,19 +306,35 @@ def test_batch_carries_the_teachers_logprobs_and_topk(tmp_path):
 
     trajs, _ = algo.collect_batch(ENV, agent, 0, np.random.default_rng(0), env_kwargs={"max_turns": 2})
     batch = build_batch(trajs, pad_id=algo.pad_id)
-    assert batch.teacher_logp is None
-    algo.prepare(batch)
+    assert recorded_teacher_scores(batch) is None
+    scores = algo.teacher_scores(batch)
     gen = batch.gen_mask
-    assert batch.teacher_topk_ids.shape == (*gen.shape, 5) and batch.teacher_topk_logp.shape == (*gen.shape, 5)
+    assert scores.topk_ids.shape == (*gen.shape, 5) and scores.topk_logp.shape == (*gen.shape, 5)
     with torch.no_grad():  # a full-vocabulary teacher forward over the whole batch, as the reference
         lp_full, _, _ = forward_policy(algo.teacher, batch.input_ids, batch.attention_mask)
         pos = (batch.attention_mask.cumsum(-1) - 1).clamp_min(0)
         logits = algo.teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                               position_ids=pos).logits.float()
         top = torch.log_softmax(logits[:, :-1], -1).topk(5, -1)
-    assert torch.allclose(batch.teacher_logp[gen], lp_full[gen], atol=1e-4)
-    assert torch.allclose(batch.teacher_topk_logp[:, 1:][gen[:, 1:]], top.values[gen[:, 1:]], atol=1e-4)
-    assert torch.equal(batch.teacher_topk_ids[:, 1:][gen[:, 1:]], top.indices[gen[:, 1:]])
+    assert torch.allclose(scores.logp[gen], lp_full[gen], atol=1e-4)
+    assert torch.allclose(scores.topk_logp[:, 1:][gen[:, 1:]], top.values[gen[:, 1:]], atol=1e-4)
+    assert torch.equal(scores.topk_ids[:, 1:][gen[:, 1:]], top.indices[gen[:, 1:]])
+    # scores the rollouts recorded in turn.extra are read back at the same positions
+    for i, tr in enumerate(trajs):
+        idx = batch.traj_tok_index[i]
+        j = 0
+        for t in tr.turns:
+            at = idx[j:j + len(t.action_ids)]
+            t.extra["teacher_logprobs"] = scores.logp.reshape(-1)[at].tolist()
+            t.extra["teacher_topk_ids"] = scores.topk_ids.reshape(-1, 5)[at].tolist()
+            t.extra["teacher_topk_logprobs"] = scores.topk_logp.reshape(-1, 5)[at].tolist()
+            j += len(t.action_ids)
+    rec = recorded_teacher_scores(build_batch(trajs, pad_id=algo.pad_id))
+    assert torch.equal(rec.logp, scores.logp) and torch.equal(rec.topk_ids[gen], scores.topk_ids[gen])
+    assert torch.equal(rec.topk_logp[gen], scores.topk_logp[gen])
+    for tr in trajs:
+        for t in tr.turns:
+            del t.extra["teacher_logprobs"], t.extra["teacher_topk_ids"], t.extra["teacher_topk_logprobs"]
     # without a run, f = prefix_share: the rollouts carry teacher prefixes, and L_off at those tokens is the full
     # forward KL(π_T ‖ π_S) over the vocabulary
     from baselines.tropd import prefix_mask
@@ -326,19 +345,21 @@ def test_batch_carries_the_teachers_logprobs_and_topk(tmp_path):
     assert int(pre.sum()) == sum(min(p, len(t.action_ids)) for p, t in zip(first, [t for tr in trajs
                                                                                    for t in tr.turns], strict=True))
     ctx = algo.prepare(batch)
-    algo.compute_advantages(batch, ctx)
+    advs = algo.compute_advantages(batch, ctx)
     rows = torch.arange(batch.num_rows)
     with torch.no_grad():
-        lp, _, _, extra = algo.policy_forward(batch, rows)
+        mb = MicroBatch.of_rows(batch, rows, ext=advs.extra.rows(rows))
+        fwd = algo.policy_forward(mb)
+        mb.fwd = fwd.extra
         # on the teacher's prefix tokens the loss is λ_off·L_off only (no K1, no top-k forward KL)
-        loss_tok, _ = algo.policy_loss_tok({"rows": rows, "batch": batch, **extra}, lp, None,
-                                           batch.gen_mask.float())
-        assert torch.allclose(loss_tok[pre], extra["offpolicy_kl"][pre]) and not bool(algo._tok["in_trust"][pre].any())
+        loss_tok, _ = algo.policy_loss_tok(mb, fwd.logp, None, batch.gen_mask.float())
+        off = fwd.extra.offpolicy_kl
+        assert torch.allclose(loss_tok[pre], off[pre]) and not bool(advs.extra.in_trust[pre].any())
+        assert torch.equal(advs.extra.teacher_topk_ids, scores.topk_ids)
         s_logits = algo.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                               position_ids=pos).logits.float()
         ls, lt = torch.log_softmax(s_logits[:, :-1], -1), torch.log_softmax(logits[:, :-1], -1)
         kl = (lt.exp() * (lt - ls)).sum(-1)
-    off = extra["offpolicy_kl"]
     assert torch.allclose(off[:, 1:][pre[:, 1:]], kl[pre[:, 1:]], atol=1e-4)
     assert float(off[~pre].abs().sum()) == 0
 

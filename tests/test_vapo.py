@@ -1,9 +1,12 @@
 """VAPO pieces (arXiv 2504.05118, docs/algorithms/vapo.md): length-adaptive λ, decoupled GAE, the positive NLL
 term, value pre-training."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from baselines.core.batch import MicroBatch
 from baselines.core.gae import gae, gae_reference_loop
 from baselines.vapo import length_adaptive_lambda
 
@@ -82,12 +85,12 @@ def test_vapo_positive_nll_term_hand_example():
     logp[0, 5] = -5.0
     gen = b.gen_mask
     rows = torch.arange(b.num_rows)
-    mb = {"batch": b, "step_rows": rows, "step_mask": gen, "row_traj": b.row_traj}
+    mb = MicroBatch.of_rows(b, rows)
     loss, m = VAPO(nll_coef=0.1).extra_loss(mb, logp, gen)
     assert m["nll_pos"] == pytest.approx((2 + 2 + 5) / 3)  # the failed trajectory's tokens do not count
     assert float(loss) == pytest.approx(0.1 * 3.0)
     # a micro-batch holding only the failed row adds nothing, and the normaliser stays the step's
-    loss1, _ = VAPO(nll_coef=0.1).extra_loss({**mb, "row_traj": b.row_traj[1:]}, logp[1:], gen[1:])
+    loss1, _ = VAPO(nll_coef=0.1).extra_loss(replace(mb, rows=rows[1:]), logp[1:], gen[1:])
     assert float(loss1) == 0.0
     assert VAPO(nll_coef=0.0).extra_loss(mb, logp, gen) == (None, {})
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import baselines
-from baselines.core.batch import build_batch
+from baselines.core.batch import MicroBatch, build_batch
 from baselines.core.losses import collision_from_logits
 from baselines.core.trainer import forward_policy
 from baselines.wapo import TokenBinLogging, WAPOConfig, token_bins, wapo_advantages, wapo_token_loss, wapo_weights
@@ -74,8 +74,7 @@ def test_only_winner_tokens_get_gradient():
     rows = torch.arange(b.num_rows)
     w = algo.policy_weights(b, rows, mask)
     logp = (b.old_logp + 0.1).requires_grad_(True)
-    mb = {"behav_logp": b.old_logp, "old_logp_pi": b.old_logp}
-    loss_tok, _ = algo.policy_loss_tok(mb, logp, adv, mask)
+    loss_tok, _ = algo.policy_loss_tok(MicroBatch.of_rows(b), logp, adv, mask)
     (loss_tok * w).sum().backward()
     grad = logp.grad
     win_tok = torch.isin(b.row_traj, torch.tensor(sorted(WINNERS)))[:, None] & b.gen_mask
@@ -105,7 +104,9 @@ def test_ratio_uses_behaviour_logprobs_not_pi_old():
     old = torch.tensor([[-3.0, -0.5]])  # a recomputed π_old that differs: must not be used
     logp = torch.tensor([[-1.5, -1.0]])
     A = torch.full((1, 2), 0.4)
-    loss, st = algo.policy_loss_tok({"behav_logp": behav, "old_logp_pi": old}, logp, A, torch.ones(1, 2))
+    mb = MicroBatch(batch=None, rows=torch.arange(1), step_rows=torch.arange(1), step_mask=torch.ones(1, 2),
+                    adv=A, old_logp=old, behav_logp=behav, w_tok=torch.full((1, 2), 0.5))
+    loss, st = algo.policy_loss_tok(mb, logp, A, torch.ones(1, 2))
     expect = [-math.exp(-0.5) * 0.4, -math.exp(1.0) * 0.4]
     assert loss.tolist()[0] == pytest.approx(expect, rel=1e-5)
     assert float(st["ratio"]) == pytest.approx((math.exp(-0.5) + math.exp(1.0)) / 2, rel=1e-5)

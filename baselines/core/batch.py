@@ -18,18 +18,19 @@ Advantages that run across turns (token GAE, MPO) are computed in the **trajecto
 trajectory's generated tokens in order, whatever the mode (`to_traj_tokens` / `from_traj_tokens` gather and
 scatter between layouts). GAE skips env tokens anyway, so this is exact in both modes.
 
-What later algorithms need travels here too: per-turn hidden summaries (BiPACE, DelTA) in `turn_hidden`,
-strategy ids (ARC), task ids for batch-level baselines with one rollout per task (BASIS), teacher log-probs and
-top-k teacher ids/log-probs (TrOPD) from ``turn.extra`` (`teacher_logprobs`, `teacher_topk_ids`,
-`teacher_topk_logprobs`, one entry per action token), anchor keys (GiGPO) from ``turn.extra["anchor"]`` or
-``turn.info["anchor"]``.
+What several algorithms read travels here too: per-turn hidden summaries (BiPACE, DelTA) in `turn_hidden`,
+strategy ids (ARC) and task ids (batch-level baselines with one rollout per task, BASIS); the trajectories
+themselves stay in `trajectories` for whatever else an algorithm derives from them. Tensors that only one algorithm
+needs are that algorithm's **extension**: a `RowTensors` dataclass it declares (TrOPD's teacher scores and trust
+region), returned in `Advantages.extra` and handed to its loss hooks at the rows of each micro-batch
+(`MicroBatch.ext`); its forward's own per-row tensors come back the same way (`Forward.extra` → `MicroBatch.fwd`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -38,19 +39,9 @@ from shopsim.trajectory import Trajectory
 
 from .stats import group_index
 
-__all__ = ["Batch", "build_batch", "detect_mode", "anchor_key"]
+__all__ = ["Batch", "build_batch", "detect_mode", "RowTensors", "MicroBatch", "Forward"]
 
 MODES = ("concat", "window")
-
-
-def anchor_key(turn) -> Any:
-    """GiGPO's anchor-state key of a turn (the pre-action state without history)."""
-    a = turn.extra.get("anchor") if turn.extra else None
-    if a is None:
-        a = turn.info.get("anchor") if turn.info else None
-    if a is None:
-        a = turn.observation if isinstance(turn.observation, str) else repr(turn.observation)
-    return a if isinstance(a, (str, int, float, tuple)) else repr(a)
 
 
 def _extends(prev, cur) -> bool:
@@ -105,11 +96,7 @@ class Batch:
     traj_tok_mask: torch.Tensor
     traj_tok_turn: torch.Tensor
     # optional extras
-    anchors: list[list[Any]] = field(default_factory=list)
     turn_hidden: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N, K, H]
-    teacher_logp: torch.Tensor | None = None  # [R, S]
-    teacher_topk_ids: torch.Tensor | None = None  # [R, S, k]
-    teacher_topk_logp: torch.Tensor | None = None  # [R, S, k]
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     # ----------------------------------------------------------------- views
@@ -212,7 +199,7 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
             seq: list[int] = []
             rs: list[tuple[int, int, int]] = []
             for k, t in enumerate(tr.turns):
-                p = list(t.prompt_ids)
+                p = list(t.prompt_ids or [])
                 if p[: len(seq)] != seq:  # the context was cut here: the episode continues in a new row
                     rows.append(seq)
                     segs.append(rs)
@@ -220,15 +207,15 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
                     row_turn.append(rs[0][1])
                     rs = []
                 rs.append((len(p), k, i))
-                seq = p + list(t.action_ids)
+                seq = p + list(t.action_ids or [])
             rows.append(seq)
             segs.append(rs)
             row_traj.append(i)
             row_turn.append(rs[0][1] if rs else 0)
         else:
             for k, t in enumerate(tr.turns):
-                p = list(t.prompt_ids)
-                a = list(t.action_ids)
+                p = list(t.prompt_ids or [])
+                a = list(t.action_ids or [])
                 if max_length is not None and len(p) + len(a) > max_length:
                     p = p[len(p) + len(a) - max_length:]
                 rows.append(p + a)
@@ -244,23 +231,13 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
     gen = torch.zeros(R, S, dtype=torch.bool)
     tix = torch.full((R, S), -1, dtype=torch.long)
     old = torch.zeros(R, S)
-    has_teacher = any("teacher_logprobs" in (t.extra or {}) for tr in trajs for t in tr.turns)
-    has_topk = any("teacher_topk_ids" in (t.extra or {}) for tr in trajs for t in tr.turns)
-    t_logp = torch.zeros(R, S) if has_teacher else None
-    topk = None
-    if has_topk:
-        kk = max(len(t.extra["teacher_topk_ids"][0]) for tr in trajs for t in tr.turns
-                 if t.extra.get("teacher_topk_ids"))
-        topk_ids = torch.zeros(R, S, kk, dtype=torch.long)
-        topk_lp = torch.full((R, S, kk), float("-inf"))
-        topk = (topk_ids, topk_lp)
     tok_lists: list[list[tuple[int, int]]] = [[] for _ in range(N)]  # per traj: (flat index, turn)
     for r, (seq, rs) in enumerate(zip(rows, segs, strict=False)):
         input_ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attn[r, : len(seq)] = 1
         for start, k, i in rs:
             t = trajs[i].turns[k]
-            n = len(t.action_ids)
+            n = len(t.action_ids or [])
             if n == 0:
                 continue
             gen[r, start : start + n] = True
@@ -269,13 +246,6 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
                 if len(t.action_logprobs) != n:
                     raise ConfigError(f"trajectory {i} turn {k}: {len(t.action_logprobs)} log-probs for {n} action ids")
                 old[r, start : start + n] = torch.tensor(t.action_logprobs, dtype=torch.float32)
-            if t_logp is not None and "teacher_logprobs" in t.extra:
-                t_logp[r, start : start + n] = torch.tensor(t.extra["teacher_logprobs"], dtype=torch.float32)
-            if topk is not None and t.extra.get("teacher_topk_ids"):
-                ids = torch.tensor(t.extra["teacher_topk_ids"], dtype=torch.long)
-                lps = torch.tensor(t.extra["teacher_topk_logprobs"], dtype=torch.float32)
-                topk[0][r, start : start + n, : ids.shape[1]] = ids
-                topk[1][r, start : start + n, : lps.shape[1]] = lps
             tok_lists[i].extend((r * S + start + j, k) for j in range(n))
     L = max(1, max(len(tl) for tl in tok_lists))
     tti = torch.full((N, L), -1, dtype=torch.long)
@@ -291,7 +261,7 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
         for k, t in enumerate(tr.turns):
             rew[i, k] = float(t.reward)
             tmask[i, k] = True
-            tlen[i, k] = len(t.action_ids)
+            tlen[i, k] = len(t.action_ids or [])
     hidden: dict[str, torch.Tensor] = {}
     names = {n for tr in trajs for t in tr.turns if t.hidden for n in t.hidden}
     for name in sorted(names):
@@ -315,8 +285,92 @@ def build_batch(trajs: Sequence[Trajectory], *, mode: str | None = None, pad_id:
         score=torch.tensor([tr.score for tr in trajs], dtype=torch.float32),
         group_ids=gids, task_ids=tids, strategy_ids=sids, group_keys=gkeys, task_keys=tkeys, strategy_keys=skeys,
         traj_tok_index=tti, traj_tok_mask=tti >= 0, traj_tok_turn=ttt,
-        anchors=[[anchor_key(t) for t in tr.turns] for tr in trajs],
-        turn_hidden=hidden, teacher_logp=t_logp,
-        teacher_topk_ids=None if topk is None else topk[0], teacher_topk_logp=None if topk is None else topk[1],
-        trajectories=trajs,
+        turn_hidden=hidden, trajectories=trajs,
     )
+
+
+# ------------------------------------------------------------------------------------------ micro-batches
+_Self = TypeVar("_Self", bound="RowTensors")
+
+
+@dataclass
+class RowTensors:
+    """Base of an algorithm's typed extension: a dataclass whose tensor fields are indexed by the batch's rows
+    first ([R, ...]; None for a tensor that is absent). `rows` selects rows of every tensor field."""
+
+    def rows(self: _Self, r: torch.Tensor) -> _Self:
+        """The same extension at rows `r` (non-tensor fields are kept as they are)."""
+        return replace(self, **{f.name: getattr(self, f.name)[r] for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
+
+Ext = TypeVar("Ext", bound=RowTensors)
+FwdExt = TypeVar("FwdExt", bound=RowTensors)
+
+
+@dataclass
+class Forward(Generic[FwdExt]):
+    """What the update's differentiable forward over a micro-batch returns (`LMAlgorithm.policy_forward`).
+    Per-token tensors are [B, S] over the micro-batch's rows."""
+
+    logp: torch.Tensor
+    """log π_θ of every token (0 outside the trained positions)."""
+    entropy: torch.Tensor | None = None
+    """Token entropy, when the trainer asked for it."""
+    hidden: torch.Tensor | None = None
+    """Last hidden states, when a shared-backbone critic reads them."""
+    collision: torch.Tensor | None = None
+    """Σ_v p_v² of the next-token distribution, when the algorithm sets `needs_collision`."""
+    extra: FwdExt | None = None
+    """The algorithm's own per-row tensors from the same forward (TrOPD: the student's log-probs at the teacher's
+    top-k ids)."""
+
+
+@dataclass
+class MicroBatch(Generic[Ext, FwdExt]):
+    """One micro-batch of an optimizer step, as the loss hooks receive it (`policy_loss_tok`, `extra_loss`,
+    `token_metrics`, `policy_forward`). Per-token tensors are [B, S] over `rows`."""
+
+    batch: Batch
+    """The whole batch (for per-trajectory tensors such as `success`, indexed through `row_traj`)."""
+    rows: torch.Tensor
+    """The micro-batch's rows of the batch [B]."""
+    step_rows: torch.Tensor
+    """Every row of the optimizer step, rows skipped for a zero advantage included."""
+    step_mask: torch.Tensor
+    """The trained tokens of the whole step [len(step_rows), S] (for step-wide normalisers)."""
+    adv: torch.Tensor
+    """Advantages at `rows` (after the optional whitening)."""
+    old_logp: torch.Tensor
+    """π_old at `rows`: the recorded behaviour log-probs, or their recomputation (`recompute_old_logp`)."""
+    behav_logp: torch.Tensor
+    """The behaviour policy's recorded log-probs at `rows`."""
+    w_tok: torch.Tensor
+    """Token-mean weights of the micro-batch's trained tokens over the step (Σ over the step = 1)."""
+    ext: Ext | None = None
+    """The algorithm's extension from `compute_advantages` (`Advantages.extra`) at `rows`."""
+    fwd: FwdExt | None = None
+    """The algorithm's extension from this micro-batch's forward (`Forward.extra`); set once the forward ran."""
+
+    @classmethod
+    def of_rows(cls, batch: Batch, rows: torch.Tensor | None = None, **fields_: Any) -> MicroBatch:
+        """A micro-batch of `rows` (default: every row) that is its own optimizer step, with the recorded
+        log-probs as π_old and behaviour, zero advantages and token-mean weights over the generated tokens, unless
+        `fields_` gives them (for calling the loss hooks outside the trainer)."""
+        r = torch.arange(batch.num_rows, device=batch.gen_mask.device) if rows is None else rows
+        gen = batch.gen_mask[r].float()
+        base = dict(step_rows=r, step_mask=batch.gen_mask[r], adv=torch.zeros_like(gen),
+                    old_logp=batch.old_logp[r], behav_logp=batch.old_logp[r], w_tok=gen / gen.sum().clamp_min(1))
+        return cls(batch=batch, rows=r, **{**base, **fields_})
+
+    @property
+    def gen_mask(self) -> torch.Tensor:
+        return self.batch.gen_mask[self.rows]
+
+    @property
+    def turn_index(self) -> torch.Tensor:
+        return self.batch.turn_index[self.rows]
+
+    @property
+    def row_traj(self) -> torch.Tensor:
+        return self.batch.row_traj[self.rows]

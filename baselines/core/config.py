@@ -15,6 +15,7 @@ import torch
 from shopsim.configs import bounded, validate
 from shopsim.errors import ConfigError
 
+from .batch import RowTensors
 from .losses import AGG_MODES
 
 __all__ = ["LMConfig", "AggMode", "Truncation", "Advantages", "Ctx"]
@@ -199,6 +200,9 @@ class Advantages:
     token_mask: torch.Tensor | None = None
     """Tokens that enter the policy loss (default: generated tokens; DAPO/WAPO may drop some)."""
     metrics: dict = field(default_factory=dict)
+    extra: RowTensors | None = None
+    """The algorithm's extension: per-row tensors computed with the advantages that its loss hooks read (TrOPD's
+    K1, trust region and teacher top-k). The trainer hands them on at each micro-batch's rows (`MicroBatch.ext`)."""
 
 
 @dataclass

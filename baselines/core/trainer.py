@@ -7,16 +7,26 @@ length-bucketed micro-batches (`micro_batch_tokens`) → evaluation on the dev s
 (seeding, resume from `out_dir/state.safetensors`, `metrics.csv`, TensorBoard in `out_dir/tb`, the progress bar) is
 `baselines.core.loop.LoopAlgorithm`, shared with every other algorithm; `LMAlgorithm` fills in its steps.
 
-An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes:
+An algorithm subclasses `LMAlgorithm` and overrides only what its paper changes. Every hook below is public and
+documented in docs/algorithms/core.md; no algorithm overrides a private method of this class (tested).
 
-* `compute_advantages(batch, ctx)`  → `Advantages` (token advantages [R, S], optional critic targets)
-* `policy_loss_tok(mb, logp, adv)`  → per-token policy loss (default: PPO's clipped surrogate)
-* `extra_loss(mb, logp)`            → additional loss terms (VAPO's positive-example NLL)
+* `advantage_estimator` (class attribute) → a registered estimator of `baselines.core.advantages` (GRPO:
+  ``"group_outcome"``, PPO: ``"token_gae"``), used by the default `compute_advantages`
+* `compute_advantages(batch, ctx)`  → `Advantages` (token advantages [R, S], optional critic targets, and the
+  algorithm's typed extension `Advantages.extra`, handed on to the loss hooks as `MicroBatch.ext`)
+* `policy_loss_tok(mb, logp, adv, mask)` → per-token policy loss (default: PPO's clipped surrogate)
+* `extra_loss(mb, logp, mask)`      → additional loss terms (VAPO's positive-example NLL)
 * `policy_weights(batch, rows, mask)` → the step-wide per-token weights of the policy loss (default: `loss_agg`;
   WAPO's per-group normaliser)
 * `token_metrics(mb, logp, ent, coll)` → logging-only statistics of each micro-batch's forward (WAPO's token bins)
+* `policy_forward(mb, ...)`         → the update's forward as a `Forward`, whose `extra` reaches the loss hooks as
+  `MicroBatch.fwd` (TrOPD: the student's log-probs at the teacher's top-k ids)
+* `reduce_step_metrics(steps)`      → the iteration's update metrics from those of its optimizer steps (default:
+  their means; TrOPD adds the largest gradient norm)
+* `reads_zero_advantage_rows` (class attribute) → the loss reads rows whose advantage is zero (TrOPD's forward KL
+  on outlier tokens), so they are never skipped (`skip_zero_advantage_rows`)
+* `configure_agent(agent)`          → the agent's sampling options before rollouts (BiPACE: the hidden layer)
 * `collect_batch(...)`              → rollout policy (DAPO's dynamic sampling)
-* `policy_forward(batch, rows, ...)` → the update's forward, plus extra per-row tensors for the loss (TrOPD)
 * `before_training(...)`            → e.g. VAPO's value pre-training
 * `eval_trajectory_metrics(split, trajs)` → extra evaluation metrics (midtrain's strategy mix)
 """
@@ -36,7 +46,7 @@ from baselines.core.loop import LoopAlgorithm, Run
 from shopsim.errors import ConfigError
 from shopsim.trajectory import style_metrics, success_by_family, zero_variance_groups
 
-from .batch import Batch, build_batch
+from .batch import Batch, Forward, MicroBatch, build_batch
 from .config import Advantages, Ctx, LMConfig
 from .losses import (
     aggregate,
@@ -52,7 +62,7 @@ from .losses import (
 from .stats import explained_variance, masked_mean, masked_whiten
 from .value_head import ValueModel
 
-__all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "forward_policy", "body_inputs"]
+__all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "MicroBatch", "Forward", "forward_policy", "body_inputs"]
 
 
 def body_inputs(attention_mask: torch.Tensor, *, causal_only: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -142,16 +152,35 @@ class LMAlgorithm(LoopAlgorithm):
     needs_collision: ClassVar[bool] = False
     #: record per-turn hidden summaries during rollouts (the LM agent's ``sampling.record_hidden``; BiPACE)
     needs_hidden: ClassVar[bool] = False
+    #: the name of a registered estimator (`baselines.core.advantages.estimator`) that the default
+    #: `compute_advantages` calls with ``(batch, ctx, self.config)``; None: the algorithm overrides
+    #: `compute_advantages`
+    advantage_estimator: ClassVar[str | None] = None
+    #: the loss hooks read rows whose advantage is zero at every trained token (TrOPD's forward KL on outlier
+    #: tokens): such rows are then never left out of the update (`LMConfig.skip_zero_advantage_rows`)
+    reads_zero_advantage_rows: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ hooks
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
-        raise NotImplementedError
+        """Token advantages of `batch`: by default the registered `advantage_estimator`."""
+        if self.advantage_estimator is None:
+            raise NotImplementedError(f"{type(self).__name__}: set advantage_estimator or override "
+                                      "compute_advantages")
+        from .advantages import estimator
 
-    def policy_loss_tok(self, mb: dict, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
+        return estimator(self.advantage_estimator)(batch, ctx, self.config)
+
+    def policy_loss_tok(self, mb: MicroBatch, logp: torch.Tensor, adv: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Per-token policy loss [B, S] of micro-batch `mb` and its statistics (token-weighted means are logged).
+        Default: PPO's clipped surrogate against π_old (arXiv 1707.06347, eq. 7; dual clip as in verl)."""
         c = self.config
-        return clipped_surrogate(logp, mb["old_logp_pi"], adv, mask, c.clip_low, c.clip_high, c.dual_clip)
+        return clipped_surrogate(logp, mb.old_logp, adv, mask, c.clip_low, c.clip_high, c.dual_clip)
 
-    def extra_loss(self, mb: dict, logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+    def extra_loss(self, mb: MicroBatch, logp: torch.Tensor,
+                   mask: torch.Tensor) -> tuple[torch.Tensor | None, dict]:
+        """An extra loss term of micro-batch `mb` (already normalised over the step) and its metrics; default none.
+        Overriding it keeps zero-advantage rows in the update."""
         return None, {}
 
     def policy_weights(self, batch: Batch, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -161,7 +190,7 @@ class LMAlgorithm(LoopAlgorithm):
         seq_index = torch.unique(batch.row_traj[rows], return_inverse=True)[1]
         return aggregation_weights(mask, self.config.loss_agg, seq_index=seq_index)
 
-    def token_metrics(self, mb: dict, logp: torch.Tensor, ent: torch.Tensor | None,
+    def token_metrics(self, mb: MicroBatch, logp: torch.Tensor, ent: torch.Tensor | None,
                       coll: torch.Tensor | None) -> dict:
         """Logging-only statistics of one micro-batch's forward (`coll`: Σ_v p_v² when `needs_collision`). The
         values are summed over the step's micro-batches, so return each micro-batch's share of a step-wide mean."""
@@ -181,6 +210,11 @@ class LMAlgorithm(LoopAlgorithm):
     def load_algo_state(self, state: dict) -> None:  # noqa: B027
         pass
 
+    def reduce_step_metrics(self, steps: dict[str, list[float]]) -> dict[str, float]:
+        """The update's metrics from those of its optimizer steps (`steps`: metric -> one value per step that
+        logged it, in step order). Default: the mean of each."""
+        return {k: float(np.mean(v)) for k, v in steps.items()}
+
     # ------------------------------------------------------------------ setup
     def make_agent(self, env_id: str, init, seed: int):
         import agents
@@ -189,15 +223,17 @@ class LMAlgorithm(LoopAlgorithm):
         kw = dict(c.agent_kwargs)
         if c.context_mode is not None:
             kw["context_mode"] = c.context_mode
-        if init is not None:
-            agent = agents.load_checkpoint(init, env_id=env_id, **kw)
+        if init is not None:  # a checkpoint, or any local causal-LM folder (`shopsim model import`)
+            agent = agents.registry.load_start(init, env_id=env_id, **kw)
         else:
             agent = agents.make("lm", env_id, **kw)
-        self._configure_agent(agent)
+        self.configure_agent(agent)
         return agent
 
-    def _configure_agent(self, agent) -> None:
-        """Apply the config's sampling options to the agent, where it exposes them."""
+    def configure_agent(self, agent) -> None:
+        """Apply the config's sampling options to the agent, where it exposes them (temperature, top_p, the token
+        limit, sampling rather than greedy decoding, hidden-state recording with `needs_hidden`, the context mode).
+        An algorithm that needs more of the agent extends it and calls this one first (BiPACE: the hidden layer)."""
         c = self.config
         samp = getattr(agent, "sampling", None)
         if samp is not None:
@@ -253,23 +289,22 @@ class LMAlgorithm(LoopAlgorithm):
                               need_hidden=need_hidden, positions=positions, need_collision=need_collision,
                               causal_only=not self.config.padding_mask)
 
-    def policy_forward(self, batch: Batch, r: torch.Tensor, *, need_entropy: bool = False,
-                       need_hidden: bool = False) -> tuple:
-        """The update's differentiable forward over rows `r`: ``(logp, entropy, hidden, extras)``.
-
-        `extras` (a dict, empty here) is merged into the micro-batch dict `mb` that `policy_loss_tok` and
-        `extra_loss` receive, so an algorithm that needs more than the sampled tokens' log-probs from the same
-        forward (TrOPD: the student's log-probs at the teacher's top-k ids) overrides this one method. With
-        `needs_collision`, extras["collision"] holds Σ_v p_v² at the trained positions."""
+    def policy_forward(self, mb: MicroBatch, *, need_entropy: bool = False, need_hidden: bool = False) -> Forward:
+        """The update's differentiable forward over the rows of `mb`, as a `Forward`: the log-probs of the trained
+        tokens, the entropy and hidden states when asked for, and with `needs_collision` Σ_v p_v² at the trained
+        positions. An algorithm that needs more from the same forward (TrOPD: the student's log-probs at the
+        teacher's top-k ids) overrides it and returns its tensors in `Forward.extra`; the loss hooks then read
+        them as `mb.fwd`."""
+        batch, r = mb.batch, mb.rows
         if self.needs_collision:  # Σ_v p_v² from the same forward, for `token_metrics` (WAPO's token bins)
-            logp, ent, hid, coll = self._trimmed(lambda i, a, g: self._rows_forward(
+            logp, ent, hid, coll = self.trimmed(lambda i, a, g: self._rows_forward(
                 self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g,
                 need_collision=True), batch, r, batch.gen_mask[r])
-            return logp, ent, hid, {"collision": coll}
-        logp, ent, hid = self._trimmed(lambda i, a, g: self._rows_forward(
+            return Forward(logp=logp, entropy=ent, hidden=hid, collision=coll)
+        logp, ent, hid = self.trimmed(lambda i, a, g: self._rows_forward(
             self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g), batch, r,
             batch.gen_mask[r])
-        return logp, ent, hid, {}
+        return Forward(logp=logp, entropy=ent, hidden=hid)
 
     def micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Split `rows` into micro-batches, returned as positions into `rows`: length-bucketed under
@@ -277,7 +312,7 @@ class LMAlgorithm(LoopAlgorithm):
 
         Rows are sorted by length and taken in order while ``rows × longest row`` stays within the token budget
         and the padding stays within `micro_batch_padding` of the micro-batch's real tokens, so each micro-batch is
-        padded only to its own longest row (see `_trimmed`) and rows of very different lengths (a short episode
+        padded only to its own longest row (see `trimmed`) and rows of very different lengths (a short episode
         and a long one in concat mode) do not share one."""
         c = self.config
         pos = torch.arange(len(rows), device=rows.device)
@@ -302,7 +337,7 @@ class LMAlgorithm(LoopAlgorithm):
             out.append(torch.tensor(cur, device=rows.device))
         return out
 
-    def _trimmed(self, fn, batch: Batch, r: torch.Tensor, *args, **kwargs):
+    def trimmed(self, fn, batch: Batch, r: torch.Tensor, *args, **kwargs):
         """Run ``fn(ids, attn, *args, **kwargs)`` on rows `r` cut to their longest row (right padding), then pad
         every [B, S']-shaped tensor of the result back to the batch width S."""
         S = batch.input_ids.shape[1]
@@ -335,15 +370,15 @@ class LMAlgorithm(LoopAlgorithm):
                 gen = batch.gen_mask[r]
                 hid = None
                 if need_old or shared:
-                    lp, _, hid = self._trimmed(lambda i, a, g: self._rows_forward(
+                    lp, _, hid = self.trimmed(lambda i, a, g: self._rows_forward(
                         self.model, i, a, need_hidden=shared, positions=g), batch, r, gen)
                     if need_old:
                         old[r] = lp
                 if ref is not None:
-                    ref[r] = self._trimmed(lambda i, a, g: self._rows_forward(self.ref_model, i, a, positions=g),
+                    ref[r] = self.trimmed(lambda i, a, g: self._rows_forward(self.ref_model, i, a, positions=g),
                                            batch, r, gen)[0]
                 if values is not None:
-                    values[r] = self._trimmed(lambda i, a, h: self.critic(i, a, hidden=h), batch, r, hid)
+                    values[r] = self.trimmed(lambda i, a, h: self.critic(i, a, hidden=h), batch, r, hid)
         if values is not None:
             values = values * batch.gen_mask
         old_pi = old * batch.gen_mask if need_old else behav
@@ -371,7 +406,7 @@ class LMAlgorithm(LoopAlgorithm):
                 m = self._minibatch_step(batch, rows, ctx, advs, adv, tok_mask)
                 for k, v in m.items():
                     acc.setdefault(k, []).append(v)
-        metrics.update({k: float(np.mean(v)) for k, v in acc.items()})
+        metrics.update(self.reduce_step_metrics(acc))
         return metrics
 
     def minibatch_rows(self, batch: Batch, generator: torch.Generator | None = None) -> list[torch.Tensor]:
@@ -422,15 +457,14 @@ class LMAlgorithm(LoopAlgorithm):
         for ch in chunks:
             r = rows[ch]
             mask = tok_mask[r]
-            logp, ent, hid, fwd_extra = self.policy_forward(batch, r, need_entropy=need_ent, need_hidden=shared)
-            coll = fwd_extra.pop("collision", None) if need_coll else None
-            mb = {
-                "rows": r, "gen_mask": batch.gen_mask[r], "turn_index": batch.turn_index[r],
-                "row_traj": batch.row_traj[r], "old_logp_pi": ctx.old_logp[r], "behav_logp": ctx.behav_logp[r],
-                "batch": batch, "adv": adv[r], "step_rows": full_rows, "step_mask": mask_all, "w_tok": w_tok[ch],
-                **fwd_extra,
-            }
-            pg_tok, st = self.policy_loss_tok(mb, logp, adv[r], mask)
+            mb: MicroBatch = MicroBatch(batch=batch, rows=r, step_rows=full_rows, step_mask=mask_all, adv=adv[r],
+                                        old_logp=ctx.old_logp[r], behav_logp=ctx.behav_logp[r], w_tok=w_tok[ch],
+                                        ext=None if advs.extra is None else advs.extra.rows(r))
+            fwd = self.policy_forward(mb, need_entropy=need_ent, need_hidden=shared)
+            mb.fwd = fwd.extra
+            logp, ent, hid = fwd.logp, fwd.entropy, fwd.hidden
+            coll = fwd.collision if need_coll else None
+            pg_tok, st = self.policy_loss_tok(mb, logp, mb.adv, mask)
             for k, v in self.token_metrics(mb, logp, ent, coll).items():
                 stats[k] = stats.get(k, 0.0) + float(v)
             lp = (pg_tok * w_pol[ch]).sum()
@@ -451,7 +485,7 @@ class LMAlgorithm(LoopAlgorithm):
             for k, v in em.items():
                 stats[k] = stats.get(k, 0.0) + float(v) / len(chunks)
             if self.critic is not None and advs.returns is not None:
-                v_new = self._trimmed(lambda i, a, h: self.critic(i, a, hidden=h), batch, r, hid)
+                v_new = self.trimmed(lambda i, a, h: self.critic(i, a, hidden=h), batch, r, hid)
                 vl_tok, _ = value_loss(v_new, ctx.values[r], advs.returns[r], c.value_clip)
                 vl = (vl_tok * w_val[ch]).sum()
                 loss = loss + c.vf_coef * vl
@@ -484,7 +518,7 @@ class LMAlgorithm(LoopAlgorithm):
         """Whether rows with zero advantage everywhere add nothing to the loss (see `skip_zero_advantage_rows`)."""
         c = self.config
         return (c.skip_zero_advantage_rows and not need_ent and not self.needs_collision and self.critic is None
-                and (ctx.ref_logp is None or c.kl_coef == 0)
+                and (ctx.ref_logp is None or c.kl_coef == 0) and not self.reads_zero_advantage_rows
                 and type(self).extra_loss is LMAlgorithm.extra_loss)
 
     # ------------------------------------------------------------------ rollouts
@@ -598,14 +632,14 @@ class LMAlgorithm(LoopAlgorithm):
             hids = [None] * len(mbs)
             if self.critic.shared:
                 with torch.no_grad():
-                    hids = [self._trimmed(lambda i, a, g: self._rows_forward(
+                    hids = [self.trimmed(lambda i, a, g: self._rows_forward(
                         self.model, i, a, need_hidden=True, positions=torch.zeros_like(g)), b, r, b.gen_mask[r])[2]
                         for r in mbs]
             data.append((b, ret, mbs, hids))
         held = data.pop()
 
         def critic_rows(b, r, hid):
-            return self._trimmed(lambda i, a, h: self.critic(i, a, hidden=h), b, r, hid)
+            return self.trimmed(lambda i, a, h: self.critic(i, a, hidden=h), b, r, hid)
 
         @torch.no_grad()
         def ev_of(d) -> float:
@@ -660,7 +694,7 @@ class LMAlgorithm(LoopAlgorithm):
         if agent is None:
             agent = self.make_agent(run.env_id, run.init, run.seed)
         else:
-            self._configure_agent(agent)
+            self.configure_agent(agent)
         self.setup(agent)
         # the checkpoint's own env options (e.g. the rendering it was fine-tuned on) unless the config overrides them
         env_kwargs = {**(getattr(agent, "env_kwargs", None) or {}), **c.env_kwargs,
@@ -725,7 +759,7 @@ class LMAlgorithm(LoopAlgorithm):
         if self.start_model is not None:
             start = torch.zeros_like(behav)
             for r in self.micro_batches(batch, torch.arange(batch.num_rows, device=behav.device)):
-                start[r] = self._trimmed(lambda i, a, g: self._rows_forward(self.start_model, i, a, positions=g),
+                start[r] = self.trimmed(lambda i, a, g: self._rows_forward(self.start_model, i, a, positions=g),
                                          batch, r, batch.gen_mask[r])[0]
             out["kl_start"] = float(((behav - start) * gen).sum() / n)
         return out
