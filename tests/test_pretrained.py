@@ -234,3 +234,78 @@ def test_smollm2_records_exact_tokens_over_multi_turn_episodes(smollm2, mode):
         recomputed = logp[i][mask[i].bool()].tolist()
         assert recomputed == pytest.approx(list(t.action_logprobs), abs=1e-4)
     print(f"{mode}: {len(turns)} turns, {drift} whose decoded text re-tokenises to other ids")
+
+
+# ---------------------------------------------------------------------- training starts from a model folder
+#: the budget of `_sft_and_train_from`: one SFT step, one GRPO iteration, short episodes on a small catalog
+_ENV_KW = '{"catalog_size": 2000, "max_turns": 8}'
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+
+def _sft_and_train_from(model_dir, tmp_path, capsys):
+    """`shopsim sft --init DIR` (one step) and `shopsim train --init DIR` (one GRPO iteration) from a plain model
+    folder; each checkpoint holds other weights than the folder, keeps the folder's tokenizer and the env's text
+    grammar as its system prompt, and `shopsim eval --checkpoint` reads it back."""
+    import torch
+    from transformers import AutoTokenizer
+
+    import agents
+    from shopsim.envs.shopping.tools import system_prompt
+
+    start = _weights(model_dir)
+    vocab = AutoTokenizer.from_pretrained(str(model_dir)).get_vocab()
+    runs = {
+        "sft": ["sft", "--env", "shopsim/Shopping-v0", "--expert-episodes", "2", "--init", str(model_dir),
+                "--steps", "1", "--batch-size", "2", "--warmup", "1", "--curriculum-steps", "0",
+                "--augment-copies", "0", "--eval-episodes", "1", "--num-envs", "1", "--max-new-tokens", "4",
+                "--env-kwargs", _ENV_KW, "--no-progress", "--out", str(tmp_path / "sft")],
+        "train": ["train", "--algo", "grpo", "--env", "shopsim/Shopping-v0", "--init", str(model_dir),
+                  "--iterations", "1", "--set", "group_size=2", "--set", "tasks_per_iter=1", "--set", "num_envs=2",
+                  "--set", "eval_episodes=0", "--set", "max_new_tokens=4", "--set", f"env_kwargs={_ENV_KW}",
+                  "--set", "lr=1e-3", "--set", "entropy_coef=0.01", "--set", "skip_zero_advantage_rows=false",
+                  "--set", "log_kl_start=false", "--no-progress", "--out", str(tmp_path / "train")],
+    }
+    for name, argv in runs.items():
+        assert main(argv) == 0, capsys.readouterr().err
+        ckpt = tmp_path / name / "checkpoint"
+        manifest = json.loads((ckpt / "shopsim_agent.json").read_text())
+        assert manifest["options"]["system_prompt"] == system_prompt(form="text"), name
+        got = _weights(ckpt)
+        assert got.keys() <= start.keys() and any(not torch.equal(got[k], start[k]) for k in got), name  # trained
+        assert AutoTokenizer.from_pretrained(str(ckpt)).get_vocab() == vocab, name
+        out = tmp_path / f"{name}.json"
+        rc = main(["eval", "--env", "shopsim/Shopping-v0", "--checkpoint", str(ckpt), "--tasks", "1", "--tries", "1",
+                   "--seeds", "0", "--no-progress", "--out", str(out)])
+        assert rc == 0, capsys.readouterr().err
+        rec = json.loads(out.read_text())
+        assert rec["kind"] == "checkpoint" and rec["episodes"] == 1, name
+        agent = agents.load_checkpoint(ckpt)
+        assert "Reply with exactly one action" in agent.tokenizer.decode(agent.fmt.system_ids), name
+    run = json.loads((tmp_path / "train" / "run.json").read_text())
+    assert run["init"] == str(model_dir)
+    sft_manifest = json.loads((tmp_path / "sft" / "checkpoint" / "shopsim_agent.json").read_text())
+    assert sft_manifest["init"]["path"] == str(model_dir)
+
+
+def test_sft_and_train_start_from_a_model_folder(model_dir, tmp_path, capsys):
+    _sft_and_train_from(model_dir, tmp_path, capsys)
+
+
+def test_train_init_still_refuses_a_folder_that_is_neither(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc = main(["train", "--algo", "grpo", "--env", "shopsim/Shopping-v0", "--init", str(tmp_path / "empty"),
+               "--iterations", "1", "--no-progress", "--out", str(tmp_path / "t")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "not a shopsim checkpoint" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_sft_and_train_start_from_the_imported_smollm2(smollm2, tmp_path, capsys):
+    """The same with the real SmolLM2-135M-Instruct folder of `shopsim model import`: its BPE tokenizer and ChatML
+    template carry through SFT and GRPO into checkpoints that `shopsim eval --checkpoint` runs."""
+    _sft_and_train_from(smollm2, tmp_path, capsys)

@@ -10,6 +10,8 @@
   env's text grammar goes in the system prompt (`shopsim.envs.shopping.tools.system_prompt`).
 * `model_record(directory)`: what a results file records about the model: its name and the sha256 of its weight
   files (`shopsim.paths.files_digest` over ``*.safetensors``).
+* `is_model_folder(directory)`: whether a training start (`shopsim sft --init`, `shopsim train --init`) is such a
+  folder rather than a shopsim checkpoint; `agents.registry.load_start` then builds its agent with `model_agent`.
 
 Nothing here reaches the network: folders load with ``local_files_only=True``.
 """
@@ -101,6 +103,15 @@ def import_gguf(name_or_path: str | Path, out: str | Path, *, dtype: str = "floa
         if stale.name not in written:
             stale.unlink()
     return out
+
+
+def is_model_folder(directory: str | Path) -> bool:
+    """Whether `directory` is a plain model folder: a ``config.json`` and no shopsim checkpoint manifest (a folder
+    with a manifest is a checkpoint, whose saved options say how its model acts)."""
+    from agents.registry import CHECKPOINT_MANIFEST
+
+    path = Path(directory)
+    return (path / "config.json").is_file() and not (path / CHECKPOINT_MANIFEST).is_file()
 
 
 def check_import_target(out: str | Path) -> None:

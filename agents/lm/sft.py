@@ -489,13 +489,16 @@ def finished_run(out_dir: str | Path, config: SFTConfig, *, init: dict | None = 
 
 def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Path, tokenizer=None,
               model=None, progress: bool = True, callback=None, init: dict | None = None,
-              data: dict | None = None):
+              data: dict | None = None, system_prompt: str | None = None):
     """Behaviour-clone `trajectories`; returns ``(agent, history)``. Writes checkpoints, metrics.csv, the plot.
 
     `init` describes where `model` came from when it is not a fresh one (`init_record`); it is written to the
     checkpoint manifest, so a checkpoint trained in stages names every stage's options. `data` describes the
     trajectories (``{"expert_episodes": n}``, ``{"path": ...}``); it is written to the manifest too, and
     `finished_run` compares it.
+
+    `system_prompt` replaces the agent's default one (a pretrained model from `agents.lm.pretrained` is told the env's
+    text grammar there, `shopsim sft --init MODEL_DIR`); the checkpoint keeps it.
 
     `callback(record)` is called after every step with that step's metrics dict. An interrupted run resumes: each
     intermediate checkpoint (every `config.eval_every` steps) also saves the optimizer state and the metrics so far,
@@ -512,7 +515,8 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     model = model or build_model(tokenizer, arch=config.arch, size=config.size, seed=config.seed)
     agent = LMAgent(env_id=env_id, model=model, tokenizer=tokenizer, context_mode=config.context_mode,
                     history=config.history, history_obs_chars=config.history_obs_chars, greedy=True,
-                    max_new_tokens=config.max_new_tokens, pin_first_turn=config.pins_first_turn)
+                    max_new_tokens=config.max_new_tokens, pin_first_turn=config.pins_first_turn,
+                    **({"system_prompt": system_prompt} if system_prompt is not None else {}))
     env_kwargs = config.env_options()
     agent.env_kwargs = dict(env_kwargs)
     if config.augment_copies:

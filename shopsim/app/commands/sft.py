@@ -2,6 +2,11 @@
 
     shopsim sft --expert-episodes 1000 --out runs/sft [--env ENV] [--family find_and_buy] [--seed 0]
     shopsim sft --data expert.parquet --out runs/sft
+    shopsim sft --data expert.parquet --init models/smollm2 --out runs/sft-smollm2
+
+``--init`` takes a shopsim checkpoint or any local Hugging Face causal-LM folder (`shopsim model import`): such a
+model keeps its tokenizer and chat template and is told the env's text grammar (the expert's action form) in its
+system prompt, which the checkpoint keeps.
 
 The training options are the fields of `agents.lm.sft.SFTConfig`, one ``--field-name`` flag each
 (`shopsim.configs.add_config_arguments`), so their defaults are SFTConfig's: the recipe that lets the default
@@ -38,8 +43,9 @@ def add_parser(sub) -> None:
     src.add_argument("--expert-episodes", type=positive_int, help="collect this many expert episodes first")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--init", default=None, metavar="DIR",
-                   help="continue from this model folder (a checkpoint's weights and tokenizer) instead of a "
-                        "randomly initialised model; --arch/--size are then ignored")
+                   help="start from this folder instead of a randomly initialised model: a shopsim checkpoint, or "
+                        "any local Hugging Face causal-LM folder (e.g. from `shopsim model import`), which is then "
+                        "told the env's text grammar in its system prompt; --arch/--size are then ignored")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
     default_families = ",".join(SFTConfig.__dataclass_fields__["families"].default) or "all"
@@ -88,16 +94,28 @@ def run(args) -> int:
     if done is not None:  # a staged recipe run again (`make lm-agent`): this stage is already trained
         print(f"sft: {out} already holds this finished run (same options, start and data): {done}")
         return 0
-    model = tokenizer = None
+    model = tokenizer = system_prompt = None
     if args.init:  # before the data: damaged weights are refused before expert episodes are collected
         from pathlib import Path
 
         from agents.lm.model import load_model
+        from agents.lm.pretrained import is_model_folder, load_pretrained
         from agents.lm.tokenizer import load_tokenizer
 
         if not (Path(args.init) / "config.json").is_file():
             raise ConfigError(f"--init {args.init}: not a model folder (no config.json)")
-        model, tokenizer = load_model(args.init), load_tokenizer(args.init)
+        if is_model_folder(args.init):  # a pretrained model: its own tokenizer, told the expert's text grammar
+            from shopsim.envs import env_record
+            from shopsim.envs.record import text_env_ids
+            from shopsim.envs.shopping.tools import system_prompt as env_prompt
+
+            if not env_record(args.env).text:
+                raise ConfigError(f"--init {args.init}: a language model acts only in "
+                                  f"{' or '.join(text_env_ids())}, not {args.env}; pass --env {text_env_ids()[0]}")
+            model, tokenizer = load_pretrained(args.init)
+            system_prompt = env_prompt(form="text")
+        else:
+            model, tokenizer = load_model(args.init), load_tokenizer(args.init)
     if args.data:
         from shopsim.datasets import read_trajectories
 
@@ -105,7 +123,7 @@ def run(args) -> int:
     else:
         trajs = sft.sft_expert_data(args.env, args.expert_episodes, cfg, progress=not args.no_progress)
     agent, history = sft.train_sft(args.env, trajs, cfg, out_dir=out, progress=not args.no_progress, model=model,
-                                   tokenizer=tokenizer, init=init, data=data)
+                                   tokenizer=tokenizer, init=init, data=data, system_prompt=system_prompt)
     last = history[-1]
     print(f"sft: {len(trajs)} expert episodes, {cfg.steps} steps, final loss {last['loss']:.4f}, "
           f"dev success {last.get('eval_success', float('nan')):.3f} -> {agent.checkpoint}")

@@ -24,7 +24,10 @@ def add_parser(sub) -> None:
     p.add_argument("--algo", required=True, help="algorithm name (grpo, ppo, mpo, ...) or module:Class")
     p.add_argument("--show-config", action="store_true",
                    help="print the algorithm's config fields with their defaults and docs, then exit")
-    p.add_argument("--init", default=None, help="start from this checkpoint folder (e.g. an SFT checkpoint)")
+    p.add_argument("--init", default=None, metavar="DIR",
+                   help="start from this folder: a checkpoint (e.g. an SFT checkpoint), or any local Hugging Face "
+                        "causal-LM folder (e.g. from `shopsim model import`), which acts through its own chat "
+                        "template like `shopsim eval --model` (text envs)")
     p.add_argument("--iterations", type=positive_int, default=10, help="training iterations")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output folder (default runs/<algo>-seed<S>)")
