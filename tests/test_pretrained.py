@@ -263,12 +263,14 @@ def _sft_and_train_from(model_dir, tmp_path, capsys):
         "sft": ["sft", "--env", "shopsim/Shopping-v0", "--expert-episodes", "2", "--init", str(model_dir),
                 "--steps", "1", "--batch-size", "2", "--warmup", "1", "--curriculum-steps", "0",
                 "--augment-copies", "0", "--eval-episodes", "1", "--num-envs", "1", "--max-new-tokens", "4",
+                "--context-mode", "window", "--history", "1",
                 "--env-kwargs", _ENV_KW, "--no-progress", "--out", str(tmp_path / "sft")],
         "train": ["train", "--algo", "grpo", "--env", "shopsim/Shopping-v0", "--init", str(model_dir),
                   "--iterations", "1", "--set", "group_size=2", "--set", "tasks_per_iter=1", "--set", "num_envs=2",
                   "--set", "eval_episodes=0", "--set", "max_new_tokens=4", "--set", f"env_kwargs={_ENV_KW}",
                   "--set", "lr=1e-3", "--set", "entropy_coef=0.01", "--set", "skip_zero_advantage_rows=false",
-                  "--set", "log_kl_start=false", "--no-progress", "--out", str(tmp_path / "train")],
+                  "--set", "log_kl_start=false", "--set", "micro_batch_tokens=1024", "--no-progress",
+                  "--out", str(tmp_path / "train")],
     }
     for name, argv in runs.items():
         assert main(argv) == 0, capsys.readouterr().err
