@@ -1,0 +1,412 @@
+"""The seed papers' claims in one verdict table, read from the recorded results (nothing is trained here).
+
+    python -m benchmarks.seed_claims [--md docs/results/seed_claims.md] [--json docs/results/seed_claims.json]
+
+One row per claim of an algorithm card: the paper, the algorithm, the claim in one line, the start the runs trained
+from, the measured figure per seed, the reference arm per seed, the decision rule and the verdict (*shown* / *not
+shown*; *not measured* when the results file a row reads is missing). Each row is a `ClaimSpec` in `SPECS`: the
+results file it reads (relative to the repository root) and a `measure` function that turns that file into per-seed
+figures. A claim's own seed runs are paired by seed index (the same seed starts both arms from the same initial
+policy or start checkpoint and draws the same training data where the trainer allows it).
+
+Decision rules (`RULES`):
+
+* ``paired_t``: the per-seed paired difference d_s = row_s − reference_s (or the figure `measure` defines, e.g. a
+  relative gap); shown when the 95% Student-t interval of mean(d) (n − 1 degrees of freedom) excludes 0 on the
+  claim's better side;
+* ``every_seed``: a yes/no per seed; shown when it holds in every seed.
+
+Rows so far: ProRL (docs/results/prorl_ladder.json), CA-PG (docs/results/capg_k.json) and HPO
+(docs/results/hpo_n.json). The LM seed methods join as further `ClaimSpec` entries that read their own results
+files; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+#: two-sided 97.5% quantiles of Student's t by degrees of freedom (the 95% interval's half-width factor)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+        20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+RULES = {
+    "paired_t": "95% t-interval of the per-seed paired difference (row − reference) excludes 0 on the {side} side",
+    "every_seed": "holds in every seed",
+}
+SHOWN, NOT_SHOWN, NOT_MEASURED = "shown", "not shown", "not measured"
+
+
+def _t975(df: int) -> float:
+    known = [d for d in T975 if d <= df]
+    return T975[max(known)] if known else T975[1]
+
+
+def t_interval(values: Sequence[float]) -> list[float]:
+    """The 95% Student-t interval of the mean of `values` (n − 1 degrees of freedom); [nan, nan] with fewer than
+    two finite values."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    if len(v) < 2:
+        return [float("nan"), float("nan")]
+    half = _t975(len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v))
+    return [float(v.mean() - half), float(v.mean() + half)]
+
+
+def decide_paired(diffs: Sequence[float], better: str) -> dict:
+    """Mean, 95% t-interval and verdict of per-seed paired differences; `better` is "higher" or "lower".
+
+    Shown when every seed gave a finite difference and the interval lies strictly on the better side of 0."""
+    if better not in ("higher", "lower"):
+        raise ValueError(f"better must be 'higher' or 'lower', got {better!r}")
+    finite = all(d is not None and math.isfinite(d) for d in diffs)
+    lo, hi = t_interval(diffs)
+    ok = finite and len(diffs) >= 2 and (lo > 0 if better == "higher" else hi < 0)
+    mean = float(np.mean(diffs)) if finite and len(diffs) else float("nan")
+    return {"mean": mean, "ci95": [lo, hi], "verdict": SHOWN if ok else NOT_SHOWN}
+
+
+def decide_every(flags: Sequence[bool]) -> dict:
+    """Verdict of a yes/no per seed: shown when it holds in every seed (and there is at least one)."""
+    return {"holds": f"{sum(bool(f) for f in flags)}/{len(flags)}",
+            "verdict": SHOWN if flags and all(flags) else NOT_SHOWN}
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """One claim of an algorithm card and how to decide it from one recorded results file."""
+
+    paper: str
+    """Short name of the paper (the card's)."""
+    algorithm: str
+    """The algorithm's registry name (the card's heading)."""
+    claim: str
+    """The claim in one line, with the setting it is tested at."""
+    source: str
+    """The results file it reads, relative to the repository root."""
+    reference: str
+    """The reference arm (or threshold) the row is compared with."""
+    rule: str
+    """A key of `RULES`."""
+    measure: Callable[[dict], dict]
+    """results → {"seeds", "figure" (per seed), "reference" (per seed or None), and "diff" (paired_t) or
+    "flags" (every_seed); optional "note"}."""
+    better: str = "higher"
+    """The better side of the paired difference (paired_t)."""
+    start: str = "random init"
+    """What the runs trained from: "sft" (a supervised start checkpoint) or "random init"."""
+    unit: str = ""
+    """Unit of the figure, shown in the table."""
+
+
+def _r(x, nd: int = 6):
+    """Round to `nd` significant digits for the table's JSON (None and non-finite values kept as they are)."""
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)):
+        return [_r(v, nd) for v in x]
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return x
+    x = float(x)
+    return x if not math.isfinite(x) or x == 0 else float(f"{x:.{nd}g}")
+
+
+def decide(spec: ClaimSpec, root: Path = ROOT) -> dict:
+    """The row of one claim: its measured figures and verdict, or *not measured* when the source is missing."""
+    row: dict = {"paper": spec.paper, "algorithm": spec.algorithm, "claim": spec.claim, "start": spec.start,
+                 "source": spec.source, "reference": spec.reference, "unit": spec.unit,
+                 "rule": RULES[spec.rule].format(side=spec.better)}
+    path = root / spec.source
+    if not path.is_file():
+        return {**row, "verdict": NOT_MEASURED, "note": f"{spec.source} is missing"}
+    m = spec.measure(json.loads(path.read_text()))
+    row.update(seeds=m["seeds"], figure=_r(m["figure"]), reference_figure=_r(m.get("reference")))
+    if spec.rule == "paired_t":
+        d = decide_paired(m["diff"], spec.better)
+        row.update(diff=_r(m["diff"]), diff_mean=_r(d["mean"]), diff_ci95=_r(d["ci95"]), verdict=d["verdict"])
+    elif spec.rule == "every_seed":
+        d = decide_every(m["flags"])
+        row.update(flags=[bool(f) for f in m["flags"]], holds=d["holds"], verdict=d["verdict"])
+    else:
+        raise ValueError(f"unknown rule {spec.rule!r}")
+    if m.get("note"):
+        row["note"] = m["note"]
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------- ProRL
+PRORL = "docs/results/prorl_ladder.json"
+
+
+def _prorl(arm: str, key: str, ref_arm: str | None = None, ref_key: str | None = None) -> Callable[[dict], dict]:
+    """Per seed: `key` of `arm` against `ref_key` of `ref_arm` (default: the same arm's start_<key>)."""
+
+    def measure(res: dict) -> dict:
+        runs = {(r["arm"], r["seed"]): r for r in res["runs"]}
+        seeds = sorted(s for a, s in runs if a == arm)
+        fig = [runs[(arm, s)][key] for s in seeds]
+        ref = [runs[(ref_arm or arm, s)][ref_key or f"start_{key}"] for s in seeds]
+        return {"seeds": seeds, "figure": fig, "reference": ref, "diff": [f - r for f, r in zip(fig, ref, strict=True)]}
+
+    return measure
+
+
+def _prorl_max_length(res: dict) -> dict:
+    runs = [r for r in res["runs"] if r["arm"] == "raw"]
+    l_max = 10
+    return {"seeds": [r["seed"] for r in runs], "figure": [r["length"] for r in runs],
+            "reference": [r["start_length"] for r in runs], "flags": [r["length"] >= 0.9 * l_max for r in runs],
+            "note": f"greedy path length after {res['iterations']} iterations; L_max = {l_max}"}
+
+
+# ---------------------------------------------------------------------------------------------------- CA-PG
+CAPG = "docs/results/capg_k.json"
+
+
+def _capg_runs(res: dict, k: int, est: str) -> dict[int, dict]:
+    return {r["seed"]: r for r in res["per_k"][str(k)]["runs"][est]}
+
+
+def _capg_overflow(k: int) -> Callable[[dict], dict]:
+    def measure(res: dict) -> dict:
+        runs = _capg_runs(res, k, "vpg")
+        seeds = sorted(runs)
+        counts = {kk: sum(r["overflow_step"] is not None for r in per["runs"]["vpg"])
+                  for kk, per in res["per_k"].items()}
+        return {"seeds": seeds, "figure": [runs[s]["overflow_step"] for s in seeds], "reference": None,
+                "flags": [runs[s]["overflow_step"] is not None for s in seeds],
+                "note": f"step of the first NaN/Inf gradient (None: none within {res['steps']:,} steps; "
+                        f"{res['user_tower']} user tower, the released float32 normalisers); seeds that overflowed "
+                        "per K: " + ", ".join(f"K={kk} {c}/{len(seeds)}" for kk, c in counts.items())}
+
+    return measure
+
+
+def _capg_auc(k: int, est: str, ref: str = "vpg_swr") -> Callable[[dict], dict]:
+    def measure(res: dict) -> dict:
+        a, b = _capg_runs(res, k, est), _capg_runs(res, k, ref)
+        seeds = sorted(set(a) & set(b))
+        fig, rf = [a[s]["auc"] for s in seeds], [b[s]["auc"] for s in seeds]
+        return {"seeds": seeds, "figure": fig, "reference": rf, "diff": [x - y for x, y in zip(fig, rf, strict=True)],
+                "note": f"value averaged over the ten evaluations of {res['steps']:,} steps (area under the curve)"}
+
+    return measure
+
+
+def _capg_auc_growth(est: str, k_lo: int, k_hi: int, ref: str = "vpg_swr") -> Callable[[dict], dict]:
+    def measure(res: dict) -> dict:
+        lo, hi = _capg_auc(k_lo, est, ref)(res), _capg_auc(k_hi, est, ref)(res)
+        seeds = [s for s in hi["seeds"] if s in lo["seeds"]]
+        d_lo = dict(zip(lo["seeds"], lo["diff"], strict=True))
+        d_hi = dict(zip(hi["seeds"], hi["diff"], strict=True))
+        return {"seeds": seeds, "figure": [d_hi[s] for s in seeds], "reference": [d_lo[s] for s in seeds],
+                "diff": [d_hi[s] - d_lo[s] for s in seeds],
+                "note": f"figure: {est} − {ref} AUC at K = {k_hi}; reference: the same at K = {k_lo}"}
+
+    return measure
+
+
+def _capg_cost(res: dict) -> dict:
+    cost = res["cost_K20_L5"]
+    others = {n: float(np.mean(v)) for n, v in cost.items() if n not in ("top1", "capg_swr")}
+    cheapest = min(others, key=lambda n: others[n])
+    seeds = res["seeds"]
+    fig, rf = cost["top1"], cost[cheapest]
+    return {"seeds": seeds, "figure": fig, "reference": rf, "diff": [x - y for x, y in zip(fig, rf, strict=True)],
+            "note": f"seconds per 1K gradient steps at (K, L) = (20, 5), {res['cost_steps']} steps per seed; "
+                    f"reference: the cheapest other M = 1 estimator ({cheapest}); a shared 2-core machine"}
+
+
+def _capg_variance(k: int, where: str = "init") -> Callable[[dict], dict]:
+    def measure(res: dict) -> dict:
+        var = res["per_k"][str(k)]["variance"]
+        a, b = [c["trace_cov"] for c in var["capg"][where]], [c["trace_cov"] for c in var["vpg"][where]]
+        with np.errstate(divide="ignore"):
+            diff = [float(np.log10(x) - np.log10(y)) for x, y in zip(a, b, strict=True)]
+        return {"seeds": res["seeds"][: len(a)], "figure": a, "reference": b, "diff": diff,
+                "note": f"tr Cov of the batch gradient over {res['var_batches']} batches of 128 contexts at each "
+                        f"seed's {'initial' if where == 'init' else 'trained ca-pg'} parameters; difference in "
+                        "log10 (−1 = ten times lower)"}
+
+    return measure
+
+
+# ---------------------------------------------------------------------------------------------------- HPO
+HPO = "docs/results/hpo_n.json"
+
+
+def _hpo_gap(n: int) -> Callable[[dict], dict]:
+    def measure(res: dict) -> dict:
+        runs = res["per_n"][str(n)]["runs"]
+        h, p = {r["seed"]: r["final"] for r in runs["hpo"]}, {r["seed"]: r["final"] for r in runs["ppo"]}
+        seeds = sorted(set(h) & set(p))
+        return {"seeds": seeds, "figure": [h[s] for s in seeds], "reference": [p[s] for s in seeds],
+                "diff": [100 * (h[s] - p[s]) / p[s] for s in seeds],
+                "note": f"test cost after {res['iterations']} updates × {res['batch']} scenarios; difference: "
+                        "100·(HPO − PPO)/PPO per seed"}
+
+    return measure
+
+
+def _hpo_gap_growth(n_lo: int, n_hi: int) -> Callable[[dict], dict]:
+    def measure(res: dict) -> dict:
+        lo, hi = _hpo_gap(n_lo)(res), _hpo_gap(n_hi)(res)
+        seeds = [s for s in hi["seeds"] if s in lo["seeds"]]
+        g_lo = dict(zip(lo["seeds"], lo["diff"], strict=True))
+        g_hi = dict(zip(hi["seeds"], hi["diff"], strict=True))
+        return {"seeds": seeds, "figure": [g_hi[s] for s in seeds], "reference": [g_lo[s] for s in seeds],
+                "diff": [g_hi[s] - g_lo[s] for s in seeds],
+                "note": f"figure: HPO's gap to PPO (%) at {n_hi} SKUs; reference: at {n_lo} SKUs"}
+
+    return measure
+
+
+def _hpo_vs_ss(res: dict) -> dict:
+    lg = res["long"]
+    s_s = lg["s_S"]
+    fin = [r["curve"][-1]["test_cost"] for r in lg["runs"]]
+    gap = [100 * (c - s_s) / s_s for c in fin]
+    i3 = (3 * (len(lg["runs"][0]["curve"]) - 1)) // 4
+    late = [100 * (r["curve"][-1]["test_cost"] - r["curve"][i3]["test_cost"]) / s_s for r in lg["runs"]]
+    lo, hi = t_interval(late)
+    return {"seeds": [r["seed"] for r in lg["runs"]], "figure": fin, "reference": [s_s] * len(fin), "diff": gap,
+            "note": f"HPO after {lg['iterations']} updates × {lg['batch']} scenarios (the standard tier's setting, "
+                    f"{lg['hidden']} policy); difference: 100·(HPO − (s,S))/(s,S); change of that gap over the last "
+                    f"quarter of the curve (updates {lg['runs'][0]['curve'][i3]['iteration']} → {lg['iterations']}): "
+                    f"{np.mean(late):+.1f} points [{lo:+.1f}, {hi:+.1f}]"}
+
+
+# ---------------------------------------------------------------------------------------------------- the table
+SPECS: list[ClaimSpec] = [
+    ClaimSpec("ProRL", "prorl", "REINFORCE on the raw fused step reward drifts to the maximum path length", PRORL,
+              "greedy length ≥ 0.9·L_max = 9; the SFT start", "every_seed", _prorl_max_length, start="sft",
+              unit="items"),
+    ClaimSpec("ProRL", "prorl", "REINFORCE on the raw reward collapses paths to near-identical sequences across users",
+              PRORL, "the SFT start's share of distinct paths", "paired_t", _prorl("raw", "distinct"), better="lower",
+              start="sft", unit="share of distinct greedy paths"),
+    ClaimSpec("ProRL", "prorl", "centering the step rewards stops the length growth (+centering vs raw)", PRORL,
+              "raw (same seed)", "paired_t", _prorl("+centering", "length", "raw", "length"), better="lower",
+              start="sft", unit="greedy path length"),
+    ClaimSpec("ProRL", "prorl", "position-specific advantages lower the gradient variance (+position vs +centering)",
+              PRORL, "+centering (same seed)", "paired_t", _prorl("+position", "grad_var", "+centering", "grad_var"),
+              better="lower", start="sft", unit="tr Cov per prompt"),
+    ClaimSpec("ProRL", "prorl", "full ProRL raises IoI over the pre-trained policy", PRORL, "SFT start (same seed)",
+              "paired_t", _prorl("prorl", "IoI"), start="sft", unit="IoI"),
+    ClaimSpec("ProRL", "prorl", "full ProRL raises CTR over the pre-trained policy", PRORL, "SFT start (same seed)",
+              "paired_t", _prorl("prorl", "CTR"), start="sft", unit="CTR"),
+    ClaimSpec("CA-PG", "vpg", "v-pg stops with a gradient overflow almost immediately at K = 20", CAPG,
+              "overflow within the budget", "every_seed", _capg_overflow(20), unit="step"),
+    ClaimSpec("CA-PG", "capg", "ca-pg converges faster than v-pg-swr at K = 20", CAPG, "vpg_swr (same seed)",
+              "paired_t", _capg_auc(20, "capg"), unit="value AUC"),
+    ClaimSpec("CA-PG", "top1", "top1 converges faster than v-pg-swr at K = 20", CAPG, "vpg_swr (same seed)",
+              "paired_t", _capg_auc(20, "top1"), unit="value AUC"),
+    ClaimSpec("CA-PG", "capg", "ca-pg's lead over v-pg-swr grows with K (K = 50 vs K = 5)", CAPG,
+              "the lead at K = 5 (same seed)", "paired_t", _capg_auc_growth("capg", 5, 50), unit="value AUC"),
+    ClaimSpec("CA-PG", "top1", "top1's lead over v-pg-swr grows with K (K = 50 vs K = 5)", CAPG,
+              "the lead at K = 5 (same seed)", "paired_t", _capg_auc_growth("top1", 5, 50), unit="value AUC"),
+    ClaimSpec("CA-PG", "top1", "top1 is the cheapest estimator per step at (K, L) = (20, 5)", CAPG,
+              "the cheapest other estimator", "paired_t", _capg_cost, better="lower", unit="s per 1K steps"),
+    ClaimSpec("CA-PG", "capg", "ca-pg's gradient variance is far below v-pg's at fixed parameters (K = 20)", CAPG,
+              "vpg (same parameters)", "paired_t", _capg_variance(20), better="lower", unit="tr Cov"),
+    ClaimSpec("HPO", "hpo", "HPO reaches a lower test cost than Gaussian PPO at 5 SKUs (same simulated periods)", HPO,
+              "ppo (same seed)", "paired_t", _hpo_gap(5), better="lower", unit="test cost"),
+    ClaimSpec("HPO", "hpo", "HPO reaches a lower test cost than Gaussian PPO at 12 SKUs", HPO, "ppo (same seed)",
+              "paired_t", _hpo_gap(12), better="lower", unit="test cost"),
+    ClaimSpec("HPO", "hpo", "HPO reaches a lower test cost than Gaussian PPO at 50 SKUs", HPO, "ppo (same seed)",
+              "paired_t", _hpo_gap(50), better="lower", unit="test cost"),
+    ClaimSpec("HPO", "hpo", "HPO's gap to PPO grows with N (50 vs 5 SKUs)", HPO, "the gap at 5 SKUs (same seed)",
+              "paired_t", _hpo_gap_growth(5, 50), better="lower", unit="gap %"),
+    ClaimSpec("HPO", "hpo", "HPO below tuned (s,S) on stationary demand, 5 SKUs, at a long budget (issue #46's "
+              "question; not a card claim)", HPO, "(s,S) on the same test scenarios", "paired_t", _hpo_vs_ss,
+              better="lower", unit="test cost"),
+]
+
+
+def build(specs: Sequence[ClaimSpec] = SPECS, root: Path = ROOT) -> dict:
+    """The verdict table: every spec's row, and per source file the command and commit that recorded it."""
+    rows = [decide(s, root) for s in specs]
+    sources = {}
+    for src in sorted({s.source for s in specs}):
+        p = root / src
+        if p.is_file():
+            res = json.loads(p.read_text())
+            sources[src] = {k: res.get(k) for k in ("command", "commit", "wall_s")}
+            sources[src]["wall_s"] = _r(sources[src]["wall_s"], 4)
+    return {"sources": sources, "rows": rows}
+
+
+def _num(x) -> str:
+    if x is None:
+        return "none"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    a = abs(x)
+    return f"{x:,.0f}" if a >= 1000 else f"{x:.3g}" if a >= 1 or a == 0 else f"{x:.3f}" if a >= 0.01 else f"{x:.2e}"
+
+
+def to_markdown(table: dict) -> str:
+    lines = ["# Seed papers' claims: one verdict table", "",
+             "Generated by `benchmarks/seed_claims.py` from the recorded results (no training); do not edit by hand.",
+             "", f"- command: `{table['command']}`", f"- commit: `{table['commit']}`", "- sources:"]
+    for src, meta in table["sources"].items():
+        lines.append(f"  - `{src}`: `{meta['command']}` at `{meta['commit']}` ({_num(meta['wall_s'])} s)")
+    lines += ["", "Figures per seed (seeds in brackets); *difference*: mean of the per-seed paired differences and its "
+              "95% Student-t interval. One section per paper (link: `seed_claims.md#<paper>`, lower case)."]
+    paper = None
+    for i, r in enumerate(table["rows"]):
+        if r["paper"] != paper:
+            paper = r["paper"]
+            lines += ["", f"## {paper}", "",
+                      "| paper | algorithm | claim | start | figure per seed | reference arm: per seed "
+                      "| difference [95% CI] | decision rule | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        if r["verdict"] == NOT_MEASURED:
+            lines.append(f"| {r['paper']} | {r['algorithm']} | {r['claim']} | {r['start']} | — | {r['reference']} | "
+                         f"— | {r['rule']} | not measured ({r['note']}) |")
+            continue
+        fig = ", ".join(_num(v) for v in r["figure"]) + f" [{', '.join(map(str, r['seeds']))}]"
+        ref = r["reference"] + (": " + ", ".join(_num(v) for v in r["reference_figure"])
+                                if r.get("reference_figure") else "")
+        if "diff_ci95" in r:
+            diff = f"{_num(r['diff_mean'])} [{_num(r['diff_ci95'][0])}, {_num(r['diff_ci95'][1])}]"
+        else:
+            diff = f"holds in {r['holds']}"
+        lines.append(f"| {r['paper']} | {r['algorithm']} | {r['claim']} | {r['start']} | {fig} ({r['unit']}) | "
+                     f"{ref} | {diff} | {r['rule']} | **{r['verdict']}** [^{i + 1}] |")
+    lines += ["", "## Notes", ""]
+    for i, r in enumerate(table["rows"]):
+        if r["verdict"] != NOT_MEASURED:
+            lines.append(f"[^{i + 1}]: `{r['source']}`" + (f": {r['note']}" if r.get("note") else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--md", default=None, help="write the Markdown table here (the committed one: "
+                                               "docs/results/seed_claims.md)")
+    ap.add_argument("--json", default=None, help="write the JSON here (docs/results/seed_claims.json)")
+    ap.add_argument("--quick", action="store_true", help="accepted for `python -m benchmarks`; changes nothing")
+    args = ap.parse_args(argv)
+    from shopsim.leaderboard.results import git_commit
+
+    args_text = shlex.join(sys.argv[1:] if argv is None else argv)
+    table = {"command": f"python -m benchmarks.seed_claims {args_text}".strip(),
+             "commit": git_commit(ROOT), **build()}
+    md = to_markdown(table)
+    print(md)
+    if args.md:
+        Path(args.md).write_text(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(table, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""The verdict table of the seed papers' claims (benchmarks/seed_claims.py): its decision rules, and that the
+committed table is what the script writes from the committed results files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from benchmarks import seed_claims as sc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_t_interval_matches_the_textbook_value():
+    lo, hi = sc.t_interval([1.0, 2.0, 3.0])  # mean 2, sd 1, n 3: half-width 4.303 / sqrt(3)
+    assert math.isclose(hi - 2.0, 4.303 / math.sqrt(3), rel_tol=1e-9) and math.isclose(lo + hi, 4.0)
+    assert all(math.isnan(v) for v in sc.t_interval([1.0]))
+
+
+def test_paired_rule_shows_a_consistent_difference_and_not_a_noisy_or_wrong_sided_one():
+    assert sc.decide_paired([0.9, 1.0, 1.1], "higher")["verdict"] == sc.SHOWN
+    assert sc.decide_paired([-0.9, -1.0, -1.1], "lower")["verdict"] == sc.SHOWN
+    assert sc.decide_paired([1.0, -0.5, 0.8], "higher")["verdict"] == sc.NOT_SHOWN  # the interval spans 0
+    assert sc.decide_paired([0.9, 1.0, 1.1], "lower")["verdict"] == sc.NOT_SHOWN  # consistent, but the wrong side
+    assert sc.decide_paired([0.9, float("inf"), 1.1], "higher")["verdict"] == sc.NOT_SHOWN  # a seed without a figure
+    assert sc.decide_paired([1.0], "higher")["verdict"] == sc.NOT_SHOWN  # one seed decides nothing
+
+
+def test_every_seed_rule():
+    assert sc.decide_every([True, True, True])["verdict"] == sc.SHOWN
+    assert sc.decide_every([True, False, True]) == {"holds": "2/3", "verdict": sc.NOT_SHOWN}
+    assert sc.decide_every([])["verdict"] == sc.NOT_SHOWN
+
+
+def _spec(source: str, diffs: list[float]) -> sc.ClaimSpec:
+    return sc.ClaimSpec("P", "algo", "a claim", source, "ref", "paired_t",
+                        lambda res: {"seeds": [0, 1, 2], "figure": res["x"], "reference": [0, 0, 0], "diff": res["x"]})
+
+
+def test_a_row_reads_its_source_and_a_missing_source_is_not_measured(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"x": [2.0, 2.1, 1.9]}))
+    row = sc.decide(_spec("r.json", []), tmp_path)
+    assert row["verdict"] == sc.SHOWN and row["figure"] == [2.0, 2.1, 1.9] and row["seeds"] == [0, 1, 2]
+    assert sc.decide(_spec("absent.json", []), tmp_path)["verdict"] == sc.NOT_MEASURED
+
+
+def test_the_committed_table_is_what_the_script_writes_from_the_committed_results():
+    committed = json.loads((ROOT / "docs/results/seed_claims.json").read_text())
+    fresh = json.loads(json.dumps(sc.build()))
+    assert fresh["rows"] == committed["rows"]
+    assert fresh["sources"] == committed["sources"]
+    assert {r["verdict"] for r in committed["rows"]} <= {sc.SHOWN, sc.NOT_SHOWN}  # every row decided
+    md = (ROOT / "docs/results/seed_claims.md").read_text()
+    assert md == sc.to_markdown(committed)
