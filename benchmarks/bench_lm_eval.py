@@ -67,6 +67,8 @@ def run_chunk(agent, protocol, slots: int, *, sampled: bool) -> dict:
     from shopsim.rollout import collect
 
     before = dict(agent.stats)
+    slots = agent.slots
+    counts0 = (slots.decode_passes, slots.drafted_tokens, slots.accepted_tokens) if slots is not None else (0, 0, 0)
     t0 = time.perf_counter()
     if sampled:
         t, s = protocol.episodes(0)
@@ -81,7 +83,10 @@ def run_chunk(agent, protocol, slots: int, *, sampled: bool) -> dict:
         _, trajs = run_seeds(agent, protocol, num_envs=slots, keep=True)
     wall = time.perf_counter() - t0
     st = agent.stats
-    return {"wall_s": wall, "episodes": len(trajs),
+    counts = (slots.decode_passes, slots.drafted_tokens, slots.accepted_tokens) if slots is not None else (0, 0, 0)
+    passes, drafted, accepted = (b - a for a, b in zip(counts0, counts, strict=True))
+    return {"wall_s": wall, "episodes": len(trajs), "decode_passes": passes, "drafted": drafted,
+            "accepted": accepted,
             "generated": st["new_tokens"] - before.get("new_tokens", 0),
             "encoded": st.get("encoded_tokens", 0) - before.get("encoded_tokens", 0),
             "turns": st.get("turns", 0) - before.get("turns", 0),
@@ -132,7 +137,9 @@ def _totals(cells: list[dict]) -> dict:
     tokens = sum(c["generated"] + c["encoded"] for c in cells)
     return {"wall_s": round(wall, 3), "episodes": eps, "episodes_per_s": eps / wall, "tokens_per_s": tokens / wall,
             "generated_tokens": sum(c["generated"] for c in cells), "encoded_tokens": sum(c["encoded"] for c in cells),
-            "turns": sum(c["turns"] for c in cells), "success": sum(c["success"] for c in cells) / eps}
+            "turns": sum(c["turns"] for c in cells), "success": sum(c["success"] for c in cells) / eps,
+            "decode_passes": sum(c["decode_passes"] for c in cells), "drafted_tokens": sum(c["drafted"] for c in cells),
+            "accepted_tokens": sum(c["accepted"] for c in cells)}
 
 
 def run(args) -> dict:
@@ -224,6 +231,9 @@ def write_table(res: dict, directory: Path) -> None:
               f"- against the same tokens cut into {SHORT_ROW}-token rows (sequence packing, the model's best case: "
               f"{', '.join(map(str, res['short_rows_tokens_per_s']))} tokens/s): "
               f"{res['inference_efficiency_short_rows']:.2f}"]
+    lines.append(f"- prompt-lookup drafting (slot decoder): {s['decode_passes']} decoding passes after the prefills "
+                 f"for {s['generated_tokens']} generated tokens in {s['turns']} turns; {s['drafted_tokens']} drafted "
+                 f"tokens checked, {s['accepted_tokens']} taken")
     if "sample_speedup" in res:
         rs, ss = res["reference_sampled"], res["slots_sampled"]
         lines.append(f"- sampled (temperature {res['sample_temperature']}, per-episode streams, {ss['episodes']} "

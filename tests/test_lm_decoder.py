@@ -148,3 +148,46 @@ def test_decoder_choice_is_checked(tok):
     with pytest.raises(ConfigError, match="distinct key"):
         SlotDecoder().sample(build_model(tok, size="tiny"), [[5, 6], [7, 8]], [1, 1], stop_ids={4}, pad_id=0,
                              config=SamplingConfig())
+
+
+def test_draft_is_the_continuation_of_the_most_recent_match():
+    import numpy as np
+
+    dec = SlotDecoder(draft_tokens=4)
+    ctx = np.array([5, 1, 2, 3, 7, 8, 9, 1, 2, 3, 4, 6])
+    # the tail (6, 1, 2) never occurred; (1, 2) did, last at position 7, followed by 3, 4, 6, 1
+    assert dec._draft(ctx, [1, 2], room=10) == [3, 4, 6, 1]
+    assert dec._draft(ctx, [1, 2], room=3) == [3, 4]  # the token after the drafts needs room too
+    assert dec._draft(ctx, [], room=10) == []  # 6 never occurred before
+    assert dec._draft(ctx, [2, 3], room=10) == [4, 6, 2, 3]  # (6, 2, 3) never occurred; (2, 3) last at 8
+    assert SlotDecoder(draft_tokens=0)._draft(ctx, [1, 2], room=10) == []
+    with pytest.raises(ConfigError, match="draft_tokens"):
+        SlotDecoder(draft_tokens=-1)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_drafting_changes_no_token_and_saves_decoding_passes(greedy):
+    """Prompt-lookup drafting checks several copied tokens per pass; the shipped agent's tokens, log-probs and
+    rewards are those of one-token-per-pass decoding, greedy and sampled from per-episode streams. (Sampled at top_p
+    0.95: over the whole vocabulary, which of the far-tail tokens (p ~ 1e-7) a uniform lands on depends on float
+    rounding of the cumulative sum, which any change of kernel shapes moves, this path's or the reference's.)"""
+    ckpt = ROOT / "data" / "lm" / "sft"
+    env_kw = {"family": "bundle"}
+    runs = {}
+    for k in (0, 8):
+        agent = agents.load_checkpoint(ckpt, env_id=ENV)
+        agent.slots = SlotDecoder(draft_tokens=k)
+        agent.sampling.greedy = greedy
+        agent.sampling.temperature, agent.sampling.top_p = 0.7, 0.95
+        trajs = collect(ENV, agent, episodes=8, seed=11, split="dev", num_envs=8, env_kwargs=env_kw, progress=False,
+                        agent_seed=5)
+        runs[k] = (agent.slots, trajs)
+    (plain, a), (drafted, b) = runs[0], runs[8]
+    assert sum(t.num_turns for t in a) > 40
+    assert [[(t.action, t.reward, list(t.action_ids)) for t in tr.turns] for tr in a] == \
+        [[(t.action, t.reward, list(t.action_ids)) for t in tr.turns] for tr in b]
+    worst = max(float((torch.tensor(x.action_logprobs) - torch.tensor(y.action_logprobs)).abs().max())
+                for tx, ty in zip(a, b, strict=True) for x, y in zip(tx.turns, ty.turns, strict=True))
+    assert worst < 1e-4
+    assert plain.drafted_tokens == 0 and drafted.accepted_tokens > 0
+    assert drafted.decode_passes < 0.8 * plain.decode_passes

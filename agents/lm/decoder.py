@@ -16,6 +16,11 @@ when sampling, log-probs equal up to float rounding — with far less work per d
   their keys/values into their own buffers and attends once per row over exactly its positions (no padding, no
   mask: rows of very different lengths cost what they hold); rows that have stopped cost nothing, and no cache is
   ever copied.
+* **Prompt-lookup drafting** (`_draft`, `_accept`): a pass feeds each row its last token and up to `draft_tokens`
+  guesses copied from its own context, and the row takes tokens in order up to the first guess that differs from
+  the token chosen there, which is what one-token-per-pass decoding chooses; a pass reads a row's keys/values once
+  for several tokens. Like speculative decoding with an n-gram draft (Leviathan et al. 2023, §2.3 with a
+  deterministic draft), but exact token by token, so no acceptance test is needed.
 * The layers' own modules (norms, projections, rotary embedding, MLP) do the arithmetic; only the KV bookkeeping,
   masks and attention call are this module's, so a trained model's weights are read as they are at call time.
 
@@ -29,8 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from numpy.lib.stride_tricks import sliding_window_view
 
 from agents.lm.generation import Generators, SampleOutput, SamplingConfig, next_tokens
 from shopsim.errors import ConfigError
@@ -38,6 +45,10 @@ from shopsim.errors import ConfigError
 #: model types whose decoder layers this module drives (their attention is Llama's: q/k/v/o projections, rotary
 #: embedding on q and k, no per-head norms); anything else decodes through `generation.sample`
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+#: longest n-gram of the context's tail that prompt-lookup drafting matches (`SlotDecoder._draft`)
+DRAFT_NGRAM = 3
+#: drafted tokens checked per decoding pass by default (`SlotDecoder(draft_tokens=...)`; 0: one token per pass)
+DRAFT_TOKENS = 4
 
 
 def supports(model) -> bool:
@@ -91,12 +102,18 @@ class SlotDecoder:
     load) empties every row before the next call. Attention always reads exactly a row's own positions, never
     padding, so rows of very different lengths cost what they hold."""
 
-    def __init__(self) -> None:
+    def __init__(self, draft_tokens: int = DRAFT_TOKENS) -> None:
+        if draft_tokens < 0:
+            raise ConfigError(f"draft_tokens={draft_tokens}; give 0 (no drafting) or more")
+        self.draft_tokens = draft_tokens
         self.rows: dict = {}
         self.weights: tuple | None = None
         self.fused: list = []  # per layer: (q|k|v weight, bias), (gate|up weight, bias), built per weights version
         self.reused_tokens = 0
         self.encoded_tokens = 0
+        self.decode_passes = 0  # model passes after the prefill (one per step, or per check of drafted tokens)
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0  # drafted tokens that became generated tokens
 
     def clear(self) -> None:
         for row in self.rows.values():
@@ -165,12 +182,13 @@ class SlotDecoder:
         return keys, values
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, model, rows: list[_Row], new: list[list[int]], parts) -> torch.Tensor:
+    def _prefill(self, model, rows: list[_Row], new: list[list[int]], parts, every: bool = False) -> torch.Tensor:
         """Encode every row's `new` tokens after its stored ones (packed), store their keys/values and return the
-        next-token logits of each row ``[B, vocab]`` (float32).
+        next-token logits of each row ``[B, vocab]`` (float32); with `every`, the logits after each new token,
+        ``[sum(len(x) for x in new), vocab]`` in the rows' order (what checking drafted tokens needs).
 
-        In the last layer only each row's last token needs a query, attention output and feed-forward (the other
-        tokens' outputs feed nothing but the logits nobody reads); their keys and values are still stored."""
+        Otherwise in the last layer only each row's last token needs a query, attention output and feed-forward (the
+        other tokens' outputs feed nothing but the logits nobody reads); their keys and values are still stored."""
         inner, heads, kv_heads, dim, like = parts
         device = like[4]
         lens = [len(r.ids) for r in rows]
@@ -194,7 +212,7 @@ class SlotDecoder:
             att = layer.self_attn
             (wqkv, bqkv), (wgu, bgu) = self.fused[li]
             h = self._norm(layer.input_layernorm, x)
-            if li == final:  # keys and values of every token, a query for each row's last token only
+            if li == final and not every:  # keys and values of every token, a query for each row's last token only
                 kv = F.linear(h, wqkv[qd:], None if bqkv is None else bqkv[qd:])
                 k = self._rope(kv[..., :kd].view(1, -1, kv_heads, dim).transpose(1, 2), cos, sin)
                 v = kv[..., kd:].view(1, -1, kv_heads, dim).transpose(1, 2)
@@ -213,7 +231,7 @@ class SlotDecoder:
                 buf[0, :, n: n + c] = k[0, :, a:b]
                 buf[1, :, n: n + c] = v[0, :, a:b]
                 keys, values = self._kv_heads(buf[0:1, :, : n + c], buf[1:2, :, : n + c], groups)
-                if li == final:  # the row's last token sees every key: no mask
+                if li == final and not every:  # the row's last token sees every key: no mask
                     outs.append(F.scaled_dot_product_attention(q[:, :, i: i + 1], keys, values, scale=att.scaling))
                 else:
                     outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=masks[i],
@@ -256,24 +274,42 @@ class SlotDecoder:
         stop_set = set(stop_ids)
         gen_ids: list[list[int]] = [[] for _ in prompts]
         gen_lp: list[list[float]] = [[] for _ in prompts]
-        live = list(range(len(prompts)))  # the prompts still generating
+        gens = list(generator) if per_row else None
+        # drafted tokens are checked in order per row, so a row's draws stay those of sequential decoding only when
+        # each row has its own stream (or under arg-max); one shared generator would be drawn in another order
+        drafting = self.draft_tokens > 0 and (config.greedy or per_row)
+        ctx = {i: np.asarray(p, dtype=np.int64) for i, p in enumerate(prompts)} if drafting else {}
+        # cand[i]: row i's next-token logits, one row per position still to choose (the last prefill or decoding
+        # position, then one per drafted token); drafts[i]: the drafted tokens those positions were fed
+        cand = {i: logits[i: i + 1] for i in range(len(prompts))}
+        drafts: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
         steps = 0
-        while True:
-            tok, tok_lp = next_tokens(logits, config, [generator[i] for i in live] if per_row else generator)
+        while cand:
+            going, accepted = self._accept(cand, drafts, gen_ids, gen_lp, config,
+                                           generator if not per_row else None, gens, stop_set)
+            self.accepted_tokens += accepted
             steps += 1
-            tok_l, lp_l = tok.tolist(), tok_lp.tolist()
-            going = []
-            for j, i in enumerate(live):
-                gen_ids[i].append(tok_l[j])
-                gen_lp[i].append(lp_l[j])
-                if tok_l[j] not in stop_set:
-                    going.append(j)
-            if steps == config.max_new_tokens or not going:
+            if not going:
                 break
-            live = [live[j] for j in going]
-            feed = tok[going] if len(going) != len(tok_l) else tok
-            at = [len(prompts[i]) + len(gen_ids[i]) - 1 for i in live]
-            logits = self._step(parts, [rows[i] for i in live], feed, at, model)
+            live = going
+            for i in live:
+                rows[i].ids = list(prompts[i]) + gen_ids[i][:-1]
+            drafts = {i: self._draft(ctx[i], gen_ids[i], config.max_new_tokens - len(gen_ids[i])) if drafting
+                      else [] for i in live}
+            self.decode_passes += 1
+            self.drafted_tokens += sum(len(drafts[i]) for i in live)
+            if any(drafts[i] for i in live):  # check every row's drafts in one packed pass
+                out = self._prefill(model, [rows[i] for i in live], [[gen_ids[i][-1]] + drafts[i] for i in live],
+                                    parts, every=True)
+                cand, at = {}, 0
+                for i in live:
+                    cand[i] = out[at: at + 1 + len(drafts[i])]
+                    at += 1 + len(drafts[i])
+            else:
+                feed = torch.tensor([gen_ids[i][-1] for i in live], dtype=torch.long, device=like[4])
+                at_pos = [len(prompts[i]) + len(gen_ids[i]) - 1 for i in live]
+                out = self._step(parts, [rows[i] for i in live], feed, at_pos, model)
+                cand = {i: out[j: j + 1] for j, i in enumerate(live)}
         for row, p, g in zip(rows, prompts, gen_ids, strict=True):
             row.ids = list(p) + g[:-1]  # the last sampled token was never fed
         stopped = [bool(g) and g[-1] in stop_set for g in gen_ids]
@@ -281,6 +317,55 @@ class SlotDecoder:
                             new_tokens=sum(len(g) for g in gen_ids),
                             extra={"steps": steps, "encoded_tokens": sum(len(x) for x in new),
                                    "reused_tokens": sum(reused)})
+
+    def _draft(self, ctx: np.ndarray, gen: list[int], room: int) -> list[int]:
+        """Prompt-lookup drafting (Saxena 2023; `prompt_lookup_num_tokens` in `transformers`): the tokens that
+        followed the most recent earlier occurrence of the context's last `DRAFT_NGRAM` tokens (down to 1), at most
+        `draft_tokens` of them and never more than ``room - 1`` (the position after the drafts yields a token too).
+        `ctx` is the prompt as an array, `gen` the tokens generated so far. Actions copy product ids, option values
+        and query words from the observation, so these guesses are often right; a wrong one costs only the extra
+        positions of one decoding pass."""
+        k = min(self.draft_tokens, room - 1)
+        if k <= 0:
+            return []
+        a = np.concatenate((ctx, np.asarray(gen, dtype=ctx.dtype))) if gen else ctx
+        for n in range(min(DRAFT_NGRAM, len(a) - 1), 0, -1):
+            # windows starting before the tail's own start; a match at s is followed by a[s + n], at least one token
+            hits = np.flatnonzero((sliding_window_view(a[:-1], n) == a[-n:]).all(1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return a[start: start + k].tolist()
+        return []
+
+    @staticmethod
+    def _accept(cand: dict, drafts: dict, gen_ids: list[list[int]], gen_lp: list[list[float]], config: SamplingConfig,
+                generator, gens, stop_set: set) -> tuple[list[int], int]:
+        """Choose tokens from each row's candidate positions in order, as sequential decoding would: the token at
+        position s comes from the logits after the drafted tokens 0..s-1, so it is the token sequential decoding
+        picks as long as each earlier draft equalled the token chosen there; the row stops taking tokens at the first
+        draft that differs, at a stop token, or at `max_new_tokens`. Each row's generator is drawn once per chosen
+        token, in order, so sampled rows get the same tokens from the same streams. Returns the rows that go on and
+        how many drafted tokens were taken."""
+        active = sorted(cand)
+        going: list[int] = []
+        s = taken = 0
+        while active:
+            logits = torch.cat([cand[i][s: s + 1] for i in active])
+            tok, tok_lp = next_tokens(logits, config, [gens[i] for i in active] if gens is not None else generator)
+            nxt = []
+            for i, t, lp in zip(active, tok.tolist(), tok_lp.tolist(), strict=True):
+                gen_ids[i].append(t)
+                gen_lp[i].append(lp)
+                taken += s < len(drafts[i]) and t == drafts[i][s]
+                if t in stop_set or len(gen_ids[i]) >= config.max_new_tokens:
+                    continue
+                if s < len(drafts[i]) and t == drafts[i][s]:
+                    nxt.append(i)  # the next position's logits are the sequential ones
+                else:
+                    going.append(i)
+            active = nxt
+            s += 1
+        return sorted(going), taken
 
     def _step(self, parts, rows: list[_Row], tok, pos: list[int], model) -> torch.Tensor:
         """One decoding step: token `tok[j]` at position `pos[j]` of row `rows[j]`; the next-token logits. The
