@@ -76,6 +76,9 @@ class SearchIndex(Protocol):
 
     def __len__(self) -> int: ...
 
+    # hashable: envs memoise searches with the index as part of the key (shopsim.envs.shopping.cache)
+    def __hash__(self) -> int: ...
+
 
 def tokenize(text: object) -> list[str]:
     """Lowercased alphanumeric tokens of arbitrary user text (never raises; non-str gives [])."""

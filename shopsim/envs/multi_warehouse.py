@@ -119,7 +119,7 @@ class MultiWarehouseEnv(ParallelEnv):
         self._act_spaces = {a: spaces.Dict({"order": spaces.MultiBinary(n),
                                             "quantity": spaces.Box(0.0, cfg.q_max, (n,), f32)})
                             for a in self.possible_agents}
-        self._np_random = None
+        self._np_random: np.random.Generator | None = None
         self._t = 0
 
     def observation_space(self, agent: str) -> spaces.Space:

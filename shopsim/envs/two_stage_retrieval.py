@@ -31,7 +31,6 @@ from __future__ import annotations
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -371,7 +370,7 @@ class TwoStageRetrievalEnv(gym.Env):
     * v0: initial version.
     """
 
-    metadata: ClassVar[dict] = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
     @checked_options(ENV_ID, config=TwoStageRetrievalConfig)
     def __init__(self, render_mode: str | None = None, **config) -> None:
@@ -384,7 +383,7 @@ class TwoStageRetrievalEnv(gym.Env):
             raise ConfigError(f"render_mode={render_mode!r}; choose one of {self.metadata['render_modes']} or None")
         self.render_mode = render_mode
         self._splits = load_splits()
-        self._x = None
+        self._x: np.ndarray | None = None
         self._last = ""
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -117,7 +117,10 @@ class ProactiveRecEnv(gym.Env):
         self._pad_sid = pad_sid - 1
         self._split = load_split()
         self._done = True
-        self.task_id, self.hist, self.target = None, None, None
+        # the episode: set by reset(), None before the first one
+        self.task_id: int | None = None
+        self.hist: np.ndarray | None = None
+        self.target: int | None = None
 
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -149,6 +152,7 @@ class ProactiveRecEnv(gym.Env):
     def step(self, action):
         if self._done:
             raise ConfigError("step() called on a finished episode; call reset() first")
+        assert self.hist is not None and self.target is not None  # _done is False only after reset()
         item, codes, reason = self._parse(action)
         info: dict = {"task_id": self.task_id}
         if reason:
@@ -215,6 +219,7 @@ class ProactiveRecEnv(gym.Env):
         return item, codes, None
 
     def _obs(self) -> dict:
+        assert self.hist is not None and self.target is not None  # called from reset() and step() only
         seq = np.full(SEQ_LEN, self.n, dtype=np.int64)
         items = [*self.hist.tolist(), *[i for i in self.path if i >= 0]]
         seq[: len(items)] = items

@@ -51,7 +51,7 @@ P_JUMP, RHO, P_EXPLORE = 0.0, 0.85, 0.2  # defaults of the hidden user process (
 
 
 # ------------------------------------------------------------------ synthetic interaction sequences
-def generate_sequences(emb: np.ndarray, n_seqs: int, length: int, *, seed: int, beta: float = 10.0,
+def generate_sequences(emb: np.ndarray, n_seqs: int, length: int, *, seed: int | list[int], beta: float = 10.0,
                        p_jump: float | None = None, rho: float | None = None, p_explore: float | None = None,
                        top: int = 50, chunk: int = 1024) -> np.ndarray:
     """Sample `n_seqs` item sequences of `length` from the hidden user process (module docstring). int64 [n, L]."""

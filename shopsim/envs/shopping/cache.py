@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shopsim.catalog import Product
 
 
 @lru_cache(maxsize=16_384)
@@ -16,7 +20,7 @@ def row(catalog, pid: int) -> tuple[str, str]:
 
 
 @lru_cache(maxsize=4096)
-def product(catalog, pid: int):
+def product(catalog, pid: int) -> Product:
     return catalog.product(pid)
 
 

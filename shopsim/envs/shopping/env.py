@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from shopsim.catalog import Catalog, Product
 from shopsim.configs import checked_options
 from shopsim.envs.shopping import render
 from shopsim.envs.shopping.actions import DEFAULT_MAX_INPUT_CHARS, Action, ActionError, parse
@@ -15,13 +19,14 @@ from shopsim.envs.shopping.cache import search as _search
 from shopsim.envs.shopping.cache import search_priced, split_price
 from shopsim.envs.shopping.customer import Customer
 from shopsim.envs.shopping.grading import MAX_CART_LINES, score_bundle, score_purchase
-from shopsim.envs.shopping.orders import ToolError, apply_gold
+from shopsim.envs.shopping.orders import OrderDB, ToolError, apply_gold
 from shopsim.envs.shopping.tasks import (
     ALL_FAMILIES,
     ENV_ID,
     FAMILIES,
     INSTRUCTION_STYLES,
     SPLITS,
+    Task,
     make_task,
     split_ids,
     split_of,
@@ -201,7 +206,8 @@ class ShoppingEnv(gym.Env):
         if customer is not None and not callable(customer):
             raise ConfigError("customer must be 'scripted', 'lm' (with customer_model=PATH) or a class or callable "
                               "(task, rng) -> customer; see shopsim.envs.shopping.customer for the protocol")
-        self.customer_factory = customer or Customer
+        # (task, rng) -> a customer object (the duck-typed protocol in shopsim.envs.shopping.customer)
+        self.customer_factory: Callable[[Task, np.random.Generator], Any] = customer or Customer
         self.numbered_results = bool(numbered_results)
         self.style_bias = float(style_bias)
         self.reward_scheme, self.instruction_style = reward_scheme, instruction_style
@@ -214,7 +220,7 @@ class ShoppingEnv(gym.Env):
         self.observation_space = spaces.Text(max_length=MAX_OBS_CHARS, min_length=1, charset=render.OBS_CHARSET)
         self.tools: dict[str, Tool] = dict(TOOLS)
         self.tool_schemas = tool_schemas(self.tools)
-        self.task = None
+        self.task: Task | None = None  # the episode's task: set by reset()
 
     def system_prompt(self, form: str = "text") -> str:
         """How to act here, as a system prompt for a chat model (`tools.system_prompt` over this env's tools):
@@ -236,6 +242,7 @@ class ShoppingEnv(gym.Env):
     def _attach_catalog(self) -> None:
         from shopsim.catalog import load_catalog
 
+        self.catalog: Catalog
         if getattr(self, "near_duplicates", 0):
             from shopsim.catalog.near_duplicates import load_near_duplicates
 
@@ -287,20 +294,29 @@ class ShoppingEnv(gym.Env):
         self.strategy = strategy or None
         self.strategy_text = STRATEGIES.get(strategy, strategy) if strategy else ""
         self.customer = self.customer_factory(self.task, self.np_random)
-        self.db = self.task.orders.copy() if self.task.orders is not None else None
-        self._gold = apply_gold(self.task.orders, self.task.request, self.catalog) if self.db is not None else None
-        self.page, self.history = "search", []
-        self.query, self.hits, self.page_num = "", [], 0
-        self._rows_key, self._rows = None, []
-        self.product, self.selected, self._option_owner = None, {}, {}
+        orders = self.task.orders
+        self.db: OrderDB | None = orders.copy() if orders is not None else None
+        self._gold: OrderDB | None = apply_gold(orders, self.task.request, self.catalog) if orders is not None else None
+        self.page = "search"
+        self.history: list[tuple] = []  # the pages `back` returns to: see _goto
+        self.query, self.page_num = "", 0
+        self.hits: Sequence[int] = []  # product ids: search() returns shared tuples
+        self._rows_key: tuple[Sequence[int], int] | None = None
+        self._rows: list[tuple[int, str, str, float]] = []
+        self.product: Product | None = None  # the open item page's product
+        self.selected: dict[str, str] = {}
+        self._option_owner: dict[str, str | None] = {}
         self.cart: list[tuple[int, dict]] = []
-        self.order_id = None
+        self.order_id: str | None = None
         self.feedback: list[str] = []
         self.turns = self.invalid_total = self.invalid_run = 0
         self.cart_changed = False
         self.first_answer_turn, self.chars_before_answer = None, 0
-        self.answered, self.viewed = False, set()
-        self.done, self.end_reason, self.score, self.parts = False, None, 0.0, {}
+        self.answered = False
+        self.viewed: set[str] = set()  # the order ids get_order opened
+        self.done, self.score = False, 0.0
+        self.end_reason: str | None = None
+        self.parts: dict = {}
         return self._obs(), self._info(None)
 
     def step(self, action):
@@ -373,6 +389,7 @@ class ShoppingEnv(gym.Env):
 
     def _info(self, invalid: str | None) -> dict:
         t = self.task
+        assert t is not None  # called from reset() and step() only
         return {
             "valid_actions": self._valid_actions(), "invalid_action": invalid,
             "success": bool(self.done and self.score >= 1.0 - 1e-9), "score": float(self.score),
@@ -395,7 +412,7 @@ class ShoppingEnv(gym.Env):
                 out += tool.hint(self)
         return out
 
-    def page_ids(self) -> list[int]:
+    def page_ids(self) -> Sequence[int]:
         start = self.page_num * self.results_per_page
         return self.hits[start:start + self.results_per_page]
 
@@ -430,6 +447,7 @@ class ShoppingEnv(gym.Env):
                "customer_left": float(self.end_reason == "customer_left")}
         if self.db is not None:
             out["writes"] = float(len(self.db.writes))
+            assert self._gold is not None  # reset() sets both or neither
             out["wrong_write"] = float(bool(self.db.writes) and self.db.state_key() != self._gold.state_key())
         return out
 
@@ -492,6 +510,7 @@ class ShoppingEnv(gym.Env):
                 if self.history:
                     self._restore()
                     return
+            assert self.product is not None and self.task is not None  # the item page shows a product
             if t == "description":
                 self.feedback.append("Description: " + self.product.description)
                 return
@@ -514,6 +533,7 @@ class ShoppingEnv(gym.Env):
         self._option_owner = self._owners(self.product)
 
     def _select_option(self, t: str) -> bool:
+        assert self.product is not None  # called on the item page only
         opts = self.product.options
         name, sep, value = t.partition(":")
         if sep and name.strip() in {n.lower() for n in opts}:
@@ -535,6 +555,7 @@ class ShoppingEnv(gym.Env):
         if name in ("buy", "add_to_cart"):
             if self.page != "item":
                 raise ActionError(f"{name} needs an open product page")
+            assert self.product is not None  # the item page shows a product
             pid, chosen = int(self.product.product_id), dict(self.selected)
             if name == "buy":
                 self._grade_purchase([(pid, chosen)], "buy")
@@ -562,11 +583,14 @@ class ShoppingEnv(gym.Env):
             self._grade_purchase(list(self.cart), "checkout")
 
     def _grade_purchase(self, lines: list[tuple[int, dict]], reason: str) -> None:
+        task = self.task
+        assert task is not None  # a purchase happens inside an episode
         items = [(_product(self.catalog, p), c) for p, c in lines]
-        if self.task.family == "bundle":
-            score, parts = score_bundle(self.task.goals, items, self.task.budget)
+        if task.family == "bundle":
+            assert task.budget is not None  # bundle tasks always have a budget (tasks._bundle)
+            score, parts = score_bundle(task.goals, items, task.budget)
         else:
-            scored = [score_purchase(self.task.goals[0], p, c) for p, c in items]
+            scored = [score_purchase(task.goals[0], p, c) for p, c in items]
             best = max(range(len(scored)), key=lambda i: scored[i][0])
             score, parts = scored[best][0] / len(items), dict(scored[best][1])
             parts["lines_bought"] = float(len(items))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import permutations
+from typing import Any
 
 MAX_CART_LINES = 8
 
@@ -100,11 +101,12 @@ def satisfies(goal: Goal, product, *, with_price: bool = True) -> bool:
     return score_purchase(goal, product, best_options(goal, product), with_price=with_price)[0] >= 1.0 - 1e-9
 
 
-def score_bundle(goals: list[Goal], lines: list[tuple[object, dict]], budget: float) -> tuple[float, dict]:
+def score_bundle(goals: list[Goal], lines: list[tuple[Any, dict]], budget: float) -> tuple[float, dict]:
     """Bundle score of cart `lines` [(product, chosen options)] against `goals` under `budget`."""
     lines = lines[:MAX_CART_LINES]
     m = [[score_purchase(g, p, c, with_price=False)[0] for p, c in lines] for g in goals]
-    best, best_assign = 0.0, ()
+    best: float = 0.0
+    best_assign: tuple[int, ...] = ()
     n = len(lines)
     slots = list(range(n)) + [-1] * len(goals)  # -1 = goal item left unassigned
     for perm in dict.fromkeys(permutations(slots, len(goals))):  # unique, in a fixed order (ties: first wins)

@@ -19,6 +19,7 @@ first observation (`profile_line`, `orders_line`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ def make_profile(catalog, rng, target, goal, name: str) -> Profile:
         prefs[other.product_type] = _prefs_of(other, rng)
         spend[other.product_type] = price_ceiling(other.price, int(rng.integers(0, 3)))
         brands.setdefault(other.category, other.brand)
-    history = []
+    history: list[dict[str, Any]] = []
     same = _brand_ids(catalog).get(target.brand, np.array([], dtype=np.int64))
     same = same[same != target.product_id]
     n_hist = int(rng.integers(3, 5))

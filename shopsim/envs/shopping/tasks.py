@@ -29,6 +29,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -147,7 +148,7 @@ class Task:
 
     def oracle(self) -> dict:
         """Privileged view for scripted experts (``info["oracle"]``)."""
-        out = {"family": self.family, "goals": [g.to_dict() for g in self.goals],
+        out: dict[str, Any] = {"family": self.family, "goals": [g.to_dict() for g in self.goals],
                "hidden": [list(h) for h in self.hidden], "budget": self.budget}
         if self.request:
             out["request"] = {k: v for k, v in self.request.items()}
@@ -227,7 +228,8 @@ def make_task(catalog, family: str, split: str, task_id: int, instruction_style:
 
 def _bundle(catalog, split, task_id, rng, pool, tpl, say=describe) -> Task:
     n = int(rng.integers(2, 5))
-    goals, types = [], set()
+    goals: list[Goal] = []
+    types: set[str] = set()
     while len(goals) < n:
         p = _product(catalog, int(pool[rng.integers(len(pool))]))
         if p.product_type in types:
@@ -284,10 +286,12 @@ def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
     kind = kinds[int(rng.choice(len(kinds), p=[0.25, 0.25, 0.25, 0.125, 0.125]))]
     n_orders = int(rng.integers(3, 6))
     target_o = int(rng.integers(n_orders))
-    orders, seen_titles, target = [], set(), None
+    orders, seen_titles = [], set()
+    target: Order | None = None
     payments = ["paypal", "gift card"] + [f"credit card ending in {int(rng.integers(1000, 10000))}"]
     for k in range(n_orders):
-        items, want = [], int(rng.integers(1, 4))
+        items: list[Item] = []
+        want = int(rng.integers(1, 4))
         for _ in range(want + 10):  # distinct titles, so the customer's wording names one item
             if len(items) == want:
                 break
@@ -318,8 +322,9 @@ def _after_sales(catalog, split, task_id, rng, pool, tpl) -> Task:
         if k == target_o:
             target = order
         orders.append(order)
+    assert target is not None  # target_o < n_orders, so the loop set it
     item = target.items[int(rng.integers(len(target.items)))]
-    request = {"kind": kind, "order_id": target.order_id, "sku": item.sku}
+    request: dict[str, Any] = {"kind": kind, "order_id": target.order_id, "sku": item.sku}
     greet = tpl["after_sales_greeting"][int(rng.integers(3))].format(name=name)
 
     def pick(key):
