@@ -416,8 +416,8 @@ def to_messages(source, *, form: str = "text", system: str | None = None, only_s
     for traj in source:
         if only_success and not traj.success:
             continue
-        messages = [{"role": "system", "content": system}] if system is not None else []
-        call = None  # the previous action's tool call: its answer is a tool message
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system is not None else []
+        call: dict[str, Any] | None = None  # the previous action's tool call: its answer is a tool message
         for turn in traj.turns:
             observation = _content(turn.observation)
             messages.append({"role": "user", "content": observation} if call is None else
@@ -429,6 +429,7 @@ def to_messages(source, *, form: str = "text", system: str | None = None, only_s
                 except ActionError:
                     pass
                 else:
+                    assert tools is not None  # set above for form="tool_calls"
                     names = tools[act.name].arg_names
                     call = {"type": "function", "function": {
                         "name": act.name, "arguments": dict(zip(names, act.args, strict=True))}}

@@ -82,9 +82,9 @@ def _summary_sums(trajs) -> dict[str, Any]:
     from shopsim.rollout import summarize
 
     s = summarize(trajs)
-    n = s["episodes"]
+    n = len(trajs)  # s["episodes"]
     return {"episodes": n, "turns": sum(t.num_turns for t in trajs),
-            **{k: (None if s[k] is None else s[k] * n) for k in ("success", "score", "return", "tokens")}}
+            **{k: (None if (v := s[k]) is None else v * n) for k in ("success", "score", "return", "tokens")}}
 
 
 def combine_summaries(shards: Sequence[dict]) -> dict[str, float | None]:
@@ -161,9 +161,9 @@ class ShardWorker:
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         # the driver's settings (`torch_settings`), so a forward rounds as it would in the driver
         apply_torch_settings(settings or {**torch_settings(), "threads": 1})
-        self._agent_key = None
-        self._agent = None
-        self._weights_key = None
+        self._agent: Any = None  # the deserialised agent of the last call (any agent: duck-typed)
+        self._agent_key: str | None = None
+        self._weights_key: str | None = None
 
     def pid(self) -> int:
         return os.getpid()
@@ -330,6 +330,7 @@ class RayPool:
                 # a local cluster gets the CPUs it is told; told more than there are, it starts every worker and
                 # they share the cores, so the run crawls (or waits on memory) instead of failing
                 cpus = machine = usable_cpus()
+                assert workers is not None  # checked above: without an address, workers is given
                 if workers > cpus:
                     raise ConfigError(f"{option} {workers} needs {workers} CPUs (one per worker) but this process "
                                       f"can use {cpus}; lower {option} to {cpus} or fewer, or run on a Ray cluster "
@@ -445,7 +446,7 @@ class RayPool:
         with_stats = agent_stats is not None
         jobs = [(key, box, env_id, specs[a:b], kwargs, base, None, None, weights, with_stats) for a, b in ranges]
         results = self.map(jobs)
-        if with_stats:
+        if agent_stats is not None:  # with_stats
             for _, delta in results:
                 for k, v in delta.items():
                     agent_stats[k] = agent_stats.get(k, 0) + v
@@ -579,8 +580,9 @@ def rollout_to_shards(env_id: str, agent, out: str | os.PathLike, *, specs: Sequ
             if not footer or footer.get("run") != fingerprint or (footer.get("start"), footer.get("stop")) != (a, b):
                 raise ConfigError(f"{path} belongs to a different run; choose another --out or delete {out}")
             done[k] = _record_from_file(path, footer)
-    manifest = {"format": MANIFEST_FORMAT, "run": fingerprint, "metadata": metadata, "episodes": len(specs),
-                "shard_episodes": shard_episodes, "num_shards": len(ranges), "complete": False, "shards": []}
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT, "run": fingerprint, "metadata": metadata, "episodes": len(specs),
+        "shard_episodes": shard_episodes, "num_shards": len(ranges), "complete": False, "shards": []}
 
     lost: list[tuple[str, str | None]] = []  # shards a worker reported written that this process cannot see
 

@@ -141,11 +141,12 @@ class _VectorPool:
 
         # Autoreset is disabled: the pool resets every finished slot itself, with the next episode's seed/options,
         # or (no work left) with a throw-away reset so it is never stepped past its end.
-        mode_kw = {"autoreset_mode": gymnasium.vector.AutoresetMode.DISABLED}
+        disabled = gymnasium.vector.AutoresetMode.DISABLED
+        self.vec: gymnasium.vector.SyncVectorEnv | gymnasium.vector.AsyncVectorEnv
         if mode == "sync":
-            self.vec = gymnasium.vector.SyncVectorEnv(env_fns, **mode_kw)
+            self.vec = gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=disabled)
         else:  # shared memory mangles Text observations (fixed-width buffers), so pipe them instead
-            self.vec = gymnasium.vector.AsyncVectorEnv(env_fns, shared_memory=False, **mode_kw)
+            self.vec = gymnasium.vector.AsyncVectorEnv(env_fns, shared_memory=False, autoreset_mode=disabled)
         self.n = len(env_fns)
         self.last_actions: list[Any] = [None] * self.n
         self.started = False
@@ -176,7 +177,7 @@ class _VectorPool:
             self.started = True
         mask = np.zeros(self.n, dtype=bool)
         mask[slot] = True
-        seeds = [None] * self.n
+        seeds: list[int | None] = [None] * self.n
         seeds[slot] = seed
         obs, infos = self.vec.reset(seed=seeds, options={**options, "reset_mask": mask})
         return self._slot_obs(obs, slot), self._slot_info(infos, slot)
@@ -184,12 +185,13 @@ class _VectorPool:
     def step(self, actions: dict[int, Any]) -> dict[int, tuple]:
         for slot, a in actions.items():
             self.last_actions[slot] = a
-        batch = [self.last_actions[i] if self.last_actions[i] is not None else self.vec.single_action_space.sample()
-                 for i in range(self.n)]
-        if isinstance(batch[0], dict):
-            batch = {k: np.stack([np.asarray(b[k]) for b in batch]) for k in batch[0]}
-        elif not isinstance(batch[0], str):
-            batch = np.stack([np.asarray(b) for b in batch])
+        per_slot = [self.last_actions[i] if self.last_actions[i] is not None
+                    else self.vec.single_action_space.sample() for i in range(self.n)]
+        batch: Any = per_slot  # the vector env's batch: strings stay a list, arrays (or dicts of them) are stacked
+        if isinstance(per_slot[0], dict):
+            batch = {k: np.stack([np.asarray(b[k]) for b in per_slot]) for k in per_slot[0]}
+        elif not isinstance(per_slot[0], str):
+            batch = np.stack([np.asarray(b) for b in per_slot])
         obs, rew, term, trunc, infos = self.vec.step(batch)
         for i in range(self.n):
             if i not in actions and (term[i] or trunc[i]):  # an idle slot's throw-away episode ended
@@ -281,6 +283,7 @@ def collect(env_id: str, agent, *, episodes: int | None = None, seeds: Sequence[
 
     def start(slot: int) -> None:
         nonlocal pending
+        assert pending is not None  # called only while specs remain
         place, spec = pending
         pending = next(queue, None)
         obs, info = pool.reset(slot, spec.seed, dict(spec.options))

@@ -59,10 +59,12 @@ class ReplenishmentBoxAction(gym.ActionWrapper):
     def __init__(self, env: gym.Env):
         super().__init__(env)
         hybrid = env.action_space
-        if not (isinstance(hybrid, spaces.Dict) and set(hybrid.spaces) == {"order", "quantity"}):
+        if not (isinstance(hybrid, spaces.Dict) and set(hybrid.spaces) == {"order", "quantity"}
+                and isinstance(hybrid["quantity"], spaces.Box)):
             raise ConfigError("ReplenishmentBoxAction wraps the replenishment env (a Dict(order, quantity) "
                               f"action space); got {hybrid}")
         q = hybrid["quantity"]
+        assert isinstance(q, spaces.Box)  # checked above
         self.action_space = spaces.Box(q.low, q.high, q.shape, np.float32)
 
     def action(self, action) -> dict:
@@ -134,15 +136,18 @@ class ReplenishmentNeutralAction(gym.Wrapper):
     def __init__(self, env: gym.Env, neutral: str = "s_S"):
         super().__init__(env)
         hybrid = env.action_space
-        if not (isinstance(hybrid, spaces.Dict) and set(hybrid.spaces) == {"order", "quantity"}):
+        if not (isinstance(hybrid, spaces.Dict) and set(hybrid.spaces) == {"order", "quantity"}
+                and isinstance(hybrid["quantity"], spaces.Box)):
             raise ConfigError("ReplenishmentNeutralAction wraps the replenishment env (a Dict(order, quantity) "
                               f"action space); got {hybrid}")
         if neutral not in NEUTRAL_RULES:
             raise ConfigError(f"ReplenishmentNeutralAction neutral={neutral!r}; choose one of "
                               f"{', '.join(NEUTRAL_RULES)}")
         self.neutral = neutral
-        self.q_max = float(hybrid["quantity"].high.max())
-        n = hybrid["quantity"].shape
+        q = hybrid["quantity"]
+        assert isinstance(q, spaces.Box)  # checked above
+        self.q_max = float(q.high.max())
+        n = q.shape
         self.action_space = spaces.Box(-1.0, 1.0, n, np.float32)
         self._obs: dict | None = None
 
@@ -207,7 +212,9 @@ class FlattenRecObservation(gym.ObservationWrapper):
 
     def observation(self, observation: dict[str, Any]):
         if self.mode == "multidiscrete":
-            return {k: v if isinstance(self.env.observation_space[k], spaces.Discrete)
+            space = self.env.observation_space
+            assert isinstance(space, spaces.Dict)  # checked in __init__
+            return {k: v if isinstance(space[k], spaces.Discrete)
                     else np.asarray(v, np.int64).reshape(-1) for k, v in observation.items()}
         flat = np.concatenate([np.asarray(observation[k], np.float32).reshape(-1) for k in self._nvec])
         return flat / self._scale
@@ -256,7 +263,9 @@ def sb3_replenishment(env_id: str, *, repl_action: str = "s_S", rescale: bool = 
     if repl_action == "quantity":
         env = gym.wrappers.FlattenObservation(ReplenishmentBoxAction(env))
         if rescale:
-            ones = np.ones(env.action_space.shape, np.float32)  # float32 bounds: no precision-loss warning
+            shape = env.action_space.shape
+            assert shape is not None  # the Box of ReplenishmentBoxAction
+            ones = np.ones(shape, np.float32)  # float32 bounds: no precision-loss warning
             env = gym.wrappers.RescaleAction(env, -ones, ones)
         return env
     return gym.wrappers.FlattenObservation(ReplenishmentNeutralAction(env, neutral=repl_action))

@@ -174,6 +174,8 @@ class ShoppingClient(EnvClient[ShoppingAction, ShoppingObservation, ShoppingStat
     `token`: the server's token (default: the ``SHOPSIM_SERVE_TOKEN`` environment variable), sent as
     ``Authorization: Bearer`` on the WebSocket handshake; other keywords are `EnvClient`'s."""
 
+    _ws: Any  # EnvClient's WebSocket connection (None until connected); openenv ships no type information
+
     def __init__(self, base_url: str, *, token: str | None = None, **kwargs) -> None:
         super().__init__(base_url, **kwargs)
         self._token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)

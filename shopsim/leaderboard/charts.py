@@ -56,7 +56,7 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _from_per_seed(entry: str, metric: str, x: list, per_seed: list[list]) -> Curve | None:
+def _from_per_seed(entry: str, metric: str, x: object, per_seed: list[list]) -> Curve | None:
     seeds = [s for s in per_seed if isinstance(s, list)]
     if not seeds or not isinstance(x, list):
         return None
@@ -156,11 +156,13 @@ def bar_chart(key: str, rows: list[dict], metric: str, out_dir: Path) -> Path | 
     fig, ax = plt.subplots(figsize=(max(4.0, 0.75 * len(ok) + 2), 3.2))
     colors = ["#888888" if r["kind"] == "reference" else "#3b6fb6" for r in ok]
     if relative:
+        assert ref is not None  # `relative` implies it
         gaps = [r["metrics"][ref[1]] for r in ok]
         ratios = [1 + g["mean"] / 100 for g in gaps]
         if min(ratios) <= 0:  # a gap of -100% or below cannot be drawn on a log axis
             relative = False
     if relative:
+        assert ref is not None  # `relative` implies it
         errs = [[e / 100 for e in _interval(g)] for g in gaps]
         ax.bar(range(len(ok)), ratios, yerr=list(zip(*errs, strict=True)), color=colors, capsize=3)
         from matplotlib.ticker import FuncFormatter, LogLocator
@@ -177,8 +179,8 @@ def bar_chart(key: str, rows: list[dict], metric: str, out_dir: Path) -> Path | 
         ax.set_title(f"{metric} relative to {ref[0]}\n(below 1 beats it; bars: 95% interval)", fontsize=9)
     else:
         means = [r["metrics"][metric]["mean"] for r in ok]
-        errs = [_interval(r["metrics"][metric]) for r in ok]
-        ax.bar(range(len(ok)), means, yerr=list(zip(*errs, strict=True)), color=colors, capsize=3)
+        intervals = [_interval(r["metrics"][metric]) for r in ok]
+        ax.bar(range(len(ok)), means, yerr=list(zip(*intervals, strict=True)), color=colors, capsize=3)
         ax.set_ylabel(metric, fontsize=8)
         if lower_is_better(metric) and min(means) > 0 and max(means) / min(means) > 10:
             ax.set_yscale("log")  # one far-off row (a random agent's cost) would squash the rest

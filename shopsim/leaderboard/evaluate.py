@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -75,7 +75,7 @@ def decoding(agent, mode: str):
     """Within the block, an agent with a ``sampling.greedy`` switch (the LM agents) decodes as `mode` says
     (`Protocol.decoding`): ``greedy`` switches arg-max on and restores the agent's own setting after; ``sample``
     leaves the agent as it is."""
-    sampling = getattr(agent, "sampling", None)
+    sampling: Any = getattr(agent, "sampling", None)  # duck-typed: anything with a `greedy` attribute
     if mode != "greedy" or not hasattr(sampling, "greedy"):
         yield
         return
@@ -97,6 +97,18 @@ def eval_num_envs(agent, num_envs: int | None) -> int:
     if num_envs is not None:
         return int(num_envs)
     return int(getattr(agent, "eval_slots", None) or DEFAULT_NUM_ENVS)
+
+
+@overload
+def run_seeds(agent, protocol: Protocol, *, progress: bool = ..., num_envs: int | None = ...,
+              collect: Callable | None = ..., keep: bool = ...,
+              with_records: Literal[False] = ...) -> tuple[list[dict], list]: ...
+
+
+@overload
+def run_seeds(agent, protocol: Protocol, *, progress: bool = ..., num_envs: int | None = ...,
+              collect: Callable | None = ..., keep: bool = ...,
+              with_records: Literal[True]) -> tuple[list[dict], list, list[dict]]: ...
 
 
 def run_seeds(agent, protocol: Protocol, *, progress: bool = False, num_envs: int | None = None,
@@ -180,7 +192,8 @@ def parallel_records(agent, env_id: str, *, tasks: list, seeds: list[int], split
         obs, infos = [], []
         for j, env in enumerate(envs):
             o, inf = env.reset(seed=int(seeds[lo + j]), options={"split": split, "task_id": tasks[lo + j]})
-            obs.append(o), infos.append(inf)
+            obs.append(o)
+            infos.append(inf)
             for k, a in enumerate(names):
                 agent.begin_episode(j * A + k, o[a], inf[a])
         ret = [0.0] * len(envs)

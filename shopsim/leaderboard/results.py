@@ -41,6 +41,7 @@ import json
 import math
 import subprocess
 import unicodedata
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,7 @@ def _non_finite(value: Any, where: str = "") -> str | None:
     """The place of the first NaN or infinite number in a JSON-like value (e.g. ``metrics.cost.mean``), or None."""
     if isinstance(value, float) and not math.isfinite(value):
         return where or "the record"
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, (list, tuple)):
