@@ -206,23 +206,6 @@ def checkpoint_class(target: str, manifest) -> type:
     return cls
 
 
-def load_start(directory, env_id: str | None = None, **kwargs: Any):
-    """The agent a training run starts from (`shopsim train --init DIR`): a shopsim checkpoint folder
-    (`load_checkpoint`), or any local Hugging Face causal-LM folder (`agents.lm.pretrained.is_model_folder`, e.g. one
-    written by `shopsim model import`), which acts through its own chat template with the env's actions in its
-    prompt (`agents.lm.pretrained.model_agent`; text envs only). `kwargs` go to the agent's constructor."""
-    from agents.lm.pretrained import is_model_folder
-    from shopsim.envs.records import SHOPPING
-
-    if is_model_folder(directory):
-        from agents.lm.pretrained import model_agent
-
-        agent = model_agent(directory, env_id or SHOPPING.id, **kwargs)
-        agent.name = type(agent).__name__
-        return agent
-    return load_checkpoint(directory, env_id, **kwargs)
-
-
 def load_checkpoint(directory, env_id: str | None = None, **kwargs: Any):
     """Rebuild the agent saved in a checkpoint folder (see `save_manifest`) for `env_id` (default: the env it was
     saved for); a checkpoint of another env family (a retrieval policy asked to shop) raises a `ConfigError`

@@ -11,7 +11,7 @@
 * `model_record(directory)`: what a results file records about the model: its name and the sha256 of its weight
   files (`shopsim.paths.files_digest` over ``*.safetensors``).
 * `is_model_folder(directory)`: whether a training start (`shopsim sft --init`, `shopsim train --init`) is such a
-  folder rather than a shopsim checkpoint; `agents.registry.load_start` then builds its agent with `model_agent`.
+  folder rather than a shopsim checkpoint; `load_start` then builds its agent with `model_agent`.
 
 Nothing here reaches the network: folders load with ``local_files_only=True``.
 """
@@ -231,3 +231,17 @@ def model_record(directory: str | Path) -> dict:
 
     path = Path(directory)
     return {"model": model_name(path), "weights_sha256": files_digest(path, "*.safetensors")}
+
+
+def load_start(directory, env_id: str | None = None, **kwargs: Any):
+    """The agent a training run starts from (`shopsim train --init DIR`): a shopsim checkpoint folder
+    (`load_checkpoint`), or any local Hugging Face causal-LM folder (`is_model_folder`, e.g. one
+    written by `shopsim model import`), which acts through its own chat template with the env's actions in its
+    prompt (`model_agent`; text envs only). `kwargs` go to the agent's constructor."""
+    from agents.registry import load_checkpoint
+
+    if is_model_folder(directory):
+        agent = model_agent(directory, env_id or SHOPPING.id, **kwargs)
+        agent.name = type(agent).__name__
+        return agent
+    return load_checkpoint(directory, env_id, **kwargs)

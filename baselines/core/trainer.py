@@ -224,7 +224,9 @@ class LMAlgorithm(LoopAlgorithm):
         if c.context_mode is not None:
             kw["context_mode"] = c.context_mode
         if init is not None:  # a checkpoint, or any local causal-LM folder (`shopsim model import`)
-            agent = agents.registry.load_start(init, env_id=env_id, **kw)
+            from agents.lm.pretrained import load_start
+
+            agent = load_start(init, env_id=env_id, **kw)
         else:
             agent = agents.make("lm", env_id, **kw)
         self.configure_agent(agent)
