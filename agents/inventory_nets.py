@@ -105,8 +105,10 @@ class SumValue(nn.Module):
     def __init__(self, n_feat: int, hidden: tuple[int, ...] = (64, 64)):
         super().__init__()
         self.net = mlp(n_feat, tuple(hidden), 1)
+        last = self.net[-1]
+        assert isinstance(last, nn.Linear)  # mlp ends with its output layer
         with torch.no_grad():
-            self.net[-1].weight.mul_(100.0)  # undo the policy-style 0.01 gain: values are O(1) after scaling
+            last.weight.mul_(100.0)  # undo the policy-style 0.01 gain: values are O(1) after scaling
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         return self.net(feats).squeeze(-1).sum(-1)

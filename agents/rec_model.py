@@ -39,7 +39,7 @@ PROMPT_LEN = 1 + 4 + 1 + 4 * HIST + 1
 class SidVocab:
     """Maps semantic-ID digits (sizes K1, K2, K3, C) to token ids and back."""
 
-    sizes: tuple[int, int, int, int]
+    sizes: tuple[int, ...]  # (K1, K2, K3, C)
 
     def __post_init__(self) -> None:
         self.sizes = tuple(int(s) for s in self.sizes)
@@ -53,7 +53,8 @@ class SidVocab:
             if lvl == 0:
                 allowed[j, EOS] = True
         self.allowed = allowed  # [GEN_LEN, V]: which tokens generated position j may hold
-        self.tables = None  # per level: number of real items under each code prefix (None: every tuple is legal)
+        # per level: number of real items under each code prefix (None: every tuple is legal)
+        self.tables: list[torch.Tensor] | None = None
         self.no_repeat = False
 
     def restrict_to(self, codes) -> SidVocab:

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -301,7 +302,7 @@ def pretrained_policy(*, catalog_size: int = 5000, catalog_seed: int = 0, simula
         from shopsim.errors import ConfigError
 
         raise ConfigError(f"sft_source={sft_source!r}; choose 'expert' or 'logged'")
-    world_kw = dict(catalog_size=catalog_size, catalog_seed=catalog_seed, simulator=simulator)
+    world_kw: dict[str, Any] = dict(catalog_size=catalog_size, catalog_seed=catalog_seed, simulator=simulator)
     src = "" if sft_source == "expert" else f"-{sft_source}"
     key = f"n{catalog_size}-s{catalog_seed}-{simulator}-sim{SIM_VERSION}{src}-u{n_users}-t{sft_steps}-seed{seed}-v1"
     path = cache_dir() / "proactive_rec" / f"policy-{key}"

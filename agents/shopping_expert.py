@@ -306,7 +306,7 @@ class ShoppingExpert(ScriptedAgent):
                 continue
             if goal.brand and not title.startswith(goal.brand.lower() + " "):  # titles start with the brand
                 continue
-            if not bundle and r["price"] > goal.price_ceiling + 1e-9:
+            if not bundle and goal.price_ceiling is not None and r["price"] > goal.price_ceiling + 1e-9:
                 continue
             if bundle and not self._affordable(cat, goals, gi, s, r):
                 continue

@@ -130,8 +130,8 @@ class LMAgent(Agent):
         given = {"context_mode": context_mode, "history": history, "history_obs_chars": history_obs_chars,
                  "max_new_tokens": max_new_tokens, "system_prompt": system_prompt, "pin_first_turn": pin_first_turn,
                  "tools": tools}
-        base = {**DEFAULT_OPTIONS, **(saved_options(checkpoint) if model is None else {})}
-        opt = {k: base[k] if v is _UNSET else v for k, v in given.items()}
+        base: dict[str, Any] = {**DEFAULT_OPTIONS, **(saved_options(checkpoint) if model is None else {})}
+        opt: dict[str, Any] = {k: base[k] if v is _UNSET else v for k, v in given.items()}
         context_mode, history, history_obs_chars = opt["context_mode"], opt["history"], opt["history_obs_chars"]
         max_new_tokens, system_prompt = opt["max_new_tokens"], opt["system_prompt"]
         pin_first_turn, tools = opt["pin_first_turn"], opt["tools"]
@@ -160,13 +160,13 @@ class LMAgent(Agent):
             max_prompt_tokens = context_length(self.model) - max_new_tokens
         if max_prompt_tokens < 16:
             raise ConfigError(f"max_prompt_tokens={max_prompt_tokens} leaves no room for an observation")
-        self.options = dict(context_mode=context_mode, history=history, history_obs_chars=history_obs_chars,
-                            max_new_tokens=max_new_tokens, system_prompt=system_prompt,
-                            pin_first_turn=pin_first_turn)
+        self.options: dict[str, Any] = dict(
+            context_mode=context_mode, history=history, history_obs_chars=history_obs_chars,
+            max_new_tokens=max_new_tokens, system_prompt=system_prompt, pin_first_turn=pin_first_turn)
         if tools:  # recorded only when given, so that the manifests of text-grammar agents stay as they were
             self.options["tools"] = json.dumps(tools, ensure_ascii=False)
-        self._ctx_kw = dict(mode=context_mode, history=history, history_obs_chars=history_obs_chars,
-                            max_prompt_tokens=max_prompt_tokens, pin_first_turn=pin_first_turn)
+        self._ctx_kw: dict[str, Any] = dict(mode=context_mode, history=history, history_obs_chars=history_obs_chars,
+                                            max_prompt_tokens=max_prompt_tokens, pin_first_turn=pin_first_turn)
         #: per-episode KV cache across turns (None: every turn encodes its whole prompt)
         self.kv_cache: PrefixCache | None = PrefixCache() if kv_cache else None
         if decoder not in DECODERS:

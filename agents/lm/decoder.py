@@ -60,9 +60,11 @@ def supports(model) -> bool:
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return False
     layers = getattr(inner, "layers", None)
+    if not layers:
+        return False
     need = ("q_proj", "k_proj", "v_proj", "o_proj")
-    return bool(layers) and all(all(hasattr(layer.self_attn, n) for n in need)
-                                and not hasattr(layer.self_attn, "q_norm") for layer in layers)
+    return all(all(hasattr(layer.self_attn, n) for n in need) and not hasattr(layer.self_attn, "q_norm")
+               for layer in layers)
 
 
 class _Row:
@@ -90,6 +92,12 @@ class _Row:
         if self.kv is not None and self.ids:
             kv[:, :, :, : len(self.ids)] = self.kv[:, :, :, : len(self.ids)]
         self.kv = kv
+
+    def buffer(self) -> torch.Tensor:
+        """The keys/values buffer, which `reserve` made."""
+        if self.kv is None:
+            raise RuntimeError("reserve() the row before writing to it")
+        return self.kv
 
 
 class SlotDecoder:
@@ -227,7 +235,7 @@ class SlotDecoder:
             outs = []
             for i, row in enumerate(rows):
                 a, b, n, c = offsets[i], offsets[i + 1], lens[i], counts[i]
-                buf = row.kv[li]
+                buf = row.buffer()[li]
                 buf[0, :, n: n + c] = k[0, :, a:b]
                 buf[1, :, n: n + c] = v[0, :, a:b]
                 keys, values = self._kv_heads(buf[0:1, :, : n + c], buf[1:2, :, : n + c], groups)
@@ -253,9 +261,11 @@ class SlotDecoder:
             raise ConfigError("SlotDecoder.sample needs one distinct key per prompt")
         if config.record_hidden:
             raise ConfigError("SlotDecoder does not record hidden states; use generation.sample")
-        per_row = generator is not None and not isinstance(generator, torch.Generator)
-        if per_row and len(generator) != len(prompts):
-            raise ConfigError(f"{len(generator)} generators for {len(prompts)} prompts; give one per prompt")
+        # one generator per row, or one shared (or none)
+        gens = None if generator is None or isinstance(generator, torch.Generator) else list(generator)
+        per_row = gens is not None
+        if gens is not None and len(gens) != len(prompts):
+            raise ConfigError(f"{len(gens)} generators for {len(prompts)} prompts; give one per prompt")
         parts = self._parts(model)
         like = parts[4]
         self._check_weights(model)
@@ -274,7 +284,6 @@ class SlotDecoder:
         stop_set = set(stop_ids)
         gen_ids: list[list[int]] = [[] for _ in prompts]
         gen_lp: list[list[float]] = [[] for _ in prompts]
-        gens = list(generator) if per_row else None
         # drafted tokens are checked in order per row, so a row's draws stay those of sequential decoding only when
         # each row has its own stream (or under arg-max); one shared generator would be drawn in another order
         drafting = self.draft_tokens > 0 and (config.greedy or per_row)
@@ -387,7 +396,7 @@ class SlotDecoder:
             kv = torch.stack((k, v), dim=1)  # [n, 2, kv_heads, 1, dim]
             outs = []
             for j, (row, p) in enumerate(zip(rows, pos, strict=True)):
-                buf = row.kv[li]
+                buf = row.buffer()[li]
                 buf[:, :, p: p + 1] = kv[j]
                 keys, values = self._kv_heads(buf[0:1, :, : p + 1], buf[1:2, :, : p + 1], groups)
                 outs.append(F.scaled_dot_product_attention(q[j: j + 1], keys, values, scale=att.scaling))

@@ -149,10 +149,9 @@ def next_tokens(logits: torch.Tensor, config: SamplingConfig, generator: Generat
         tok = logits.argmax(-1)
     else:
         probs = _top_p_filter(logits / t, config.top_p).softmax(-1)
-        per_row = generator is not None and not isinstance(generator, torch.Generator)
         if not config.multinomial:
             tok = categorical(probs, generator)
-        elif per_row:
+        elif generator is not None and not isinstance(generator, torch.Generator):  # one per row
             tok = torch.cat([torch.multinomial(probs[b: b + 1], 1, generator=g) for b, g in enumerate(generator)])
             tok = tok.squeeze(-1)
         else:
@@ -297,8 +296,9 @@ def prefill_cost(model, new: Sequence[int], context: Sequence[int], mode: str) -
     ``"rows"``: Σ new_i · (linear + context_i) + rows · `ROW_OVERHEAD_UNITS`; ``"batch"``: rows · max new ·
     (linear + max context) + one overhead."""
     cfg = model.config
-    h = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 128)
-    f = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * h
+    # (a missing size reads as 0, falsy as None was: the next name is tried)
+    h: int = getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd", 128)
+    f: int = getattr(cfg, "intermediate_size", 0) or getattr(cfg, "n_inner", 0) or 4 * h
     linear = (4 * h * h + 3 * h * f) / (2 * h)
     if mode == "rows":
         return sum(n * (linear + c) for n, c in zip(new, context, strict=True)) + len(new) * ROW_OVERHEAD_UNITS
@@ -383,17 +383,22 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
         raise ConfigError("every prompt needs at least one token")
     if cache is not None and (keys is None or len(keys) != len(prompts)):
         raise ConfigError("sample(cache=...) needs one key per prompt")
-    per_row = generator is not None and not isinstance(generator, torch.Generator)
-    if per_row and len(generator) != len(prompts):
-        raise ConfigError(f"sample got {len(generator)} generators for {len(prompts)} prompts; give one per prompt")
+    # one generator per row, or one shared (or none)
+    gens = None if generator is None or isinstance(generator, torch.Generator) else list(generator)
+    per_row = gens is not None
+    if gens is not None and len(gens) != len(prompts):
+        raise ConfigError(f"sample got {len(gens)} generators for {len(prompts)} prompts; give one per prompt")
     import inspect
 
     device = next(model.parameters()).device
     stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
     stop_set = set(stop.tolist())
     batch = len(prompts)
-    reused, kvs, hid_cached = [0] * batch, [None] * batch, [None] * batch
+    reused = [0] * batch
+    kvs: list[list | None] = [None] * batch
+    hid_cached: list[torch.Tensor | None] = [None] * batch
     if cache is not None:
+        assert keys is not None  # checked above
         for i, (key, p) in enumerate(zip(keys, prompts, strict=False)):
             reused[i], kvs[i], hid_cached[i] = cache.lookup(key, p)
     if config.record_hidden:  # the prompt mean needs every prompt token's state: reuse only what has them
@@ -415,15 +420,17 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
     if cache is not None:
         cache.reused_tokens += sum(reused)
         cache.encoded_tokens += sum(len(x) for x in new)
-    hidden, prompt_hidden = None, [None] * batch
+    hidden: list[dict] | None = None
+    prompt_hidden: list[torch.Tensor | None] = [None] * batch
     if config.record_hidden:
         hidden = []
         for i in range(batch):
-            rows = new_states[i]
-            if reused[i] and hid_cached[i] is not None:
-                rows = torch.cat([hid_cached[i][: reused[i]], rows])
-            prompt_hidden[i] = rows
-            hidden.append({"mean": rows.mean(0).tolist(), "last": rows[-1].tolist()})
+            states = new_states[i]
+            cached = hid_cached[i]
+            if reused[i] and cached is not None:
+                states = torch.cat([cached[: reused[i]], states])
+            prompt_hidden[i] = states
+            hidden.append({"mean": states.mean(0).tolist(), "last": states[-1].tolist()})
     alive = list(range(batch))  # original row of each batch position
     done: set[int] = set()  # with keep_finished: batch positions that have stopped but stay in the batch
     spare = torch.Generator().manual_seed(0) if per_row and config.keep_finished else None
@@ -436,6 +443,7 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
         """Move finished rows' keys/values (real positions only) into the prefix cache."""
         if cache is None:
             return
+        assert keys is not None  # checked above
         layers = _layer_kv(past)
         for b in rows_here:
             i = alive[b]
@@ -443,15 +451,17 @@ def sample(model, prompts: list[list[int]], *, stop_ids, pad_id: int, config: Sa
             idx = real.nonzero().squeeze(1)
             kv = [(k[b].index_select(1, idx), v[b].index_select(1, idx)) for k, v in layers]
             seq = list(prompts[i]) + gen_ids[i][:-1]
-            h = None
-            if prompt_hidden[i] is not None:
-                h = torch.cat([prompt_hidden[i]] + fed_hidden[i]) if fed_hidden[i] else prompt_hidden[i]
+            h = prompt_hidden[i]
+            if h is not None and fed_hidden[i]:
+                h = torch.cat([h] + fed_hidden[i])
             cache.store(keys[i], seq, kv, h)
 
     while True:
         # the rows still in the batch; a finished row kept in it (keep_finished) draws from a throw-away stream so
         # that its own stream does not advance
-        gen = ([spare if b in done else generator[i] for b, i in enumerate(alive)] if per_row else generator)
+        gen: Generators = generator
+        if gens is not None:  # (`done` is filled only with keep_finished, so `spare` is set when it is used)
+            gen = [gens[i] if b not in done or spare is None else spare for b, i in enumerate(alive)]
         tok, tok_lp = next_tokens(logits, config, gen)
         steps += 1
         tok_l, lp_l = tok.tolist(), tok_lp.tolist()

@@ -81,7 +81,7 @@ def chat_template(system: str | None = None) -> str:
 
 def is_domain_template(template: str | None) -> bool:
     """Whether `template` is one the domain tokenizer ships (`chat_template`, or the plain one of older folders)."""
-    return bool(template) and (template.startswith(_TEMPLATE_MARK) or template == _PLAIN_TEMPLATE)
+    return bool(template and (template.startswith(_TEMPLATE_MARK) or template == _PLAIN_TEMPLATE))
 
 
 #: Jinja chat template of the default tokenizer (`chat_template` with the default system message)
