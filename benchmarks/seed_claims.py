@@ -16,7 +16,8 @@ Decision rules (`RULES`):
   claim's better side;
 * ``every_seed``: a yes/no per seed; shown when it holds in every seed.
 
-Rows so far: ProRL (docs/results/prorl_ladder.json), CA-PG (docs/results/capg_k.json) and HPO
+Rows so far: ProRL (docs/results/prorl_ladder.json), CA-PG (docs/results/capg_k.json, and the standard tier's
+TwoStageRetrieval table at the card's K = 20, data/results/standard/TwoStageRetrieval-v0_k20/) and HPO
 (docs/results/hpo_n.json). The LM seed methods join as further `ClaimSpec` entries that read their own results
 files; nothing else changes.
 """
@@ -98,13 +99,16 @@ class ClaimSpec:
     """A key of `RULES`."""
     measure: Callable[[dict], dict]
     """results → {"seeds", "figure" (per seed), "reference" (per seed or None), and "diff" (paired_t) or
-    "flags" (every_seed); optional "note"}."""
+    "flags" (every_seed); optional "note"}. With `reference_source`, results is {"row": <source>, "reference":
+    <reference_source>}."""
     better: str = "higher"
     """The better side of the paired difference (paired_t)."""
     start: str = "random init"
     """What the runs trained from: "sft" (a supervised start checkpoint) or "random init"."""
     unit: str = ""
     """Unit of the figure, shown in the table."""
+    reference_source: str | None = None
+    """A second results file the reference arm is read from (one leaderboard row against another), or None."""
 
 
 def _r(x, nd: int = 6):
@@ -124,10 +128,15 @@ def decide(spec: ClaimSpec, root: Path = ROOT) -> dict:
     row: dict = {"paper": spec.paper, "algorithm": spec.algorithm, "claim": spec.claim, "start": spec.start,
                  "source": spec.source, "reference": spec.reference, "unit": spec.unit,
                  "rule": RULES[spec.rule].format(side=spec.better)}
-    path = root / spec.source
-    if not path.is_file():
-        return {**row, "verdict": NOT_MEASURED, "note": f"{spec.source} is missing"}
-    m = spec.measure(json.loads(path.read_text()))
+    files = [spec.source] + ([spec.reference_source] if spec.reference_source else [])
+    missing = [f for f in files if not (root / f).is_file()]
+    if missing:
+        return {**row, "verdict": NOT_MEASURED, "note": f"{', '.join(missing)} is missing"}
+    res = json.loads((root / spec.source).read_text())
+    if spec.reference_source:
+        row["reference_source"] = spec.reference_source
+        res = {"row": res, "reference": json.loads((root / spec.reference_source).read_text())}
+    m = spec.measure(res)
     row.update(seeds=m["seeds"], figure=_r(m["figure"]), reference_figure=_r(m.get("reference")))
     if spec.rule == "paired_t":
         d = decide_paired(m["diff"], spec.better)
@@ -239,6 +248,28 @@ def _capg_variance(k: int, where: str = "init") -> Callable[[dict], dict]:
     return measure
 
 
+#: the standard tier's TwoStageRetrieval table at the card's K = 20 (``shopsim bench --tier standard --envs
+#: TwoStageRetrieval-v0:k20``): 300 iterations, 3 training seeds, each evaluated on the 4000 test contexts
+CAPG_STD = "data/results/standard/TwoStageRetrieval-v0_k20"
+
+
+def _std_paired(metric: str) -> Callable[[dict], dict]:
+    """Two leaderboard rows paired by training seed: the row's `metric` per seed against the reference row's."""
+
+    def measure(res: dict) -> dict:
+        row, ref = res["row"], res["reference"]
+        seeds = list(row["budget"]["train_seeds"])
+        if list(ref["budget"]["train_seeds"]) != seeds:
+            raise ValueError(f"the rows trained different seeds: {seeds} and {ref['budget']['train_seeds']}")
+        fig, rf = row["metrics"][metric]["per_seed"], ref["metrics"][metric]["per_seed"]
+        k = row["config"].get("env_kwargs", {}).get("k")
+        return {"seeds": seeds, "figure": fig, "reference": rf, "diff": [x - y for x, y in zip(fig, rf, strict=True)],
+                "note": f"standard-tier {metric} (K = {k}) after {row['budget']['iterations']} iterations per training "
+                        f"seed, each on the {row['metrics'][metric]['tasks']} test contexts; `{row['command']}`"}
+
+    return measure
+
+
 # ---------------------------------------------------------------------------------------------------- HPO
 HPO = "docs/results/hpo_n.json"
 
@@ -316,6 +347,12 @@ SPECS: list[ClaimSpec] = [
               "the cheapest other estimator", "paired_t", _capg_cost, better="lower", unit="s per 1K steps"),
     ClaimSpec("CA-PG", "capg", "ca-pg's gradient variance is far below v-pg's at fixed parameters (K = 20)", CAPG,
               "vpg (same parameters)", "paired_t", _capg_variance(20), better="lower", unit="tr Cov"),
+    ClaimSpec("CA-PG", "capg", "ca-pg above v-pg on the standard tier's policy value at K = 20",
+              f"{CAPG_STD}/capg.json", "vpg (same training seed)", "paired_t", _std_paired("policy_value"),
+              unit="policy value", reference_source=f"{CAPG_STD}/vpg.json"),
+    ClaimSpec("CA-PG", "top1", "top1 above v-pg on the standard tier's policy value at K = 20",
+              f"{CAPG_STD}/top1.json", "vpg (same training seed)", "paired_t", _std_paired("policy_value"),
+              unit="policy value", reference_source=f"{CAPG_STD}/vpg.json"),
     ClaimSpec("HPO", "hpo", "HPO reaches a lower test cost than Gaussian PPO at 5 SKUs (same simulated periods)", HPO,
               "ppo (same seed)", "paired_t", _hpo_gap(5), better="lower", unit="test cost"),
     ClaimSpec("HPO", "hpo", "HPO reaches a lower test cost than Gaussian PPO at 12 SKUs", HPO, "ppo (same seed)",
@@ -334,11 +371,12 @@ def build(specs: Sequence[ClaimSpec] = SPECS, root: Path = ROOT) -> dict:
     """The verdict table: every spec's row, and per source file the command and commit that recorded it."""
     rows = [decide(s, root) for s in specs]
     sources = {}
-    for src in sorted({s.source for s in specs}):
+    for src in sorted({f for s in specs for f in (s.source, s.reference_source) if f}):
         p = root / src
         if p.is_file():
             res = json.loads(p.read_text())
             sources[src] = {k: res.get(k) for k in ("command", "commit", "wall_s")}
+            sources[src]["commit"] = sources[src]["commit"] or res.get("git_commit")  # a leaderboard results file
             sources[src]["wall_s"] = _r(sources[src]["wall_s"], 4)
     return {"sources": sources, "rows": rows}
 

@@ -236,3 +236,45 @@ def test_scenario_keys_give_their_own_protocol_and_table():
         load_protocol("shopsim/Replenishment-v0:winter")
     trained = [e for e in plan("standard", ["shopsim/Replenishment-v0:seasonal"], []) if e.kind == "trained"]
     assert {e.name for e in trained} == {"hpo", "ppo"} and all(e.scenario == "seasonal" for e in trained)
+
+
+def test_reference_agents_are_built_for_the_scenarios_env_options(tmp_path, capsys):
+    """TwoStageRetrieval's k20 scenario (the CA-PG card's K = 20): the bench built its reference rows with
+    `agents.make(name, env_id)` alone, so the random retriever drew 10 candidates for a 20-candidate env. Every
+    reference row of the scenario is valid, and `shopsim eval --agent` builds the agent for its env options too."""
+    from shopsim.app.bench import Entry, make_agent, run_entry
+    from shopsim.leaderboard.protocols import load_protocol
+
+    key = "shopsim/TwoStageRetrieval-v0:k20"
+    protocol = load_protocol(key).limited(tasks=8, seeds=1, tries=1)
+    assert protocol.env_kwargs == {"k": 20}
+    budget = budget_for("standard", key, "retrieval")
+    for ref in budget.references:
+        rec = run_entry(Entry(protocol.env_id, ref, "reference", scenario="k20"), protocol, tmp_path / "out",
+                        budget=budget, mode="standard", log=lambda _: None)
+        assert rec["status"] == "ok", rec.get("error")
+        assert rec["metrics"]["invalid_rate"]["mean"] == 0.0, ref
+        assert rec["metrics"]["recall"]["mean"] > 0.0, ref
+    assert make_agent("random", protocol.env_id, protocol.env_kwargs).sample(3).shape == (3, 20)
+    # options an agent's constructor does not take are not passed (the inventory references ignore them)
+    assert make_agent("s_S", "shopsim/Replenishment-v0", {"seasonality": 0.7}) is not None
+    out = tmp_path / "r.json"
+    assert main(["eval", "--env", protocol.env_id, "--agent", "random", "--env-kwargs", '{"k": 20}', "--tasks", "4",
+                 "--seeds", "0", "--tries", "1", "--out", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["metrics"]["invalid_rate"]["mean"] == 0.0
+
+
+def test_the_standard_tier_trains_the_retrieval_baselines_at_the_cards_k():
+    """The CA-PG card's claims are at K = 20: the standard tier trains all five estimators on the k20 scenario, at
+    the default scenario's budget; the main job only re-checks its shipped rows."""
+    from shopsim.envs import env_record
+
+    record = env_record("shopsim/TwoStageRetrieval-v0")
+    assert record.scenarios["k20"].env_kwargs == {"k": 20}
+    key = "shopsim/TwoStageRetrieval-v0:k20"
+    standard = budget_for("standard", key, "retrieval")
+    assert standard.algos == dict.fromkeys(("capg", "capg_swr", "vpg", "vpg_swr", "top1"), 300)
+    assert standard.algos == record.budgets["standard"].algos and standard.train_seeds == 3
+    assert budget_for("quick", key, "retrieval").algos == {}
+    trained = [e for e in plan("standard", [key], []) if e.kind == "trained"]
+    assert len(trained) == 5 and all(e.scenario == "k20" for e in trained)

@@ -181,3 +181,29 @@ def test_main_job_can_leave_shipped_checkpoints_to_the_standard_tier(toy_world, 
                         progress=False, plots=False, log=lambda m: None)
     assert sorted(r["entry"] for r in outcome.reproduction) == ["expert", "random"]  # no toyalgo-seed0
     assert "Not re-evaluated here" in outcome.markdown and "ToyCoin-v0 toyalgo" in outcome.markdown
+
+
+def test_capg_claims_read_the_k20_table_when_the_tier_has_it():
+    """The CA-PG card claims CA-PG and TOP1 above V-PG at K = 20: with both TwoStageRetrieval tables shipped, the
+    rows read the k20 scenario's (the default K = 10 table only gets its beats-random rows)."""
+    from benchmarks.repro_standard import claims
+
+    def row(entry, kind, pv, k):
+        return {"entry": entry, "kind": kind, "family": "retrieval", "config": {"env_kwargs": {"k": k} if k else {}},
+                "metrics": {"policy_value": {"mean": sum(pv) / len(pv), "per_seed": pv,
+                                             "ci95": [min(pv) - 0.01, max(pv) + 0.01]}}}
+
+    def table(k, capg, vpg):
+        return {"random": row("random", "reference", [6.0], k), "capg": row("capg", "trained", capg, k),
+                "top1": row("top1", "trained", capg, k), "vpg": row("vpg", "trained", vpg, k)}
+
+    k10 = table(None, [7.6, 7.7, 7.65], [7.4, 7.5, 7.7])
+    k20 = table(20, [8.1, 8.2, 8.15], [7.5, 7.55, 7.6])
+    got = {(c["env"], c["claim"]): c for c in claims({"TwoStageRetrieval-v0": k10, "TwoStageRetrieval-v0:k20": k20})}
+    vs = {key: c for key, c in got.items() if "above vpg" in key[1]}
+    assert sorted(vs) == [("TwoStageRetrieval-v0:k20", "capg above vpg on policy value (K = 20, the card's setting)"),
+                          ("TwoStageRetrieval-v0:k20", "top1 above vpg on policy value (K = 20, the card's setting)")]
+    assert all(c["verdict"] == "shown" for c in vs.values())
+    assert got[("TwoStageRetrieval-v0", "capg beats random on policy_value")]["verdict"] == "shown"
+    only10 = [c for c in claims({"TwoStageRetrieval-v0": k10}) if "above vpg" in c["claim"]]
+    assert [c["claim"] for c in only10][0] == "capg above vpg on policy value (K = 10, the card claims it at K = 20)"

@@ -53,3 +53,23 @@ def test_the_committed_table_is_what_the_script_writes_from_the_committed_result
     assert {r["verdict"] for r in committed["rows"]} <= {sc.SHOWN, sc.NOT_SHOWN}  # every row decided
     md = (ROOT / "docs/results/seed_claims.md").read_text()
     assert md == sc.to_markdown(committed)
+
+
+def test_a_row_against_another_leaderboard_row_reads_both_files_paired_by_training_seed(tmp_path):
+    """The standard tier's CA-PG rows compare two results files (capg.json against vpg.json of the K = 20 table),
+    paired by training seed; a missing reference file leaves the row not measured."""
+
+    def row(pv: list[float]) -> dict:
+        return {"budget": {"iterations": 300, "train_seeds": [0, 1, 2]}, "config": {"env_kwargs": {"k": 20}},
+                "command": "shopsim bench", "metrics": {"policy_value": {"per_seed": pv, "tasks": 4000}}}
+
+    (tmp_path / "a.json").write_text(json.dumps(row([8.0, 8.1, 8.2])))
+    spec = sc.ClaimSpec("P", "capg", "a claim", "a.json", "vpg", "paired_t", sc._std_paired("policy_value"),
+                        reference_source="b.json")
+    assert sc.decide(spec, tmp_path)["verdict"] == sc.NOT_MEASURED
+    (tmp_path / "b.json").write_text(json.dumps(row([7.0, 7.2, 7.1])))
+    got = sc.decide(spec, tmp_path)
+    assert got["verdict"] == sc.SHOWN and got["reference_figure"] == [7.0, 7.2, 7.1] and got["seeds"] == [0, 1, 2]
+    assert got["reference_source"] == "b.json" and "K = 20" in got["note"]
+    assert [s.reference_source for s in sc.SPECS if s.algorithm in ("capg", "top1") and s.reference_source] == [
+        f"{sc.CAPG_STD}/vpg.json"] * 2

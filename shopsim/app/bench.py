@@ -121,21 +121,34 @@ def sft_checkpoint(root: str | Path | None = None) -> Path | None:
     return found[0].parent if found else None
 
 
-_REFERENCE_AGENTS: dict[tuple[str, str], Any] = {}
+def make_agent(name: str, env_id: str, env_kwargs: dict | None = None):
+    """Agent `name` (`agents.make`) for `env_id` built with the env options it will be evaluated on: an agent whose
+    constructor takes ``env_kwargs`` (the retrieval agents, whose candidate-set size K and catalog size come from
+    them) gets `env_kwargs`; any other is built as `agents.make` builds it (the inventory references are tuned on
+    the default env whatever the scenario)."""
+    import inspect
+
+    import agents
+
+    if env_kwargs and "env_kwargs" in inspect.signature(agents.resolve(name, env_id)).parameters:
+        return agents.make(name, env_id, env_kwargs=dict(env_kwargs))
+    return agents.make(name, env_id)
+
+
+_REFERENCE_AGENTS: dict[tuple[str, str, str], Any] = {}
 
 
 def reference_agent(protocol: Protocol):
-    """The agent ``protocol.reference`` names (None when it names none) for `evaluate`'s gap metric.
+    """The agent ``protocol.reference`` names (None when it names none) for `evaluate`'s gap metric, built for the
+    protocol's env options (`make_agent`).
 
-    Built once per (name, env) and process, so that `evaluate` runs it once per protocol however many entries are
-    measured against it."""
+    Built once per (name, env, options) and process, so that `evaluate` runs it once per protocol however many
+    entries are measured against it."""
     if not protocol.reference:
         return None
-    key = (protocol.reference, protocol.env_id)
+    key = (protocol.reference, protocol.env_id, repr(sorted(protocol.env_kwargs.items())))
     if key not in _REFERENCE_AGENTS:
-        import agents
-
-        _REFERENCE_AGENTS[key] = agents.make(*key)
+        _REFERENCE_AGENTS[key] = make_agent(protocol.reference, protocol.env_id, protocol.env_kwargs)
     return _REFERENCE_AGENTS[key]
 
 
@@ -282,8 +295,8 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
         write_results(res_path, rec)
         return rec
     try:
-        if entry.kind == "reference":
-            agent = agents.make(entry.name, entry.env_id)
+        if entry.kind == "reference":  # built for the protocol's env options (a scenario's K, say)
+            agent = make_agent(entry.name, entry.env_id, protocol.env_kwargs)
             info["agent"] = f"{type(agent).__module__}:{type(agent).__qualname__}"
         elif entry.kind == "checkpoint":
             from agents.registry import CHECKPOINT_MANIFEST

@@ -59,7 +59,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import agents
     from agents.registry import manifest_env_kwargs
-    from shopsim.app.bench import reference_agent
+    from shopsim.app.bench import make_agent, reference_agent
     from shopsim.envs import check_env_id, check_env_options
     from shopsim.leaderboard.evaluate import agent_env_kwargs, evaluate
     from shopsim.leaderboard.protocols import load_protocol
@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
             _check_entry_name(name, f"the entry name {name[:40]!r} (from the model's name; --name sets another)")
         algorithm = budget = None
     else:
-        agent = agents.make(args.agent, args.env)
+        # built for the options it is evaluated on (a retrieval agent's K comes from them)
+        agent = make_agent(args.agent, args.env, {**protocol.env_kwargs, **(env_kwargs or {})})
         name, kind = args.name or args.agent, ("agent" if getattr(agent, "learns", False) else "reference")
         config = {"agent": args.agent}
         algorithm = budget = None
