@@ -102,6 +102,8 @@ class HybridPolicy(nn.Module):
 class SumValue(nn.Module):
     """V(s) = Σ_i v(features_i): a per-SKU MLP summed over SKUs (costs are additive over SKUs)."""
 
+    calibrated: bool  # set by baselines.hybrid_ppo once the output bias starts at the mean return (unset before)
+
     def __init__(self, n_feat: int, hidden: tuple[int, ...] = (64, 64)):
         super().__init__()
         self.net = mlp(n_feat, tuple(hidden), 1)

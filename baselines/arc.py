@@ -100,6 +100,7 @@ def plan_strategies(strategies: Sequence[str], n_tasks: int, per_task: int, free
     for _ in range(n_tasks):
         ss = list(strategies)
         if per_task:
+            assert rng is not None, "per_task > 0 draws the subsets with rng"
             keep = sorted(rng.choice(len(ss), size=per_task, replace=False).tolist())
             ss = [ss[j] for j in keep]
         out.append(ss + ([FREE] if free_group else []))
@@ -219,6 +220,7 @@ class ARC(LMAlgorithm):
         r, parts = mixed_reward(batch, trajectory_reward(batch, c.reward), c.w_fmt, c.w_tool)
         gids = strategy_group_ids(batch.group_ids, batch.strategy_ids)
         if c.base == "ppo":
+            assert ctx.values is not None  # the PPO base has a critic (setup)
             adv, ret = ppo_group_advantages(batch, ctx.values, r, gids, gamma=c.gamma, lam=c.gae_lambda,
                                             eps=c.eps_std)
             return Advantages(adv=adv, returns=ret, metrics={**parts, "reward_mixed": float(r.mean())})

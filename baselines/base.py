@@ -43,7 +43,7 @@ class TrainResult:
 class Algorithm:
     name: ClassVar[str] = "algorithm"
     families: ClassVar[tuple[str, ...]] = ()
-    Config: ClassVar[type] = None  # a dataclass
+    Config: ClassVar[type | None] = None  # a dataclass
 
     def __init__(self, **overrides: Any) -> None:
         if self.Config is None:

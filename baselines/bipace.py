@@ -31,7 +31,7 @@ import re
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -237,7 +237,7 @@ def counterfactual_advantages(R: torch.Tensor, clusters: torch.Tensor, keys: lis
     size = torch.bincount(clusters, minlength=n_c).double()
     tot = torch.zeros(n_c, dtype=R.dtype).index_add_(0, clusters, R)
     V = tot / size.clamp_min(1)
-    ak = {}
+    ak: dict[tuple, int] = {}  # (cluster, action key) -> action id
     aid = torch.tensor([ak.setdefault((int(c), k), len(ak)) for c, k in zip(clusters.tolist(), keys, strict=True)],
                        dtype=torch.long)
     a_cnt = torch.bincount(aid, minlength=len(ak)).double()
@@ -330,7 +330,7 @@ class BiPACE(LMAlgorithm):
 
     def evaluate(self, env_id: str, agent, **kw) -> dict:
         """The shared evaluation, without recording hidden states (nothing uses them there)."""
-        samp = getattr(agent, "sampling", None)
+        samp: Any = getattr(agent, "sampling", None)  # duck-typed: the LM agents' SamplingConfig
         old = getattr(samp, "record_hidden", None)
         if old is not None:
             samp.record_hidden = False
@@ -353,6 +353,7 @@ class BiPACE(LMAlgorithm):
             return float(c.epsilon), False
         if self.epsilon is not None and c.eps_schedule == "first_batch":
             return self.epsilon, False
+        eps: float | None
         if c.eps_target_singleton is not None:
             eps = calibrate_epsilon_singleton(z, groups, c.eps_target_singleton, c.cluster_ref)
         else:

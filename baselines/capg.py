@@ -269,7 +269,8 @@ class CAPGTrainer(LoopAlgorithm):
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.step += 1
-            finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p.grad).all()) for p in self.params)
+            finite = bool(torch.isfinite(loss)) and all(
+                p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.params)
             if not finite and c.stop_on_overflow:
                 self.overflow = True
                 log.warning("gradient overflow at step %d (%s, K=%d)", self.step, self.estimator, self.sim.config.k)

@@ -133,12 +133,15 @@ class InventorySim:
             one = Scenario(sc.mean[b], sc.holding[b], sc.backlog[b], sc.fixed[b], sc.phase[b])
             d = sample_demand(one, self.cfg, rng)
             o, p = initial_state(one, self.cfg, rng)
-            dem.append(d), on.append(o), pipe.append(p)
+            dem.append(d)
+            on.append(o)
+            pipe.append(p)
         t = lambda x: torch.tensor(np.asarray(x), dtype=self.dtype)  # noqa: E731  (copies: inputs may be read-only views)
         out = {"mean_t": t(demand_means(sc, self.cfg)), "holding": t(sc.holding), "backlog": t(sc.backlog),
                "fixed": t(sc.fixed), "demand": t(np.stack(dem, 1)), "on_hand": t(np.stack(on)),
                "pipeline": t(np.stack(pipe))}
         if self.multi:
+            assert self.supplier_capacity is not None  # set with multi (__init__)
             out["capacity"] = self.supplier_capacity * out["mean_t"].new_tensor(sc.mean.sum(1))[:, None, :]
         return out
 
@@ -187,8 +190,11 @@ class InventorySim:
                 out = step_torch(on, pipe, order, q, b["demand"][t], b["holding"], b["backlog"], b["fixed"],
                                  lost_sales=cfg.lost_sales, capacity=cfg.capacity, overflow_cost=cfg.overflow_cost)
                 on, pipe = out.on_hand, out.pipeline
-                rec["feats"].append(feats), rec["order"].append(order), rec["u"].append(u.detach())
-                rec["logp"].append(logp.sum(-1)), rec["cost"].append(out.total)
+                rec["feats"].append(feats)
+                rec["order"].append(order)
+                rec["u"].append(u.detach())
+                rec["logp"].append(logp.sum(-1))
+                rec["cost"].append(out.total)
         return {k: torch.stack(v) for k, v in rec.items()}  # leading dim T
 
 
@@ -231,8 +237,10 @@ class HybridPPO(LoopAlgorithm):
         if not getattr(value, "calibrated", False):
             # start the critic at the mean return per SKU instead of 0 (returns are O(horizon) after scaling)
             disc = c.gamma ** torch.arange(T, dtype=rr.dtype)
+            last = value.net[-1]
+            assert isinstance(last, torch.nn.Linear)  # mlp ends with its output layer
             with torch.no_grad():
-                value.net[-1].bias.fill_(float((rr * disc).sum(1).mean()) / ro["feats"].shape[-2] / 2)
+                last.bias.fill_(float((rr * disc).sum(1).mean()) / ro["feats"].shape[-2] / 2)
             value.calibrated = True
         with torch.no_grad():
             v = value(ro["feats"].detach())  # (T, B, W)

@@ -333,7 +333,7 @@ def generate_dataset(env_id: str, agent, config: MidTrainConfig, out_dir: Path, 
                     best.meta = {**best.meta, "midtrain_strategy": s, "midtrain_data": c.data}
                     kept.append(best)
     finally:
-        if samp is not None:
+        if samp is not None and saved is not None:  # (saved is set exactly when samp is)
             samp.temperature, samp.greedy = saved
     if kept:
         write_dataset(out_dir / "data.parquet", kept, metadata={"env_id": env_id, "midtrain": {

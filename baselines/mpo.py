@@ -223,6 +223,7 @@ class MPO(LMAlgorithm):
 
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
         c = self.config
+        assert ctx.values is not None  # uses_critic: prepare() computed them
         v_tt = batch.to_traj_tokens(ctx.values)
         last = bootstrap_values(batch, v_tt, c.truncation)
         out = mpo_advantages(v_tt, batch.traj_tok_mask, batch.traj_tok_turn, batch.turn_rewards, gamma=c.gamma,

@@ -169,6 +169,7 @@ class PositionStats(RunningStats):
         """values [N, k] (rows = real items) at path positions [N] (0-based)."""
         if self.frozen or not len(values):
             return
+        assert positions is not None, "PositionStats.update needs the positions"
         rows = [(0, np.ones(len(values), dtype=bool))]
         rows += [(j + 1, positions == j) for j in range(len(self.count) - 1)]
         for row, sel in rows:
@@ -211,9 +212,14 @@ class _RecPG(LoopAlgorithm):
     families = ("rec",)
     Config = RecPGConfig
     invalid_rule = "fixed"
-    item_reduce = "mean"
     default_env_id = ENV_ID
     train_options = ("agent",)
+
+    @property
+    def item_reduce(self) -> str:
+        """How an item's token log-probs make its log-prob (`item_logprobs`: "mean" or "sum"); a subclass overrides
+        it with a class attribute or a property."""
+        return "mean"
 
     # ------------------------------------------------------------------ per-algorithm pieces
     def advantages(self, scores: PathScores, lengths: np.ndarray, group_ids: np.ndarray, epoch: int):
@@ -273,7 +279,8 @@ class _RecPG(LoopAlgorithm):
         self.iters_per_epoch = math.ceil(c.num_train_prompts / c.prompts_per_iter)
         self.gen = torch.Generator().manual_seed(run.seed)
         self.stats = self._new_stats()
-        self.low_valid_epochs, self.epoch_valid, self.order = 0, [], self.train_ids
+        self.low_valid_epochs, self.order = 0, self.train_ids
+        self.epoch_valid: list[float] = []
 
     def rng_streams(self) -> dict:
         return {"prompts": self.rng, "sampling": self.gen}
@@ -532,9 +539,11 @@ class ProRL(_RecPG):
             return self.raw_fused(scores)
         if c.centering == "position":  # [derived] statistics per path position k
             comps = np.stack([scores.ioi, scores.ior, scores.ctr], -1)  # [B, L, 3]
+            stats = self.stats
+            assert isinstance(stats, PositionStats)  # what _new_stats makes for centering="position"
             if update:
-                self.stats.update(comps[real], np.nonzero(real)[1])
-            mean, std = (x[: comps.shape[1]] for x in self.stats.per_position())  # [L, 3]
+                stats.update(comps[real], np.nonzero(real)[1])
+            mean, std = (x[: comps.shape[1]] for x in stats.per_position())  # [L, 3]
             z = (comps - mean[None]) / np.maximum(std, c.min_std)[None]
             r = c.w_ioi * z[..., 0] + c.w_ior * z[..., 1] + c.w_ctr * z[..., 2] / L_MAX
             return r * scores.step_mask
@@ -612,7 +621,7 @@ def gradient_variance(algo: ProRL, agent: RecPolicyAgent, task_ids, *, n_batches
     algo._n_items = world.n_items
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in agent.model.parameters() if p.requires_grad]
-    grads = {"position": [], "path": []}
+    grads: dict[str, list] = {"position": [], "path": []}
     task_ids = np.asarray(task_ids)
     if not hasattr(algo, "stats"):
         algo.stats = algo._new_stats()

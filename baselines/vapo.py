@@ -78,7 +78,9 @@ class VAPO(LMAlgorithm):
 
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
         c = self.config
-        _, ret = token_gae_for_batch(batch, ctx.values, gamma=c.gamma, lam=c.lam_critic, truncation=c.truncation)
+        values = ctx.values
+        assert values is not None  # uses_critic: prepare() computed them
+        _, ret = token_gae_for_batch(batch, values, gamma=c.gamma, lam=c.lam_critic, truncation=c.truncation)
         if c.length_basis == "trajectory":
             lam = length_adaptive_lambda(batch.traj_gen_len, c.alpha)  # [N]
             lam_mean = float(lam.mean())
@@ -87,7 +89,7 @@ class VAPO(LMAlgorithm):
             lam_rs = batch.turn_to_tokens(lam_turn)  # [R, S] per generated token
             lam = batch.to_traj_tokens(lam_rs)  # [N, L] per-step λ
             lam_mean = float((lam_turn * batch.turn_mask).sum() / batch.turn_mask.sum().clamp_min(1))
-        adv, _ = token_gae_for_batch(batch, ctx.values, gamma=c.gamma, lam=lam, truncation=c.truncation)
+        adv, _ = token_gae_for_batch(batch, values, gamma=c.gamma, lam=lam, truncation=c.truncation)
         return Advantages(adv=adv, returns=ret, metrics={"lambda_policy": lam_mean})
 
     def extra_loss(self, mb, logp, mask):

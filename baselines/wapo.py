@@ -27,6 +27,7 @@ so they describe the policy being trained.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -134,6 +135,9 @@ class TokenBinLogging:
     unchanged; zero-advantage rows are no longer skipped, since the bins need them. Off when the config has
     ``log_token_bins=False``."""
 
+    config: Any  # the LMAlgorithm's, whose class follows this one in the bases
+
+    # LMAlgorithm's switches of the same names are class attributes; here they follow the config instead
     @property
     def needs_entropy(self) -> bool:  # logging only: no entropy term is added
         return bool(getattr(self.config, "log_token_bins", True))
@@ -157,7 +161,9 @@ class TokenBinLogging:
         return out
 
 
-class WAPO(TokenBinLogging, LMAlgorithm):
+# The trainer only reads its switches, so the mixin's read-only properties may stand in for LMAlgorithm's writable
+# class attributes (a benchmark sets them on an instance); mypy cannot be told that a reader needs no setter.
+class WAPO(TokenBinLogging, LMAlgorithm):  # type: ignore[override]
     """Winner Advantage Policy Optimization: mean-centred outcome advantage, only the winners trained."""
 
     name = "wapo"

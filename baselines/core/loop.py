@@ -90,9 +90,12 @@ def seed_everything(seed: int) -> None:
 def capture_rng(streams: dict[str, Any] | None = None) -> dict:
     """The state of every global generator and of the named `streams` (numpy Generators / torch Generators): python's
     and numpy's as JSON-able values, torch's as uint8 tensors."""
-    name, key, pos, has_gauss, gauss = np.random.get_state()
-    out = {"python": random.getstate(), "numpy": [name, key.tolist(), int(pos), int(has_gauss), float(gauss)],
-           "torch": torch.get_rng_state(), "streams": {}}
+    state = np.random.get_state()
+    assert isinstance(state, tuple)  # the legacy form (legacy=True, the default)
+    name, key, pos, has_gauss, gauss = state
+    out: dict[str, Any] = {
+        "python": random.getstate(), "numpy": [name, key.tolist(), int(pos), int(has_gauss), float(gauss)],
+        "torch": torch.get_rng_state(), "streams": {}}
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state_all()
     for name, g in (streams or {}).items():
@@ -241,7 +244,8 @@ class LoopAlgorithm(Algorithm):
     # ------------------------------------------------------------------ the loop
     def run_identity(self, env_id: str, seed: int) -> dict:
         """What a saved state must match to be resumed by this call."""
-        config = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) else {}
+        config = (dataclasses.asdict(self.config)
+                  if dataclasses.is_dataclass(self.config) and not isinstance(self.config, type) else {})
         return _jsonable({"algo": self.name, "class": f"{type(self).__module__}:{type(self).__qualname__}",
                           "env_id": env_id, "seed": seed, "config": config})
 

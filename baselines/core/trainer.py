@@ -122,7 +122,7 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
                 output_hidden_states=need_hidden)
     last = out.hidden_states[-1] if need_hidden else None
-    if need_hidden and causal_only:
+    if last is not None and causal_only:  # (need_hidden)
         last = last * attention_mask.unsqueeze(-1).to(last.dtype)
     logits = out.logits[:, :-1, :].to(torch.promote_types(out.logits.dtype, torch.float32)) / temperature
     lp = token_logprobs(logits, input_ids[:, 1:])
@@ -146,7 +146,7 @@ class LMAlgorithm(LoopAlgorithm):
     Config: ClassVar[type] = LMConfig
     train_options: ClassVar[tuple[str, ...]] = ("env_kwargs", "env_fns", "agent")
     min_iterations: ClassVar[int] = 0
-    uses_critic: ClassVar[bool] = False
+    uses_critic: bool = False  # a class flag; ARC sets it per run from its config (setup)
     needs_entropy: ClassVar[bool] = False
     #: compute Σ_v p_v² at the trained positions in the update's forward and hand it to `token_metrics`
     needs_collision: ClassVar[bool] = False
@@ -324,7 +324,9 @@ class LMAlgorithm(LoopAlgorithm):
             return [pos]
         lengths = batch.attention_mask[rows].sum(1)
         order = torch.argsort(lengths, stable=True)
-        out, cur, width, real = [], [], 0, 0
+        out: list[torch.Tensor] = []
+        cur: list[int] = []
+        width, real = 0, 0
         for j in order.tolist():
             n = int(lengths[j])
             full = c.micro_batch_rows and len(cur) >= c.micro_batch_rows
@@ -344,10 +346,10 @@ class LMAlgorithm(LoopAlgorithm):
         every [B, S']-shaped tensor of the result back to the batch width S."""
         S = batch.input_ids.shape[1]
         w = max(1, int(batch.attention_mask[r].sum(1).max()))
-        args = [a[:, :w] if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[1] == S else a for a in args]
-        kwargs = {k: v[:, :w] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == S else v
+        cut = [a[:, :w] if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.shape[1] == S else a for a in args]
+        cut_kw = {k: v[:, :w] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == S else v
                   for k, v in kwargs.items()}
-        out = fn(batch.input_ids[r, :w], batch.attention_mask[r, :w], *args, **kwargs)
+        out = fn(batch.input_ids[r, :w], batch.attention_mask[r, :w], *cut, **cut_kw)
 
         def pad(x):
             if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[1] == w and w < S:
@@ -360,13 +362,14 @@ class LMAlgorithm(LoopAlgorithm):
     def prepare(self, batch: Batch, iteration: int = 0) -> Ctx:
         """π_old (when recomputed), π_ref and critic values over the recorded ids (no grad, micro-batched)."""
         c = self.config
-        shared = self.critic is not None and self.critic.shared
+        critic = self.critic
+        shared = critic is not None and critic.shared
         behav = batch.old_logp
         need_old = c.recomputes_old_logp
         R = batch.num_rows
         old = torch.zeros_like(behav) if need_old else None
         ref = torch.zeros_like(behav) if self.ref_model is not None else None
-        values = torch.zeros_like(behav) if self.critic is not None else None
+        values = torch.zeros_like(behav) if critic is not None else None
         if need_old or ref is not None or values is not None:
             for r in self.micro_batches(batch, torch.arange(R, device=behav.device)):
                 gen = batch.gen_mask[r]
@@ -374,16 +377,16 @@ class LMAlgorithm(LoopAlgorithm):
                 if need_old or shared:
                     lp, _, hid = self.trimmed(lambda i, a, g: self._rows_forward(
                         self.model, i, a, need_hidden=shared, positions=g), batch, r, gen)
-                    if need_old:
+                    if old is not None:  # (need_old)
                         old[r] = lp
                 if ref is not None:
                     ref[r] = self.trimmed(lambda i, a, g: self._rows_forward(self.ref_model, i, a, positions=g),
                                            batch, r, gen)[0]
-                if values is not None:
-                    values[r] = self.trimmed(lambda i, a, h: self.critic(i, a, hidden=h), batch, r, hid)
+                if values is not None and critic is not None:  # (values are made exactly when there is a critic)
+                    values[r] = self.trimmed(lambda i, a, h: critic(i, a, hidden=h), batch, r, hid)
         if values is not None:
             values = values * batch.gen_mask
-        old_pi = old * batch.gen_mask if need_old else behav
+        old_pi = old * batch.gen_mask if old is not None else behav
         return Ctx(old_logp=old_pi, behav_logp=behav, values=values, ref_logp=ref, iteration=iteration)
 
     def update(self, batch: Batch, iteration: int = 0, generator: torch.Generator | None = None) -> dict:
@@ -488,6 +491,7 @@ class LMAlgorithm(LoopAlgorithm):
                 stats[k] = stats.get(k, 0.0) + float(v) / len(chunks)
             if self.critic is not None and advs.returns is not None:
                 v_new = self.trimmed(lambda i, a, h: self.critic(i, a, hidden=h), batch, r, hid)
+                assert ctx.values is not None  # prepare() makes them when there is a critic
                 vl_tok, _ = value_loss(v_new, ctx.values[r], advs.returns[r], c.value_clip)
                 vl = (vl_tok * w_val[ch]).sum()
                 loss = loss + c.vf_coef * vl
@@ -512,8 +516,11 @@ class LMAlgorithm(LoopAlgorithm):
             out["rows_skipped_zero_adv"] = float(len(full_rows) - len(rows))
         out["tokens_processed"] = float(batch.attention_mask[rows].sum()) if len(rows) else 0.0
         # what the passes ran over, padding included (each micro-batch is trimmed to its longest row)
-        lengths = batch.attention_mask[rows].sum(1) if len(rows) else None
-        out["tokens_processed_padded"] = float(sum(len(ch) * int(lengths[ch].max()) for ch in chunks))
+        padded = 0
+        if len(rows):  # (no rows: no chunks)
+            lengths = batch.attention_mask[rows].sum(1)
+            padded = sum(len(ch) * int(lengths[ch].max()) for ch in chunks)
+        out["tokens_processed_padded"] = float(padded)
         return out
 
     def _zero_rows_skippable(self, ctx: Ctx, need_ent: bool) -> bool:
@@ -723,7 +730,8 @@ class LMAlgorithm(LoopAlgorithm):
         trajs, cm = self.collect_batch(run.env_id, agent, it, self.rng, env_kwargs=self._env_kwargs,
                                        env_fns=self._env_fns)
         t1 = time.perf_counter()
-        if enc0 is not None and stats.get("turns", 0) > enc0[1]:  # what the model ran over per agent turn
+        # what the model ran over per agent turn (enc0 is set when stats is a dict)
+        if enc0 is not None and isinstance(stats, dict) and stats.get("turns", 0) > enc0[1]:
             cm["tokens_encoded_per_turn"] = (stats["encoded_tokens"] - enc0[0]) / (stats["turns"] - enc0[1])
         # the layout is detected from the recorded ids (a concat episode whose context was cut is split into
         # prefix-consistent rows, see build_batch)
