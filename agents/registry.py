@@ -185,10 +185,11 @@ def manifest_families(directory) -> list[str] | None:
     return None
 
 
-def checkpoint_class(target: str, manifest) -> type:
+def checkpoint_class(target: str, manifest) -> Any:
     """The agent class a checkpoint manifest names (``"module:Class"``), imported only when it is a registered
     agent or lives in one of `CHECKPOINT_MODULES`: a downloaded checkpoint must not choose which code is imported.
-    Anything else raises a `ShopsimError` that says how to allow it."""
+    Anything else raises a `ShopsimError` that says how to allow it. (Typed Any: an `Agent` subclass with a
+    `from_checkpoint`, checked here, which `Agent` itself does not declare.)"""
     from agents.base import Agent
 
     module, _, attr = target.partition(":")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from baselines.base import Algorithm
 from shopsim.envs import family_of
 from shopsim.errors import UnknownNameError
 
@@ -81,7 +82,7 @@ def load_target(target: str) -> type:
     return obj
 
 
-def resolve(name: str, *, env_id: str | None = None, family: str | None = None) -> type:
+def resolve(name: str, *, env_id: str | None = None, family: str | None = None) -> type[Algorithm]:
     """The algorithm class for `name` (a registered name or 'module:Class')."""
     if ":" in name:
         return load_target(name)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from shopsim.app.bench import BUDGETS, Budget, budget_for, plan, run_bench, sft_checkpoint
+from shopsim.app.bench import BUDGETS, Budget, budget_for, learning_curve, plan, run_bench, sft_checkpoint
 from shopsim.app.cli import main
 from shopsim.leaderboard.results import find_results
 from tests.fixtures.leaderboard_toy import FAMILY, TOY_ID
@@ -103,6 +103,18 @@ def test_plan_and_budget_table(tmp_path):
     entries = plan("quick", ["shopsim/Shopping-v0"], [], sft=tmp_path / "sft")
     assert [e.name for e in entries if e.kind == "checkpoint"] == ["lm-sft"]
     assert all(e.skip_reason is None for e in entries)
+
+
+def test_learning_curve_of_runs_without_an_iteration_column(tmp_path):
+    """A training log without an ``iteration`` column counts its rows as the x axis (it raised AttributeError:
+    ``range`` has no ``astype``)."""
+    for seed, values in enumerate(([0.1, 0.2, 0.4], [0.2, 0.3, 0.5])):
+        (tmp_path / f"{seed}.csv").write_text("success_rate\n" + "".join(f"{v}\n" for v in values))
+    curve = learning_curve([tmp_path / "0.csv", tmp_path / "1.csv"], "shopping")
+    assert curve == {"metric": "success_rate", "x": [0, 1, 2], "per_seed": [[0.1, 0.2, 0.4], [0.2, 0.3, 0.5]]}
+    (tmp_path / "it.csv").write_text("iteration,success_rate\n0,0.1\n5,0.3\n5,0.35\n")
+    assert learning_curve([tmp_path / "it.csv"], "shopping") == {"metric": "success_rate", "x": [0, 5],
+                                                                   "per_seed": [[0.1, 0.35]]}
 
 
 def test_a_shipped_checkpoint_row_records_a_path_every_machine_shares(toy_world, tmp_path):

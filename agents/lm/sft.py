@@ -42,7 +42,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -385,7 +385,9 @@ def plot_curve(history: Sequence[dict], path: Path) -> None:
     ax.plot(steps, losses, color="tab:blue", lw=0.5, alpha=0.3)
     k = max(1, min(50, len(losses) // 10))  # batches are length-bucketed, so the raw loss is noisy: smooth it
     ax.plot(steps[k - 1:], np.convolve(losses, np.ones(k) / k, mode="valid"), color="tab:blue", lw=1.5)
-    ax.set_xlabel("step"), ax.set_ylabel("SFT loss (agent tokens)", color="tab:blue"), ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("SFT loss (agent tokens)", color="tab:blue")
+    ax.set_yscale("log")
     ev = [h for h in history if "eval_success" in h]
     if ev:
         ax2 = ax.twinx()
@@ -513,10 +515,10 @@ def train_sft(env_id: str, trajectories, config: SFTConfig, *, out_dir: str | Pa
     torch.manual_seed(config.seed)
     tokenizer = tokenizer or load_tokenizer()
     model = model or build_model(tokenizer, arch=config.arch, size=config.size, seed=config.seed)
+    prompt_kw: dict[str, Any] = {"system_prompt": system_prompt} if system_prompt is not None else {}
     agent = LMAgent(env_id=env_id, model=model, tokenizer=tokenizer, context_mode=config.context_mode,
                     history=config.history, history_obs_chars=config.history_obs_chars, greedy=True,
-                    max_new_tokens=config.max_new_tokens, pin_first_turn=config.pins_first_turn,
-                    **({"system_prompt": system_prompt} if system_prompt is not None else {}))
+                    max_new_tokens=config.max_new_tokens, pin_first_turn=config.pins_first_turn, **prompt_kw)
     env_kwargs = config.env_options()
     agent.env_kwargs = dict(env_kwargs)
     if config.augment_copies:

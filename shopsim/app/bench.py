@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,7 +178,7 @@ class Entry:
 
 
 def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | None = None,
-         sft: Path | None = None, shipped: list[dict] = ()) -> list[Entry]:
+         sft: Path | None = None, shipped: Sequence[dict] = ()) -> list[Entry]:
     """Every entry of the run, in order (references first per env, so their failure shows early). `env_ids` are
     leaderboard keys: env ids, or ``<env id>:<scenario>`` for a scenario of the env's record."""
     import agents
@@ -301,6 +301,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
         elif entry.kind == "checkpoint":
             from agents.registry import CHECKPOINT_MANIFEST
 
+            assert entry.checkpoint is not None  # a checkpoint entry names its folder (plan)
             if (Path(entry.checkpoint) / CHECKPOINT_MANIFEST).is_file():
                 agent = agents.load_checkpoint(entry.checkpoint, env_id=entry.env_id)
             else:  # a plain Hugging Face folder: the LM agent loads the shipped SFT model by default
@@ -310,11 +311,13 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
             if entry.shipped_entry:
                 meta["shipped_entry"] = entry.shipped_entry
         else:
+            assert entry.algorithm is not None  # a trained entry names its algorithm (plan)
             overrides = dict(entry.overrides)
             if protocol.env_kwargs:  # a scenario: train on the env options it is evaluated with
                 overrides["env_kwargs"] = {**overrides.get("env_kwargs", {}), **protocol.env_kwargs}
             algo = baselines.make(entry.algorithm, env_id=entry.env_id, **overrides)
-            info["config"] = dataclasses.asdict(algo.config) if dataclasses.is_dataclass(algo.config) else {}
+            info["config"] = (dataclasses.asdict(algo.config)
+                              if dataclasses.is_dataclass(algo.config) and not isinstance(algo.config, type) else {})
             init = sft_checkpoint() if budget.needs_init else None
             runs = []  # (per-eval-seed summaries, notes) per training seed
             csvs: list[Path] = []  # each run's metrics.csv (the learning curves)
@@ -407,8 +410,8 @@ def learning_curve(csv_paths: list[Path], family: str) -> dict | None:
             xcol = "iteration" if "iteration" in f.columns else None
             d = f[[c for c in (xcol, col) if c]].dropna()
             d = d.groupby(xcol, as_index=False).last() if xcol else d
-            series.append(dict(zip((d[xcol] if xcol else range(len(d))).astype(int).tolist(),
-                                   d[col].astype(float).tolist(), strict=True)))
+            x = d[xcol].astype(int).tolist() if xcol else list(range(len(d)))  # without iterations: the row number
+            series.append(dict(zip(x, d[col].astype(float).tolist(), strict=True)))
         xs = sorted(set(series[0]).intersection(*series[1:]))
         if not xs:
             continue
@@ -459,7 +462,7 @@ class BenchOutcome:
 
 
 def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list[str] | None = None,
-              user_algos: list[str] = (), split: str = "test", train_seed: int = 0, progress: bool = True,
+              user_algos: Sequence[str] = (), split: str = "test", train_seed: int = 0, progress: bool = True,
               table: dict | None = None, log: Callable[[str], None] | None = None,
               plots: bool = True, train_seeds: int | None = None, results_dir: str | Path | None = None,
               command: str | None = None, resume: bool = True) -> BenchOutcome:

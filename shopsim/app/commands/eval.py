@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from shopsim.app.commands import env_help, positive_int, writable_output
 from shopsim.app.commands.rollout import add_model_arguments, add_scale_arguments, model_agent_from_args, ray_pool
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                                     "another)")
         algorithm = payload.get("algorithm") if isinstance(payload.get("algorithm"), str) else None
         budget = checkpoint_budget(args.checkpoint, payload)
-        config = {"checkpoint": str(args.checkpoint), "manifest": manifest.read_text()}
+        config: dict[str, Any] = {"checkpoint": str(args.checkpoint), "manifest": manifest.read_text()}
         if env_kwargs is None:  # evaluate on the env the policy was trained on
             env_kwargs = manifest_env_kwargs(manifest)
             check_env_options(args.env, env_kwargs, what=f"{manifest} env_kwargs")

@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     has_manifest = ckpt is not None and (ckpt / CHECKPOINT_MANIFEST).is_file()
     env_kwargs = manifest_env_kwargs(ckpt) if has_manifest else {}  # the env the policy was trained on
     if env_kwargs:
+        assert ckpt is not None  # env_kwargs come from its manifest
         check_env_options(args.env, env_kwargs, what=f"{ckpt / CHECKPOINT_MANIFEST} env_kwargs")
     if families is None and has_manifest and family_of(args.env) == "shopping":
         families = manifest_families(ckpt)

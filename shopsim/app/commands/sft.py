@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
                         "told the env's text grammar in its system prompt; --arch/--size are then ignored")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
-    default_families = ",".join(SFTConfig.__dataclass_fields__["families"].default) or "all"
+    default_families = ",".join(SFTConfig.families) or "all"  # the field's default
     p.add_argument("--family", default=default_families,
                    help="task families of the expert episodes and of the dev evaluation, comma-separated, or 'all' "
                         "(default: %(default)s)")

@@ -63,15 +63,18 @@ def run(args: argparse.Namespace) -> int:
     if args.env is not None:
         check_env_id(args.env)
     cls = baselines.resolve(args.algo, env_id=args.env)
+    config_cls = cls.Config
+    if config_cls is None:  # (Algorithm() raises the same)
+        raise ConfigError(f"{args.algo}: {cls.__name__} must define a Config dataclass")
     if args.show_config:
         from shopsim.configs import describe_config
 
         print(f"{args.algo} ({cls.__module__}:{cls.__qualname__}): set a field with --set KEY=VALUE\n")
-        print(describe_config(cls.Config))
+        print(describe_config(config_cls))
         return 0
     if args.env is None:
         raise ConfigError(f"--env is required to train ({env_help()}); see shopsim train --help")
-    overrides = parse_overrides(args.overrides, cls.Config, algo=getattr(cls, "name", args.algo))
+    overrides = parse_overrides(args.overrides, config_cls, algo=getattr(cls, "name", args.algo))
     if "env_kwargs" in overrides:  # an unknown or bad env option fails now, not iterations into the run
         check_env_kwargs(args.env, overrides["env_kwargs"])
     algo = cls(**overrides)
