@@ -67,8 +67,8 @@ def run_chunk(agent, protocol, slots: int, *, sampled: bool) -> dict:
     from shopsim.rollout import collect
 
     before = dict(agent.stats)
-    slots = agent.slots
-    counts0 = (slots.decode_passes, slots.drafted_tokens, slots.accepted_tokens) if slots is not None else (0, 0, 0)
+    dec = agent.slots
+    counts0 = (dec.decode_passes, dec.drafted_tokens, dec.accepted_tokens) if dec is not None else (0, 0, 0)
     t0 = time.perf_counter()
     if sampled:
         t, s = protocol.episodes(0)
@@ -83,7 +83,7 @@ def run_chunk(agent, protocol, slots: int, *, sampled: bool) -> dict:
         _, trajs = run_seeds(agent, protocol, num_envs=slots, keep=True)
     wall = time.perf_counter() - t0
     st = agent.stats
-    counts = (slots.decode_passes, slots.drafted_tokens, slots.accepted_tokens) if slots is not None else (0, 0, 0)
+    counts = (dec.decode_passes, dec.drafted_tokens, dec.accepted_tokens) if dec is not None else (0, 0, 0)
     passes, drafted, accepted = (b - a for a, b in zip(counts0, counts, strict=True))
     return {"wall_s": wall, "episodes": len(trajs), "decode_passes": passes, "drafted": drafted,
             "accepted": accepted,
