@@ -1,13 +1,17 @@
 """The seed papers' claims in one verdict table, read from the recorded results (nothing is trained here).
 
-    python -m benchmarks.seed_claims [--md docs/results/seed_claims.md] [--json docs/results/seed_claims.json]
+    python -m benchmarks.seed_claims --results DIR [--json PATH]
+
+reads the recorded tables in DIR (the tables of record: ``--results docs/results``) and writes
+``DIR/seed_claims.{md,json}`` beside them.
 
 One row per claim of an algorithm card: the paper, the algorithm, the claim in one line, the start the runs trained
 from, the measured figure per seed, the reference arm per seed, the decision rule and the verdict (*shown* / *not
 shown*; *not measured* when the results file a row reads is missing). Each row is a `ClaimSpec` in `SPECS`: the
-results file it reads (relative to the repository root) and a `measure` function that turns that file into per-seed
-figures. A claim's own seed runs are paired by seed index (the same seed starts both arms from the same initial
-policy or start checkpoint and draws the same training data where the trainer allows it).
+results file it reads and a `measure` function that turns that file into per-seed figures; a path under ``data/``
+(the leaderboard's shipped results) is read from the repository, any other from the results folder. A claim's own
+seed runs are paired by seed index (the same seed starts both arms from the same initial policy or start checkpoint
+and draws the same training data where the trainer allows it).
 
 Decision rules (`RULES`):
 
@@ -16,10 +20,9 @@ Decision rules (`RULES`):
   claim's better side;
 * ``every_seed``: a yes/no per seed; shown when it holds in every seed.
 
-Rows so far: ProRL (docs/results/prorl_ladder.json), CA-PG (docs/results/capg_k.json, and the standard tier's
-TwoStageRetrieval table at the card's K = 20, data/results/standard/TwoStageRetrieval-v0_k20/) and HPO
-(docs/results/hpo_n.json). The LM seed methods join as further `ClaimSpec` entries that read their own results
-files; nothing else changes.
+Rows so far: ProRL (prorl_ladder.json), CA-PG (capg_k.json, and the standard tier's TwoStageRetrieval table at the
+card's K = 20, data/results/standard/TwoStageRetrieval-v0_k20/) and HPO (hpo_n.json). The LM seed methods join as
+further `ClaimSpec` entries that read their own results files; nothing else changes.
 """
 
 from __future__ import annotations
@@ -123,19 +126,25 @@ def _r(x, nd: int = 6):
     return x if not math.isfinite(x) or x == 0 else float(f"{x:.{nd}g}")
 
 
-def decide(spec: ClaimSpec, root: Path = ROOT) -> dict:
+def source_path(src: str, results: Path, root: Path = ROOT) -> Path:
+    """Where a spec's source lives: under the repository for the leaderboard's shipped results (``data/...``),
+    else in the results folder."""
+    return root / src if src.startswith("data/") else results / src
+
+
+def decide(spec: ClaimSpec, results: Path, root: Path = ROOT) -> dict:
     """The row of one claim: its measured figures and verdict, or *not measured* when the source is missing."""
     row: dict = {"paper": spec.paper, "algorithm": spec.algorithm, "claim": spec.claim, "start": spec.start,
                  "source": spec.source, "reference": spec.reference, "unit": spec.unit,
                  "rule": RULES[spec.rule].format(side=spec.better)}
     files = [spec.source] + ([spec.reference_source] if spec.reference_source else [])
-    missing = [f for f in files if not (root / f).is_file()]
+    missing = [f for f in files if not source_path(f, results, root).is_file()]
     if missing:
         return {**row, "verdict": NOT_MEASURED, "note": f"{', '.join(missing)} is missing"}
-    res = json.loads((root / spec.source).read_text())
+    res = json.loads(source_path(spec.source, results, root).read_text())
     if spec.reference_source:
         row["reference_source"] = spec.reference_source
-        res = {"row": res, "reference": json.loads((root / spec.reference_source).read_text())}
+        res = {"row": res, "reference": json.loads(source_path(spec.reference_source, results, root).read_text())}
     m = spec.measure(res)
     row.update(seeds=m["seeds"], figure=_r(m["figure"]), reference_figure=_r(m.get("reference")))
     if spec.rule == "paired_t":
@@ -152,7 +161,7 @@ def decide(spec: ClaimSpec, root: Path = ROOT) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- ProRL
-PRORL = "docs/results/prorl_ladder.json"
+PRORL = "prorl_ladder.json"
 
 
 def _prorl(arm: str, key: str, ref_arm: str | None = None, ref_key: str | None = None) -> Callable[[dict], dict]:
@@ -177,7 +186,7 @@ def _prorl_max_length(res: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- CA-PG
-CAPG = "docs/results/capg_k.json"
+CAPG = "capg_k.json"
 
 
 def _capg_runs(res: dict, k: int, est: str) -> dict[int, dict]:
@@ -271,7 +280,7 @@ def _std_paired(metric: str) -> Callable[[dict], dict]:
 
 
 # ---------------------------------------------------------------------------------------------------- HPO
-HPO = "docs/results/hpo_n.json"
+HPO = "hpo_n.json"
 
 
 def _hpo_gap(n: int) -> Callable[[dict], dict]:
@@ -367,12 +376,13 @@ SPECS: list[ClaimSpec] = [
 ]
 
 
-def build(specs: Sequence[ClaimSpec] = SPECS, root: Path = ROOT) -> dict:
-    """The verdict table: every spec's row, and per source file the command and commit that recorded it."""
-    rows = [decide(s, root) for s in specs]
+def build(results: Path, specs: Sequence[ClaimSpec] = SPECS, root: Path = ROOT) -> dict:
+    """The verdict table from the tables in `results`: every spec's row, and per source file the command and commit
+    that recorded it."""
+    rows = [decide(s, results, root) for s in specs]
     sources = {}
     for src in sorted({f for s in specs for f in (s.source, s.reference_source) if f}):
-        p = root / src
+        p = source_path(src, results, root)
         if p.is_file():
             res = json.loads(p.read_text())
             sources[src] = {k: res.get(k) for k in ("command", "commit", "wall_s")}
@@ -426,23 +436,25 @@ def to_markdown(table: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--md", default=None, help="write the Markdown table here (the committed one: "
-                                               "docs/results/seed_claims.md)")
-    ap.add_argument("--json", default=None, help="write the JSON here (docs/results/seed_claims.json)")
-    ap.add_argument("--quick", action="store_true", help="accepted for `python -m benchmarks`; changes nothing")
-    args = ap.parse_args(argv)
     from shopsim.leaderboard.results import git_commit
+    from shopsim.paths import write_text_atomic
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=None, required=True,
+                    help="the folder of the recorded tables it reads, where it writes seed_claims.{md,json} "
+                         "(the tables of record: docs/results)")
+    ap.add_argument("--json", default=None, help="also write the JSON here")
+    args = ap.parse_args(argv)
+    results = Path(args.results)
     args_text = shlex.join(sys.argv[1:] if argv is None else argv)
     table = {"command": f"python -m benchmarks.seed_claims {args_text}".strip(),
-             "commit": git_commit(ROOT), **build()}
+             "commit": git_commit(ROOT), **build(results)}
     md = to_markdown(table)
     print(md)
-    if args.md:
-        Path(args.md).write_text(md)
+    write_text_atomic(results / "seed_claims.md", md)
+    write_text_atomic(results / "seed_claims.json", json.dumps(table, indent=1) + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps(table, indent=1) + "\n")
+        write_text_atomic(args.json, json.dumps(table, indent=1) + "\n")
     return 0
 
 
