@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from shopsim.paths import atomic_write, write_text_atomic
+
 ENV = "shopsim/Replenishment-v0"
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "hpo_n.md"
@@ -98,11 +100,12 @@ def train_curve(algo, n_skus: int, iterations: int, seed: int, eval_every: int, 
     rec: dict[str, Any] = {"key": key, "iterations": 0, "curve": [], "seconds": 0.0}
     if path.is_file() and path.with_suffix(".pt").is_file():
         old = json.loads(path.read_text())
-        if old["key"] == key and old["iterations"] <= iterations:
-            st = torch.load(path.with_suffix(".pt"), weights_only=False)
+        if old["key"] == key and old["iterations"] <= iterations and "rng" in old:
+            # tensors and plain containers only (the numpy stream's state, 128-bit ints, lives in the JSON record)
+            st = torch.load(path.with_suffix(".pt"), weights_only=True)
             policy.load_state_dict(st["policy"]), value.load_state_dict(st["value"])
             opt.load_state_dict(st["opt"]), gen.set_state(st["gen"])
-            rng.bit_generator.state = st["rng"]
+            rng.bit_generator.state = old.pop("rng")
             rec = old
             if old["iterations"] == iterations:
                 return rec
@@ -122,9 +125,10 @@ def train_curve(algo, n_skus: int, iterations: int, seed: int, eval_every: int, 
             ev(it)
     rec.update(iterations=iterations, seconds=time.perf_counter() - t0)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"policy": policy.state_dict(), "value": value.state_dict(), "opt": opt.state_dict(),
-                "gen": gen.get_state(), "rng": rng.bit_generator.state}, path.with_suffix(".pt"))
-    path.write_text(json.dumps(rec))
+    with atomic_write(path.with_suffix(".pt")) as tmp:
+        torch.save({"policy": policy.state_dict(), "value": value.state_dict(), "opt": opt.state_dict(),
+                    "gen": gen.get_state()}, tmp)
+    write_text_atomic(path, json.dumps({**rec, "rng": rng.bit_generator.state}))
     return rec
 
 
