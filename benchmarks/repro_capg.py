@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shopsim.paths import write_text_atomic
+
 ENV = "shopsim/TwoStageRetrieval-v0"
 ESTIMATORS = ("vpg", "vpg_swr", "capg", "top1", "capg_swr")
 #: the estimators of the K sweep by default: the card's K claims compare these (ca-pg-swr is its MoE variant)
@@ -95,7 +97,7 @@ def run_one(name: str, k: int, n_shown: int, steps: int, seed: int, eval_steps: 
            "score_max": h[-1].get("score_max", float("nan")),
            "checkpoint": None if res.checkpoint is None else str(Path(res.checkpoint).relative_to(out)),
            "wall_s": time.perf_counter() - t0}
-    path.write_text(json.dumps(rec, default=float))
+    write_text_atomic(path, json.dumps(rec, default=float))
     rec["reused"] = False
     return rec
 
@@ -128,7 +130,7 @@ def variance_at(k: int, seed: int, names, batches: int, tower: str, capg_run: di
         rec["trained"] = {n: variance(n, k, trained, batches, tower, seed) for n in names}
     rec["wall_s"] = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rec, default=float))
+    write_text_atomic(path, json.dumps(rec, default=float))
     return rec
 
 
@@ -210,15 +212,15 @@ def main(argv=None) -> int:
     results["cost_K20_L5"] = cost
     results["wall_s"] = time.perf_counter() - t_start
     results["compute_s"] = compute
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    write_text_atomic(out / "results.json", json.dumps(results, indent=1, default=float))
     print_tables(results, names)
     plot(results, names, out / "repro_capg.png")
     print(f"wrote {out / 'results.json'} and {out / 'repro_capg.png'}  ({results['wall_s']:.0f}s)")
     if args.results:
         d = Path(args.results)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "capg_k.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
-        (d / TABLE).write_text(to_markdown(results, names))
+        write_text_atomic(d / "capg_k.json", json.dumps(results, indent=1, default=float) + "\n")
+        write_text_atomic(d / TABLE, to_markdown(results, names))
         print(f"wrote {d / TABLE} and {d / 'capg_k.json'}")
     return 0
 

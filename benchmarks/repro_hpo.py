@@ -142,7 +142,7 @@ def _refs(out: Path, n: int, tasks: list[int], with_bounds: bool) -> dict:
     ref = {"tasks": list(tasks), "with_bounds": with_bounds, **reference_costs(n, tasks, with_bounds)}
     ref["seconds"] = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(ref))
+    write_text_atomic(path, json.dumps(ref))
     return ref
 
 
@@ -237,14 +237,14 @@ def main(argv=None) -> int:
     res["wall_s"] = time.perf_counter() - t_start
     res["compute_s"] = compute
     md = to_markdown(res)
-    (out / "summary.md").write_text(md)
+    write_text_atomic(out / "summary.md", md)
     print(md)
     plot(res, out / "curves.png")
     if args.results:
         d = Path(args.results)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "hpo_n.json").write_text(json.dumps(res) + "\n")
-        (d / TABLE).write_text(md)
+        write_text_atomic(d / "hpo_n.json", json.dumps(res) + "\n")
+        write_text_atomic(d / TABLE, md)
         print(f"wrote {d / TABLE} and {d / 'hpo_n.json'}")
     return 0
 

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from shopsim.paths import write_text_atomic
+
 LM_ENV = "shopsim/Shopping-v0"
 LM_INIT = "data/lm/sft"
 #: history columns that hold wall-clock time or a throughput: they differ between any two runs of the same code
@@ -193,10 +195,10 @@ def record_case(case: str, out: Path, iterations: int | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix=f"hist-{case}-") as tmp:
         algo, env_id, opts = make()
         res = algo.train(env_id, iterations=iterations, seed=0, out_dir=Path(tmp) / "run", progress=False, **opts)
-        (dest / "history.json").write_text(_dump(res.history))
+        write_text_atomic(dest / "history.json", _dump(res.history))
         pre = Path(tmp) / "run" / "pretrain.json"
-        (dest / "pretrain.json").write_text(_dump(json.loads(pre.read_text())) if pre.is_file() else "{}\n")
-        (dest / "params.sha256").write_text(params_digest(algo, res) + "\n")
+        write_text_atomic(dest / "pretrain.json", _dump(json.loads(pre.read_text())) if pre.is_file() else "{}\n")
+        write_text_atomic(dest / "params.sha256", params_digest(algo, res) + "\n")
 
 
 def compare(a: Path, b: Path) -> list[str]:
