@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.ray_head import stop_head
+
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = ("clients.md", "scale.md")
 BIN = Path(sys.executable).parent
@@ -292,34 +294,6 @@ def test_scale_training_rollouts_snippet_runs_as_printed(tmp_path):
     assert (out / "checkpoint" / "shopsim_agent.json").is_file()
 
 
-def _stop_head(tmp: str, port: int) -> None:
-    """End the processes of the head this module started: those naming its temp folder or its port, and their
-    children (never `ray stop`, which ends every Ray cluster of the user)."""
-    import psutil
-
-    me, procs = os.getpid(), {}
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.pid != me and (tmp in cmd or f":{port} " in f"{cmd} " or f"--port={port}" in cmd):
-            try:
-                for q in (p, *p.children(recursive=True)):
-                    procs[q.pid] = q
-            except psutil.NoSuchProcess:
-                pass
-    for p in procs.values():
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=10)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_scale_ray_head_snippet_runs_as_printed(tmp_path):
@@ -338,7 +312,7 @@ def test_scale_ray_head_snippet_runs_as_printed(tmp_path):
         bare = subprocess.run(["ray", "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         status = run_bash("RAY_AUTH_MODE=token ray status", tmp_path, env=env)
     finally:
-        _stop_head(tmp, 6379)
+        stop_head(tmp, 6379)
     assert "Token authentication is enabled" in out  # Ray's default with a token on the machine
     assert bare.returncode != 0 and "InvalidAuthToken" in bare.stderr
     assert re.search(r"\d+(\.\d+)?/\d+(\.\d+)? CPU", status), status[-2000:]  # the cluster's CPUs

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.ray_head import stop_head
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPLENISHMENT = "shopsim/Replenishment-v0"
@@ -31,34 +33,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _stop(tmp: str, port: int) -> None:
-    """End the head's processes: those naming its temp folder or its address, and their children."""
-    import psutil
-
-    me = os.getpid()
-    procs = {}
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.pid != me and (tmp in cmd or f":{port} " in f"{cmd} "):
-            try:
-                for q in (p, *p.children(recursive=True)):
-                    procs[q.pid] = q
-            except psutil.NoSuchProcess:
-                pass
-    for p in procs.values():
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=10)
-    for p in alive:  # the GCS server takes its time on SIGTERM
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +53,7 @@ def head():
         assert "Token authentication is enabled" in res.stderr + res.stdout  # Ray's default with a token present
         yield f"127.0.0.1:{port}", env, Path(tmp)
     finally:
-        _stop(tmp, port)
+        stop_head(tmp, port)
 
 
 def _shopsim(args, env, cwd, timeout=600):
