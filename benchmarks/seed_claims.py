@@ -219,17 +219,27 @@ def _capg_auc(k: int, est: str, ref: str = "vpg_swr") -> Callable[[dict], dict]:
     return measure
 
 
-def _capg_auc_growth(est: str, k_lo: int, k_hi: int, ref: str = "vpg_swr") -> Callable[[dict], dict]:
+Measure = Callable[[dict], dict]
+
+
+def _growth(lo_measure: Measure, hi_measure: Measure, note: str) -> Measure:
+    """A claim that a paired difference grows from one setting to another: per seed, the difference measured at the
+    high setting (figure) against the same difference at the low one (reference), over the seeds both have."""
+
     def measure(res: dict) -> dict:
-        lo, hi = _capg_auc(k_lo, est, ref)(res), _capg_auc(k_hi, est, ref)(res)
+        lo, hi = lo_measure(res), hi_measure(res)
         seeds = [s for s in hi["seeds"] if s in lo["seeds"]]
         d_lo = dict(zip(lo["seeds"], lo["diff"], strict=True))
         d_hi = dict(zip(hi["seeds"], hi["diff"], strict=True))
         return {"seeds": seeds, "figure": [d_hi[s] for s in seeds], "reference": [d_lo[s] for s in seeds],
-                "diff": [d_hi[s] - d_lo[s] for s in seeds],
-                "note": f"figure: {est} − {ref} AUC at K = {k_hi}; reference: the same at K = {k_lo}"}
+                "diff": [d_hi[s] - d_lo[s] for s in seeds], "note": note}
 
     return measure
+
+
+def _capg_auc_growth(est: str, k_lo: int, k_hi: int, ref: str = "vpg_swr") -> Callable[[dict], dict]:
+    return _growth(_capg_auc(k_lo, est, ref), _capg_auc(k_hi, est, ref),
+                   f"figure: {est} − {ref} AUC at K = {k_hi}; reference: the same at K = {k_lo}")
 
 
 def _capg_cost(res: dict) -> dict:
@@ -297,16 +307,8 @@ def _hpo_gap(n: int) -> Callable[[dict], dict]:
 
 
 def _hpo_gap_growth(n_lo: int, n_hi: int) -> Callable[[dict], dict]:
-    def measure(res: dict) -> dict:
-        lo, hi = _hpo_gap(n_lo)(res), _hpo_gap(n_hi)(res)
-        seeds = [s for s in hi["seeds"] if s in lo["seeds"]]
-        g_lo = dict(zip(lo["seeds"], lo["diff"], strict=True))
-        g_hi = dict(zip(hi["seeds"], hi["diff"], strict=True))
-        return {"seeds": seeds, "figure": [g_hi[s] for s in seeds], "reference": [g_lo[s] for s in seeds],
-                "diff": [g_hi[s] - g_lo[s] for s in seeds],
-                "note": f"figure: HPO's gap to PPO (%) at {n_hi} SKUs; reference: at {n_lo} SKUs"}
-
-    return measure
+    return _growth(_hpo_gap(n_lo), _hpo_gap(n_hi),
+                   f"figure: HPO's gap to PPO (%) at {n_hi} SKUs; reference: at {n_lo} SKUs")
 
 
 def _hpo_vs_ss(res: dict) -> dict:
