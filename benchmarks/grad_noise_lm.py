@@ -49,6 +49,24 @@ ARMS: dict[str, dict] = {
     "t1.0-top0.6": {"temperature": 1.0, "top_p": 0.6},
 }
 ENV = "shopsim/Shopping-v0"
+#: parameter classes of the per-module breakdown (a parameter joins the first class whose marker is in its name; the
+#: tied output head is the embedding)
+MODULE_CLASSES = {"embedding": ("embed_tokens", "lm_head"), "attention": ("self_attn",), "mlp": ("mlp",),
+                  "norm": ("norm",)}
+
+
+def module_classes(model) -> dict[str, list[int]]:
+    """Class -> positions in the flattened gradient (the order of `model.parameters()` with `requires_grad`)."""
+    out: dict[str, list[int]] = {k: [] for k in MODULE_CLASSES}
+    at, seen = 0, set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        cls = next((k for k, marks in MODULE_CLASSES.items() if any(m in name for m in marks)), "other")
+        out.setdefault(cls, []).extend(range(at, at + p.numel()))
+        at += p.numel()
+    return {k: v for k, v in out.items() if v}
 
 
 def noise_stats(K: np.ndarray) -> dict:
@@ -113,9 +131,14 @@ def group_gradients(over: dict, args, pool: tuple[int, ...], env_kwargs: dict) -
         zero_var.append(metrics.get("zero_variance_groups", float("nan")))
     G = torch.stack(grads).double()
     K = (G @ G.T).numpy()
+    by_module = {}
+    for cls, idx in module_classes(algo.model).items():
+        Gc = G[:, torch.tensor(idx)]
+        Kc = (Gc @ Gc.T).numpy()
+        by_module[cls] = {"params": len(idx), **noise_stats(Kc), "b_simple_ci95": inverse_b_interval(Kc)}
     info = {"rollouts": len(succ), "train_success": float(np.mean(succ)),
             "zero_variance_groups": float(np.nanmean(zero_var)),
-            "zero_gradient_groups": int((np.diag(K) == 0).sum())}
+            "zero_gradient_groups": int((np.diag(K) == 0).sum()), "by_module": by_module}
     return K, info
 
 
@@ -222,6 +245,9 @@ def main(argv=None) -> int:
         print(f"{name}: B_simple {st['b_simple']:.0f} groups [{arms[name]['b_simple_ci95'][0]:.0f}, "
               f"{arms[name]['b_simple_ci95'][1]:.0f}], SNR at 8 groups {arms[name]['snr']['8']:.2f} "
               f"(sampled success {info['train_success']:.2f})", flush=True)
+        for cls, m in info["by_module"].items():
+            print(f"  {cls} ({m['params']} params): B_simple {_fmt(m['b_simple'])} [{_fmt(m['b_simple_ci95'][0])}, "
+                  f"{_fmt(m['b_simple_ci95'][1])}], tr(Σ) {m['tr_sigma']:.3g}, |G|² {m['grad_sq']:.3g}", flush=True)
     res = {"command": "python -m benchmarks.grad_noise_lm " + " ".join(sys.argv[1:] if argv is None else argv),
            "commit": _commit(), "machine": f"{platform.machine()}, torch {torch.__version__}, threads {args.threads}",
            "seed": args.seed, "group_size": args.group_size, "groups": args.batches * args.groups_per_batch,
