@@ -169,6 +169,18 @@ def write_table(res: dict, path: Path) -> None:
         lines.append(f"| {name} | {a['train_success']:.2f} | {a['zero_variance_groups']:.2f} | {_fmt(b)} "
                      f"[{_fmt(ci[0])}, {_fmt(ci[1])}] | {_fmt(b * g)} | {a['snr']['8']:.2f} | {a['snr']['16']:.2f} |")
     lines += ["", "Arms: " + "; ".join(f"`{k}` = {json.dumps(v)}" for k, v in res["arm_options"].items()), ""]
+    split = {k: a["by_module"] for k, a in res["arms"].items() if a.get("by_module")}
+    if split:
+        lines += ["By parameter class (the same per-group gradients cut to one class of parameters; the tied output "
+                  "head counts as the embedding). A class whose B_simple is far above the whole model's moves mostly "
+                  "at random in every update.", "",
+                  "| arm | class | parameters | tr(Σ) | \\|G\\|² | B_simple (groups) [95% CI] |", "|---|---|---|---|---|---|"]
+        for name, mods in split.items():
+            for cls, m in mods.items():
+                ci = m["b_simple_ci95"]
+                lines.append(f"| {name} | {cls} | {m['params']} | {m['tr_sigma']:.3g} | {m['grad_sq']:.3g} | "
+                             f"{_fmt(m['b_simple'])} [{_fmt(ci[0])}, {_fmt(ci[1])}] |")
+        lines.append("")
     write_text_atomic(path, "\n".join(lines))
 
 

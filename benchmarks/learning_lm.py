@@ -118,6 +118,7 @@ def _algo(name: str, args, env_kwargs: dict, **over):
     if pool:
         per["train_task_ids"] = pool
     common = dict(lr=args.lr, critic_lr=args.critic_lr, max_new_tokens=args.max_new_tokens, env_kwargs=env_kwargs,
+                  lr_warmup_iters=getattr(args, "lr_warmup", 0), lr_decay=getattr(args, "lr_decay", "constant"),
                   temperature=args.temperature, top_p=getattr(args, "top_p", 1.0),
                   task_families=tuple(getattr(args, "families", FAMILIES)), eval_split="dev,test",
                   eval_episodes=args.eval_episodes,
@@ -558,10 +559,10 @@ def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
 #: the options that define a run of the protocol; runs recorded under other values are never reused
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
-                 "screen_samples", "top_p", "pool_balance", "kl_coef")
+                 "screen_samples", "top_p", "pool_balance", "kl_coef", "lr_warmup", "lr_decay")
 #: protocol options added after tables were recorded, at the value those tables were measured under
 PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0,
-                     "pool_balance": "none", "kl_coef": None}
+                     "pool_balance": "none", "kl_coef": None, "lr_warmup": 0, "lr_decay": "constant"}
 
 
 def protocol_of(args) -> dict:
@@ -723,6 +724,10 @@ def add_protocol_arguments(p) -> None:
     p.add_argument("--kl-coef", type=float, default=None,
                    help="β of the KL penalty to the start for every algorithm with one (None: each algorithm's own "
                         "default; WAPO has none)")
+    p.add_argument("--lr-warmup", type=int, default=0,
+                   help="iterations of linear learning-rate warm-up at the start of every run (0: none)")
+    p.add_argument("--lr-decay", choices=("constant", "linear", "cosine"), default="constant",
+                   help="learning rate after the warm-up: held, or decayed to zero by the end of the run")
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)

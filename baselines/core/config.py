@@ -40,6 +40,14 @@ class LMConfig:
     """Learning rate of the policy's AdamW optimizer."""
     weight_decay: float = bounded(0.0, min=0)
     """AdamW weight decay of the policy (and critic)."""
+    lr_warmup_iters: int = bounded(0, min=0)
+    """Iterations over which the learning rates (policy and critic) rise linearly to their set values at the start of
+    a run; iteration k < W trains at (k + 1)/W of them. 0: no warm-up."""
+    lr_decay: Literal["constant", "linear", "cosine"] = "constant"
+    """The learning rates after the warm-up: held ("constant"), or decayed to zero at the end of the run, linearly
+    (TRL's default scheduler) or along a half cosine; the run's last iteration still trains at a small positive
+    rate. Adam's step noise does not shrink with more iterations at a fixed rate, so a run from a competent start
+    keeps a noise floor whose cost grows with the rate; the decay removes it by the end."""
     max_grad_norm: float = bounded(1.0, gt=0)
     """Gradient-norm clip per optimizer step."""
     group_size: int = bounded(8, min=1)

@@ -34,6 +34,7 @@ documented in docs/algorithms/core.md; no algorithm overrides a private method o
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -82,6 +83,23 @@ def body_inputs(attention_mask: torch.Tensor, *, causal_only: bool = False) -> t
                               "pass causal_only=False (LMConfig.padding_mask=True) for other layouts")
         return None, ar
     return attention_mask, (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def lr_schedule_factor(iteration: int, total: int, warmup: int, decay: str) -> float:
+    """The learning-rate multiplier of iteration `iteration` (0-based) of a `total`-iteration run: a linear warm-up
+    over `warmup` iterations ((k + 1)/warmup), then 1 ("constant") or a linear or half-cosine decay that would reach 0
+    one iteration after the last."""
+    if iteration < warmup:
+        return (iteration + 1) / warmup
+    if decay == "constant":
+        return 1.0
+    span = max(total - warmup, 1)
+    done = min(iteration - warmup, span) / span
+    if decay == "linear":
+        return 1.0 - done
+    if decay == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * done))
+    raise ConfigError(f"lr_decay must be 'constant', 'linear' or 'cosine', got {decay!r}")
 
 
 def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0, need_hidden: bool = False,
@@ -389,6 +407,17 @@ class LMAlgorithm(LoopAlgorithm):
         old_pi = old * batch.gen_mask if old is not None else behav
         return Ctx(old_logp=old_pi, behav_logp=behav, values=values, ref_logp=ref, iteration=iteration)
 
+    def apply_lr_schedule(self, iteration: int) -> float:
+        """Set every optimizer group's rate for `iteration` (`lr_schedule_factor` of the rate it was built with, over
+        the run's iterations); returns the policy's rate. Outside a training run (no `run`) the factor is 1."""
+        c = self.config
+        run = getattr(self, "run", None)
+        total = run.iterations if run is not None else iteration + 1
+        f = lr_schedule_factor(iteration, total, c.lr_warmup_iters, c.lr_decay)
+        for g in self.optimizer.param_groups:
+            g["lr"] = g.setdefault("initial_lr", g["lr"]) * f
+        return float(self.optimizer.param_groups[0]["lr"])
+
     def update(self, batch: Batch, iteration: int = 0, generator: torch.Generator | None = None) -> dict:
         """Advantages and `update_epochs` × `minibatches` optimizer steps on `batch`; returns mean metrics."""
         c = self.config
@@ -405,6 +434,7 @@ class LMAlgorithm(LoopAlgorithm):
         if advs.returns is not None and ctx.values is not None:
             vm = gen if advs.value_mask is None else advs.value_mask.float()
             metrics["explained_variance"] = explained_variance(ctx.values, advs.returns, vm)
+        metrics["lr"] = self.apply_lr_schedule(iteration)
         acc: dict[str, list[float]] = {}
         for _ in range(c.update_epochs):
             for rows in self.minibatch_rows(batch, generator):
