@@ -69,6 +69,10 @@ CASES = {
                      lambda r: r.agent.model.state_dict(), {"rollout_s", "update_s", "train_tokens_per_s"}),
     "lm_ppo": (lambda: baselines.make("ppo", env_id="shopsim/Shopping-v0", **LM_CFG), "toy", _lm_opts,
                lambda r: r.agent.model.state_dict(), {"rollout_s", "update_s", "train_tokens_per_s"}),
+    # a learning-rate schedule: the resumed run must continue it from the saved iteration, not restart it
+    "lm_grpo_schedule": (lambda: baselines.make("grpo", env_id="shopsim/Shopping-v0", **LM_CFG, lr_warmup_iters=2,
+                                                lr_decay="linear"), "toy", _lm_opts,
+                         lambda r: r.agent.model.state_dict(), {"rollout_s", "update_s", "train_tokens_per_s"}),
 }
 
 
@@ -271,3 +275,27 @@ def test_cli_rerun_of_a_finished_run_says_so_and_keeps_it(tmp_path, capsys):
     assert main([*argv[:6], "3", *argv[7:]]) == 0  # more iterations continue the run
     assert "resumed after iteration 2" in capsys.readouterr().out
     assert len(_curve(tmp_path, set())) == 3
+
+
+def test_lr_schedule_factor_warms_up_then_decays():
+    from baselines.core.trainer import lr_schedule_factor
+
+    assert [lr_schedule_factor(k, 6, 2, "constant") for k in range(6)] == [0.5, 1, 1, 1, 1, 1]
+    assert [lr_schedule_factor(k, 6, 2, "linear") for k in range(6)] == [0.5, 1, 1, 0.75, 0.5, 0.25]
+    cos = [lr_schedule_factor(k, 6, 0, "cosine") for k in range(6)]
+    assert cos[0] == 1 and all(a > b > 0 for a, b in zip(cos, cos[1:]))
+    assert cos[3] == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match="lr_decay"):
+        lr_schedule_factor(3, 6, 0, "step")
+
+
+def test_lm_run_trains_at_the_scheduled_learning_rate(tmp_path):
+    res = _train("lm_grpo_schedule", tmp_path / "run")
+    lrs = [float(r["lr"]) for r in _curve(tmp_path / "run", set())]
+    assert lrs == pytest.approx([0.5e-3, 1e-3, 1e-3, 0.5e-3])  # LM_CFG's lr 1e-3, 2 warm-up iterations of 4
+    assert res.history[-1]["lr"] == pytest.approx(0.5e-3)
+
+
+def test_bad_lr_decay_is_a_config_error():
+    with pytest.raises(ConfigError, match="lr_decay"):
+        baselines.make("grpo", env_id="shopsim/Shopping-v0", **LM_CFG, lr_decay="step")
