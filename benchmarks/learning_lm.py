@@ -93,6 +93,9 @@ def _algo(name: str, args, env_kwargs: dict, **over):
         per = dict(group_size=ARC_N, tasks_per_iter=max(1, args.rollouts // (ARC_N * ARC_M)))
     if name != "reinforce":  # REINFORCE is strictly on-policy: one step per batch
         per["minibatches"] = args.minibatches
+    agg = getattr(args, "loss_agg", None)
+    if agg is not None:
+        per["loss_agg"] = agg
     kl = getattr(args, "kl_coef", None)
     if kl is not None and name not in NO_KL and "kl_coef" in _config_fields(name):
         per["kl_coef"] = kl
@@ -559,10 +562,12 @@ def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
 #: the options that define a run of the protocol; runs recorded under other values are never reused
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
-                 "screen_samples", "top_p", "pool_balance", "kl_coef", "lr_warmup", "lr_decay")
+                 "screen_samples", "top_p", "pool_balance", "kl_coef", "lr_warmup", "lr_decay",
+                 "loss_agg")
 #: protocol options added after tables were recorded, at the value those tables were measured under
 PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0,
-                     "pool_balance": "none", "kl_coef": None, "lr_warmup": 0, "lr_decay": "constant"}
+                     "pool_balance": "none", "kl_coef": None, "lr_warmup": 0, "lr_decay": "constant",
+                     "loss_agg": None}
 
 
 def protocol_of(args) -> dict:
@@ -728,6 +733,10 @@ def add_protocol_arguments(p) -> None:
                    help="iterations of linear learning-rate warm-up at the start of every run (0: none)")
     p.add_argument("--lr-decay", choices=("constant", "linear", "cosine"), default="constant",
                    help="learning rate after the warm-up: held, or decayed to zero by the end of the run")
+    p.add_argument("--loss-agg", default=None,
+                   choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
+                   help="how every algorithm averages its per-token policy loss (None: each algorithm's own; GRPO's "
+                        "is seq-mean-token-mean, which weighs a token of a short episode more than one of a long one)")
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)
