@@ -342,6 +342,28 @@ def test_kl_coef_reaches_every_algorithm_with_a_kl_term_and_only_those(monkeypat
     assert lm.protocol_of(given)["kl_coef"] == 0.05 and lm.protocol_of(default)["kl_coef"] is None
 
 
+def test_schedule_and_loss_aggregation_options_reach_every_algorithm(monkeypatch):
+    """``--lr-warmup``, ``--lr-decay`` and ``--loss-agg`` set every algorithm's config and enter the protocol;
+    left out, the schedule is constant and each algorithm keeps its own aggregation (GRPO: the paper's)."""
+    import benchmarks.learning_lm as lm
+
+    seen = []
+    monkeypatch.setattr(lm, "run", lambda a, argv=None: seen.append(a))
+    lm.main(["--lr-warmup", "2", "--lr-decay", "linear", "--loss-agg", "token-mean"])
+    lm.main([])
+    given, default = seen
+    for name in lm.ALGOS:
+        c = lm._algo(name, given, {}).config
+        assert (c.lr_warmup_iters, c.lr_decay, c.loss_agg) == (2, "linear", "token-mean"), name
+        c = lm._algo(name, default, {}).config
+        assert (c.lr_warmup_iters, c.lr_decay) == (0, "constant"), name
+    assert lm._algo("grpo", default, {}).config.loss_agg == "seq-mean-token-mean"
+    assert {k: lm.protocol_of(given)[k] for k in ("lr_warmup", "lr_decay", "loss_agg")} == {
+        "lr_warmup": 2, "lr_decay": "linear", "loss_agg": "token-mean"}
+    assert {k: lm.protocol_of(default)[k] for k in ("lr_warmup", "lr_decay", "loss_agg")} == {
+        "lr_warmup": 0, "lr_decay": "constant", "loss_agg": None}
+
+
 def test_gradient_noise_scale_from_a_gram_matrix():
     """`benchmarks.grad_noise_lm.noise_stats`: for per-group gradients G_i = g + noise, tr(Σ) and the unbiased |g|²
     recover the values the draws were made with, and B_simple = tr(Σ)/|g|² follows; pure noise gives |g|² ≈ 0."""
