@@ -121,10 +121,23 @@ def group_gradients(over: dict, args, pool: tuple[int, ...], env_kwargs: dict) -
         grads.append(torch.cat([p.grad.flatten() for g in algo.optimizer.param_groups for p in g["params"]]))
 
     algo.optimizer.step = capture
+    families: list[str] = []  # the task family of each captured gradient, in capture order
+    cur: list = []
+    minibatch_rows = algo.minibatch_rows
+
+    def rows_in_order(batch, generator=None):  # one minibatch per group: note each one's family as it is stepped
+        parts = minibatch_rows(batch, generator)
+        for r in parts:
+            t = int(batch.row_traj[r[0]])
+            families.append(str((cur[t].meta or {}).get("family", "?")))
+        return parts
+
+    algo.minibatch_rows = rows_in_order
     rng = np.random.default_rng(args.seed)  # the same tasks and seeds for every arm
     succ, zero_var = [], []
     for b in range(args.batches):
         trajs, _ = algo.collect_batch(ENV, agent, 0, rng, env_kwargs=env_kwargs)
+        cur[:] = trajs
         succ += [t.success for t in trajs]
         batch = build_batch(trajs, pad_id=algo.pad_id)
         metrics = algo.update(batch, 0, generator=torch.Generator().manual_seed(args.seed * 1000 + b))
@@ -138,8 +151,35 @@ def group_gradients(over: dict, args, pool: tuple[int, ...], env_kwargs: dict) -
         by_module[cls] = {"params": len(idx), **noise_stats(Kc), "b_simple_ci95": inverse_b_interval(Kc)}
     info = {"rollouts": len(succ), "train_success": float(np.mean(succ)),
             "zero_variance_groups": float(np.nanmean(zero_var)),
-            "zero_gradient_groups": int((np.diag(K) == 0).sum()), "by_module": by_module}
+            "zero_gradient_groups": int((np.diag(K) == 0).sum()), "by_module": by_module,
+            "group_families": families if len(families) == len(grads) else [],
+            "by_family": family_alignment(K, families) if len(families) == len(grads) else {}}
     return K, info
+
+
+def family_alignment(K: np.ndarray, families: list[str]) -> dict:
+    """Per pair of task families (a, b): the inner product of their mean per-group gradients, estimated without bias
+    from distinct groups only (for a = b, the mean of K[i, j] over i ≠ j), and its cosine against the two families'
+    own squared norms. A negative cosine means one family's update undoes the other's."""
+    fam = sorted(set(families))
+    idx = {f: [i for i, x in enumerate(families) if x == f] for f in fam}
+    dot: dict[tuple[str, str], float] = {}
+    for a in fam:
+        for b in fam:
+            ia, ib = idx[a], idx[b]
+            vals = [K[i, j] for i in ia for j in ib if i != j]
+            dot[a, b] = float(np.mean(vals)) if vals else float("nan")
+    out = {}
+    for a in fam:
+        for b in fam:
+            if a > b:
+                continue
+            den = dot[a, a] * dot[b, b]
+            cos = dot[a, b] / np.sqrt(den) if a != b and den > 0 else (1.0 if a == b else float("nan"))
+            out[f"{a}|{b}"] = {"dot": dot[a, b], "cos": float(cos), "groups": [len(idx[a]), len(idx[b])],
+                               "nonzero_groups": [int((np.diag(K)[idx[a]] > 0).sum()),
+                                                  int((np.diag(K)[idx[b]] > 0).sum())]}
+    return out
 
 
 def _fmt(x: float) -> str:
@@ -257,6 +297,9 @@ def main(argv=None) -> int:
         print(f"{name}: B_simple {st['b_simple']:.0f} groups [{arms[name]['b_simple_ci95'][0]:.0f}, "
               f"{arms[name]['b_simple_ci95'][1]:.0f}], SNR at 8 groups {arms[name]['snr']['8']:.2f} "
               f"(sampled success {info['train_success']:.2f})", flush=True)
+        for pair, m in info["by_family"].items():
+            print(f"  {pair}: mean-gradient dot {m['dot']:.3g}, cos {m['cos']:.2f} (groups {m['groups']}, "
+                  f"with a gradient {m['nonzero_groups']})", flush=True)
         for cls, m in info["by_module"].items():
             print(f"  {cls} ({m['params']} params): B_simple {_fmt(m['b_simple'])} [{_fmt(m['b_simple_ci95'][0])}, "
                   f"{_fmt(m['b_simple_ci95'][1])}], tr(Σ) {m['tr_sigma']:.3g}, |G|² {m['grad_sq']:.3g}", flush=True)
