@@ -214,7 +214,8 @@ def write_table(res: dict, path: Path) -> None:
         lines += ["By parameter class (the same per-group gradients cut to one class of parameters; the tied output "
                   "head counts as the embedding). A class whose B_simple is far above the whole model's moves mostly "
                   "at random in every update.", "",
-                  "| arm | class | parameters | tr(Σ) | \\|G\\|² | B_simple (groups) [95% CI] |", "|---|---|---|---|---|---|"]
+                  "| arm | class | parameters | tr(Σ) | \\|G\\|² | B_simple (groups) [95% CI] |",
+                  "|---|---|---|---|---|---|"]
         for name, mods in split.items():
             for cls, m in mods.items():
                 ci = m["b_simple_ci95"]
@@ -225,7 +226,7 @@ def write_table(res: dict, path: Path) -> None:
 
 
 #: what must match for a recorded arm to sit in the same table as a new one
-PROTOCOL = ("seed", "group_size", "groups", "pool_size", "lr")
+PROTOCOL = ("seed", "group_size", "groups", "pool_size", "lr", "families")
 
 
 def merged_with_recorded(res: dict, path: Path) -> dict:
@@ -254,6 +255,7 @@ def main(argv=None) -> int:
 
     import benchmarks.learning_lm as lm
     from agents.registry import manifest_env_kwargs
+    from benchmarks import shopping_families
     from benchmarks.bench_lm_rl import _commit
     from shopsim.paths import write_text_atomic
 
@@ -261,6 +263,9 @@ def main(argv=None) -> int:
     lm.add_protocol_arguments(p)
     p.set_defaults(temperature=0.7, max_turns=40)
     p.add_argument("--arms", nargs="+", default=["t0.7", "t1.0", "t0.7-dr"], choices=list(ARMS))
+    p.add_argument("--families", default="all",
+                   help="task families of the pool, comma-separated, or 'all' (the learning benchmark's default); "
+                        "tables before this option screened find_and_buy and clarify_and_buy only")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--rollouts", type=int, default=128, help="rollouts per collected batch")
     p.add_argument("--batches", type=int, default=4, help="batches per arm (groups = batches × rollouts / G)")
@@ -278,7 +283,7 @@ def main(argv=None) -> int:
         args.arms, args.rollouts, args.batches, args.screen_tasks, args.screen_samples = ["t0.7"], 16, 2, 4, 4
     args.start, args.task_pool, args.pool_balance, args.num_envs = "sft", "screened", "family", None
     args.eval_episodes, args.eval_every = 0, 0  # no evaluation: every gradient is taken at the start
-    args.families = list(lm.FAMILIES)
+    args.families = shopping_families(p, args.families)
     args.groups_per_batch = max(1, args.rollouts // args.group_size)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -305,7 +310,8 @@ def main(argv=None) -> int:
                   f"{_fmt(m['b_simple_ci95'][1])}], tr(Σ) {m['tr_sigma']:.3g}, |G|² {m['grad_sq']:.3g}", flush=True)
     res = {"command": "python -m benchmarks.grad_noise_lm " + " ".join(sys.argv[1:] if argv is None else argv),
            "commit": _commit(), "machine": f"{platform.machine()}, torch {torch.__version__}, threads {args.threads}",
-           "seed": args.seed, "group_size": args.group_size, "groups": args.batches * args.groups_per_batch,
+           "seed": args.seed, "families": args.families, "group_size": args.group_size,
+           "groups": args.batches * args.groups_per_batch,
            "pool_size": len(pool), "lr": args.lr, "arm_options": {k: ARMS[k] for k in args.arms}, "arms": arms,
            "wall_s": time.perf_counter() - t0}
     if args.json:
