@@ -73,3 +73,39 @@ def test_aggregation_weights_match_aggregate(mode, seq):
 
     w = aggregation_weights(M, mode, seq_index=seq)
     assert (w * L).sum().item() == pytest.approx(aggregate(L, M, mode, seq_index=seq).item())
+
+
+def test_nucleus_log_probs_renormalise_over_the_sampler_nucleus():
+    """`nucleus_token_logprobs` is the log-prob of the distribution `agents.lm.generation` draws from at that top-p:
+    the kept tokens' probabilities renormalised; a token that is its whole nucleus has log-prob 0 and no gradient;
+    at top_p = 1 it is the whole softmax."""
+    from agents.lm.generation import _top_p_filter
+    from baselines.core.losses import nucleus_token_logprobs, token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g) * 2
+    logits[0, 7] = 20.0  # row 0: one token holds nearly all the mass, its own nucleus
+    labels = torch.tensor([7, 3, 11, 0, 49, 25])
+    for top_p in (0.5, 0.8, 0.95):
+        ref = torch.log_softmax(_top_p_filter(logits, top_p), -1)
+        inside = torch.isfinite(ref.gather(-1, labels[:, None]).squeeze(-1))
+        got = nucleus_token_logprobs(logits, labels, top_p)
+        assert torch.allclose(got[inside], ref.gather(-1, labels[:, None]).squeeze(-1)[inside], atol=1e-5)
+        assert torch.isfinite(got).all()  # a label outside the nucleus is counted in, never −∞
+        assert got[0].item() == 0.0
+    assert torch.allclose(nucleus_token_logprobs(logits, labels, 1.0), token_logprobs(logits, labels))
+    x = logits.clone().requires_grad_(True)
+    nucleus_token_logprobs(x, labels, 0.8)[0].backward()
+    assert x.grad is not None and float(x.grad[0].abs().max()) == 0.0
+    y = logits.clone().requires_grad_(True)
+    token_logprobs(y, labels)[0].backward()  # the whole softmax still pushes the sure token (by 1 − p, tiny here)
+    assert y.grad is not None and float(y.grad[0].abs().sum()) > 0
+
+
+def test_nucleus_log_probs_make_the_trainer_recompute_pi_old():
+    import baselines
+
+    kw = dict(env_id="shopsim/Shopping-v0", temperature=1.0)
+    assert baselines.make("grpo", **kw, top_p=0.8, logprob_nucleus=True).config.recomputes_old_logp
+    assert not baselines.make("grpo", **kw, top_p=0.8).config.recomputes_old_logp
+    assert not baselines.make("grpo", **kw, top_p=1.0, logprob_nucleus=True).config.recomputes_old_logp

@@ -105,6 +105,13 @@ class LMConfig:
     log-probs (False). None: recompute only with more than one update epoch; with one epoch of on-policy data the
     recorded log-probs are π_old (they agree with a recomputation within 1e-4, tested) and the extra forward pass
     is skipped."""
+    logprob_nucleus: bool = False
+    """Policy log-probs of the update (and π_old, π_ref) under the distribution the rollouts were drawn from, the
+    temperature-scaled softmax restricted to its top-p nucleus and renormalised, instead of the whole softmax. With
+    top_p < 1 this is the score function of the sampling policy itself: a token that was its step's whole nucleus
+    was drawn with probability 1, so it gets log-prob 0 and no gradient, where the whole softmax would push its
+    probability up or down with the episode's advantage. Implies recomputing π_old (the sampler records whole-softmax
+    log-probs). No effect at top_p = 1."""
     skip_zero_advantage_rows: bool = True
     """Leave out of the update's forward and backward passes the rows whose advantage is zero at every trained
     token (e.g. GRPO groups whose rollouts all got the same reward): their policy-loss gradient is exactly zero.
@@ -176,6 +183,8 @@ class LMConfig:
 
     @property
     def recomputes_old_logp(self) -> bool:
+        if self.logprob_nucleus and self.top_p < 1.0:
+            return True
         return self.update_epochs > 1 if self.recompute_old_logp is None else bool(self.recompute_old_logp)
 
     def __post_init__(self) -> None:

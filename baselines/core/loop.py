@@ -59,7 +59,8 @@ LEGACY_STATE_FILE = "state.pt"
 RESUME_FREE_FIELDS = frozenset({"checkpoint_every", "log_kl_start"})
 #: config fields added after runs were recorded, at the value that computes what those runs computed: left out of
 #: the digest while they hold it, so the recorded runs (whose run.json lacks them) keep their digest
-DIGEST_NEUTRAL = {"train_task_ids": [], "top_p": 1.0, "lr_warmup_iters": 0, "lr_decay": "constant"}
+DIGEST_NEUTRAL = {"train_task_ids": [], "top_p": 1.0, "lr_warmup_iters": 0, "lr_decay": "constant",
+                  "logprob_nucleus": False}
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
 STATE_FORMAT = 3
 

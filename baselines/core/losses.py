@@ -204,6 +204,24 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(z, dim=-1)
 
 
+def nucleus_token_logprobs(logits: torch.Tensor, labels: torch.Tensor, top_p: float) -> torch.Tensor:
+    """log π_p(label_t): the label's log-prob under softmax(logits) restricted to its top-p nucleus and renormalised
+    (the nucleus as `agents.lm.generation` samples from it: a token is dropped when the mass of the tokens before it
+    already reaches top_p). The label is always counted in (float differences at the nucleus edge between decoding
+    and this recomputation must not give −∞). The nucleus is piecewise constant in the logits, so the gradient is
+    that of a log-softmax over the kept tokens; a label that is its whole nucleus gets 0 and no gradient."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if top_p >= 1.0:
+        return token_logprobs(z, labels)
+    with torch.no_grad():
+        probs, order = torch.sort(z.softmax(-1), descending=True, dim=-1)
+        keep_sorted = probs.cumsum(-1) - probs < top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        keep.scatter_(-1, labels.long().unsqueeze(-1), True)
+    picked = torch.gather(z, -1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(z.masked_fill(~keep, float("-inf")), dim=-1)
+
+
 def value_loss(
     values: torch.Tensor, old_values: torch.Tensor | None, returns: torch.Tensor, clip: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

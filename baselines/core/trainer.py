@@ -57,7 +57,7 @@ from .losses import (
     entropy_from_logits,
     group_mean_weights,
     kl_term,
-    token_logprobs,
+    nucleus_token_logprobs,
     value_loss,
 )
 from .stats import explained_variance, masked_mean, masked_whiten
@@ -104,7 +104,7 @@ def lr_schedule_factor(iteration: int, total: int, warmup: int, decay: str) -> f
 
 def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0, need_hidden: bool = False,
                    need_entropy: bool = False, positions=None, need_collision: bool = False,
-                   causal_only: bool = False):
+                   causal_only: bool = False, top_p: float = 1.0):
     """One forward over right-padded rows: (logp [B,S] aligned with tokens, entropy [B,S] or None, hidden or None).
 
     `need_collision`: also return, as a fourth element, the collision probability Σ_v p_v² [B,S] of the full
@@ -115,6 +115,8 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     elsewhere); the vocabulary-sized output layer then runs on those tokens only, which in window-mode shopping
     batches are ~7% of the tokens (the full [B,S,V] logits dominated update time and memory).
     `causal_only`: run without the padding mask (`body_inputs`); the hidden states at padding are then zeroed.
+    `top_p` < 1: the log-probs are those of the top-p nucleus, renormalised (`losses.nucleus_token_logprobs`); the
+    entropy and collision probability stay those of the whole distribution.
     """
     attn, pos = body_inputs(attention_mask, causal_only=causal_only)
     if positions is not None:
@@ -127,7 +129,7 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
         logits = model.get_output_embeddings()(h)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
         lp = torch.zeros(input_ids.shape, dtype=logits.dtype, device=logits.device)
-        lp[:, 1:][sel] = token_logprobs(logits, input_ids[:, 1:][sel])
+        lp[:, 1:][sel] = nucleus_token_logprobs(logits, input_ids[:, 1:][sel], top_p)
         ent = None
         if need_entropy:
             ent = torch.zeros_like(lp)
@@ -143,7 +145,7 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     if last is not None and causal_only:  # (need_hidden)
         last = last * attention_mask.unsqueeze(-1).to(last.dtype)
     logits = out.logits[:, :-1, :].to(torch.promote_types(out.logits.dtype, torch.float32)) / temperature
-    lp = token_logprobs(logits, input_ids[:, 1:])
+    lp = nucleus_token_logprobs(logits, input_ids[:, 1:], top_p)
     lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
     ent = None
     if need_entropy:
@@ -304,10 +306,14 @@ class LMAlgorithm(LoopAlgorithm):
 
     # ------------------------------------------------------------------ one update
     def _rows_forward(self, model, ids, attn, *, need_entropy=False, need_hidden=False, positions=None,
-                      need_collision=False):
+                      need_collision=False, whole_softmax=False):
+        """`forward_policy` at the rollout temperature, under the rollout nucleus when `logprob_nucleus` asks for it
+        (`whole_softmax`: never, for comparisons with the sampler's recorded log-probs)."""
+        c = self.config
+        top_p = c.top_p if c.logprob_nucleus and not whole_softmax else 1.0
         return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
                               need_hidden=need_hidden, positions=positions, need_collision=need_collision,
-                              causal_only=not self.config.padding_mask)
+                              causal_only=not c.padding_mask, top_p=top_p)
 
     def policy_forward(self, mb: MicroBatch, *, need_entropy: bool = False, need_hidden: bool = False) -> Forward:
         """The update's differentiable forward over the rows of `mb`, as a `Forward`: the log-probs of the trained
@@ -799,7 +805,8 @@ class LMAlgorithm(LoopAlgorithm):
         if self.start_model is not None:
             start = torch.zeros_like(behav)
             for r in self.micro_batches(batch, torch.arange(batch.num_rows, device=behav.device)):
-                start[r] = self.trimmed(lambda i, a, g: self._rows_forward(self.start_model, i, a, positions=g),
+                start[r] = self.trimmed(lambda i, a, g: self._rows_forward(self.start_model, i, a, positions=g,
+                                                                             whole_softmax=True),
                                          batch, r, batch.gen_mask[r])[0]
             out["kl_start"] = float(((behav - start) * gen).sum() / n)
         return out
