@@ -255,7 +255,6 @@ def main(argv=None) -> int:
     import torch
 
     import benchmarks.learning_lm as lm
-    from agents.registry import manifest_env_kwargs
     from benchmarks import shopping_families
     from benchmarks.bench_lm_rl import _commit
     from shopsim.paths import write_text_atomic
@@ -290,7 +289,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     init = Path(args.init) if args.init else lm.default_init()
     out = Path(args.out)
-    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    env_kwargs = lm.protocol_env_kwargs(init, args)
     lm.weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     pool = tuple(lm.balanced_pool(lm.screen_pool(out / "start", args, env_kwargs)))
     arms = {}

@@ -317,7 +317,6 @@ def _train_one(job: tuple) -> tuple[str, int, list[dict], float]:
 
 def run(args, argv=None) -> None:
     from agents.lm.agent import LMAgent, default_checkpoint_dir
-    from agents.registry import manifest_env_kwargs
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -326,7 +325,7 @@ def run(args, argv=None) -> None:
     if not (init / "config.json").is_file():
         raise SystemExit(f"no SFT checkpoint at {init}; train one with `shopsim sft` and pass --init DIR")
     # the rendering the checkpoint was fine-tuned on (e.g. numbered results), the benchmark's turn limit
-    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    env_kwargs = protocol_env_kwargs(init, args)
     t0 = time.perf_counter()
     info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     made = {"families": info.get("families", list(FAMILIES)), "start": info.get("start", "weaken")}
@@ -563,11 +562,11 @@ def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
                  "screen_samples", "top_p", "pool_balance", "kl_coef", "lr_warmup", "lr_decay",
-                 "loss_agg")
+                 "loss_agg", "reward_scheme")
 #: protocol options added after tables were recorded, at the value those tables were measured under
 PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0,
                      "pool_balance": "none", "kl_coef": None, "lr_warmup": 0, "lr_decay": "constant",
-                     "loss_agg": None}
+                     "loss_agg": None, "reward_scheme": "loose"}
 
 
 def protocol_of(args) -> dict:
@@ -714,6 +713,18 @@ def _write(out: Path, curves: list[dict], start: dict, args) -> list[dict]:
     return rows
 
 
+def protocol_env_kwargs(init: Path, args) -> dict:
+    """The env options of every run of the protocol: the rendering the checkpoint at `init` was fine-tuned on (e.g.
+    numbered results), the turn limit, and the reward scheme (`--reward-scheme`)."""
+    from agents.registry import manifest_env_kwargs
+
+    out = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    scheme = getattr(args, "reward_scheme", "loose")
+    if scheme != "loose":
+        out["reward_scheme"] = scheme
+    return out
+
+
 def add_protocol_arguments(p) -> None:
     """The options of the shared protocol (start, budget, rollouts, limits) that `learning_lm` and the seed
     methods' checks (`benchmarks/repro_*.py`) all take, with the same defaults, so their runs stay comparable."""
@@ -737,6 +748,10 @@ def add_protocol_arguments(p) -> None:
                    choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
                    help="how every algorithm averages its per-token policy loss (None: each algorithm's own; GRPO's "
                         "is seq-mean-token-mean, which weighs a token of a short episode more than one of a long one)")
+    p.add_argument("--reward-scheme", choices=("loose", "strict"), default="loose",
+                   help="the Shopping env's reward: 'loose', WebShop's partial credit for a purchase that misses "
+                        "some constraints; 'strict', 1 only when every constraint holds, i.e. the success the "
+                        "table counts")
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)

@@ -48,7 +48,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, FAMILIES, _algo, add_protocol_arguments, evaluate_metrics, weaken
+from benchmarks.learning_lm import (
+    ENV,
+    FAMILIES,
+    _algo,
+    add_protocol_arguments,
+    evaluate_metrics,
+    protocol_env_kwargs,
+    weaken,
+)
 from shopsim.leaderboard.results import git_commit
 
 N_REF = 8
@@ -266,14 +274,13 @@ def write_results(args, start: dict, mse: list[dict], mse_data: dict | None, run
 
 def run(args) -> None:
     from agents.lm.agent import default_checkpoint_dir
-    from agents.registry import manifest_env_kwargs
 
     t_all = time.perf_counter()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     init = Path(args.init) if args.init else default_checkpoint_dir()
-    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    env_kwargs = protocol_env_kwargs(init, args)
     weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     start_file = out / "start" / f"eval-{args.eval_episodes}.json"
     if start_file.is_file():

@@ -44,6 +44,7 @@ from benchmarks.learning_lm import (
     _train_one,
     add_protocol_arguments,
     evaluate_metrics,
+    protocol_env_kwargs,
     weaken,
 )
 from shopsim.leaderboard.results import git_commit
@@ -274,13 +275,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     from agents.lm.agent import LMAgent, default_checkpoint_dir
-    from agents.registry import manifest_env_kwargs
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     out = Path(args.out)
     init = Path(args.init) if args.init else default_checkpoint_dir()
-    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    env_kwargs = protocol_env_kwargs(init, args)
     weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     start_file = out / "start" / f"eval-{args.eval_episodes}.json"
     if start_file.is_file():

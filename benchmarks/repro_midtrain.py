@@ -38,7 +38,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, EVAL_SEED, FAMILIES, _algo, _train_one, add_protocol_arguments, weaken
+from benchmarks.learning_lm import (
+    ENV,
+    EVAL_SEED,
+    FAMILIES,
+    _algo,
+    _train_one,
+    add_protocol_arguments,
+    protocol_env_kwargs,
+    weaken,
+)
 from shopsim.leaderboard.results import git_commit
 
 ARMS = ("diverse", "more_tasks", "star", "incorrect")
@@ -102,7 +111,6 @@ def _fmt(st, signed=False) -> str:
 
 def run(args, argv) -> dict:
     from agents.lm.agent import default_checkpoint_dir
-    from agents.registry import manifest_env_kwargs
     from shopsim.paths import write_text_atomic
 
     torch.set_num_threads(args.threads)
@@ -110,7 +118,7 @@ def run(args, argv) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     init = Path(args.init) if args.init else default_checkpoint_dir()
-    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    env_kwargs = protocol_env_kwargs(init, args)
     info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     check = out / "midtrain_check"
     start = mix_eval(out / "start", args, env_kwargs, check / f"start-test-{args.eval_episodes}.json")

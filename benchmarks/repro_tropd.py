@@ -40,7 +40,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.learning_lm import ENV, FAMILIES, _algo, add_protocol_arguments, evaluate_metrics, weaken
+from benchmarks.learning_lm import (
+    ENV,
+    FAMILIES,
+    _algo,
+    add_protocol_arguments,
+    evaluate_metrics,
+    protocol_env_kwargs,
+    weaken,
+)
 from shopsim.leaderboard.results import git_commit
 
 #: the arms; the check isolates the trust region and outlier treatment, so prefix guidance is off in the first
@@ -190,13 +198,12 @@ def write_results(directory: Path, table: dict, meta: dict) -> None:
 
 def run(args, argv) -> dict:
     from agents.lm.agent import LMAgent, default_checkpoint_dir
-    from agents.registry import manifest_env_kwargs
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     out = Path(args.out)
     init = Path(args.init) if args.init else default_checkpoint_dir()
-    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    env_kwargs = protocol_env_kwargs(init, args)
     info = weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     print(f"start: alpha={info['alpha']:.3f}, calibration dev success {info['calib_success']:.2f}")
     start_file = out / "start" / f"eval-{args.eval_episodes}.json"

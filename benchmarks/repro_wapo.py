@@ -42,7 +42,16 @@ import torch
 
 from baselines.grpo import GRPO
 from baselines.wapo import TokenBinLogging
-from benchmarks.learning_lm import ENV, FAMILIES, _algo, _train_one, add_protocol_arguments, evaluate_metrics, weaken
+from benchmarks.learning_lm import (
+    ENV,
+    FAMILIES,
+    _algo,
+    _train_one,
+    add_protocol_arguments,
+    evaluate_metrics,
+    protocol_env_kwargs,
+    weaken,
+)
 from shopsim.leaderboard.results import git_commit
 
 BINS = ("pos_peak", "pos_valley", "neg_peak", "neg_valley", "zero_adv_tokens")
@@ -231,14 +240,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.value_pretrain_steps, args.max_gen_batches = 20, 3  # read by learning_lm._algo for vapo/dapo only
     from agents.lm.agent import LMAgent, default_checkpoint_dir
-    from agents.registry import manifest_env_kwargs
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     init = Path(args.init) if args.init else default_checkpoint_dir()
-    env_kwargs = {**manifest_env_kwargs(init), "max_turns": args.max_turns}
+    env_kwargs = protocol_env_kwargs(init, args)
     weaken(init, out / "start", args.target, args.calib, env_kwargs, args.bisect_steps, args)
     start_file = out / "start" / f"eval-{args.eval_episodes}.json"
     if start_file.is_file():
