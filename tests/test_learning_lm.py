@@ -364,6 +364,28 @@ def test_schedule_and_loss_aggregation_options_reach_every_algorithm(monkeypatch
         "lr_warmup": 0, "lr_decay": "constant", "loss_agg": None}
 
 
+def test_reward_scheme_reaches_the_env_of_every_run(monkeypatch):
+    """``--reward-scheme strict`` makes every run's env pay 1 only for a success (and enters the protocol); the
+    default keeps the env's partial credit and its env options unchanged."""
+    import gymnasium as gym
+
+    import benchmarks.learning_lm as lm
+
+    seen = []
+    monkeypatch.setattr(lm, "run", lambda a, argv=None: seen.append(a))
+    lm.main(["--reward-scheme", "strict"])
+    lm.main([])
+    strict, default = seen
+    init = lm.default_init()
+    kw = lm.protocol_env_kwargs(init, strict)
+    assert kw["reward_scheme"] == "strict" and kw["max_turns"] == 40
+    assert "reward_scheme" not in lm.protocol_env_kwargs(init, default)
+    assert lm.protocol_of(strict)["reward_scheme"] == "strict" and lm.protocol_of(default)["reward_scheme"] == "loose"
+    env = gym.make(lm.ENV, **kw)
+    assert env.unwrapped.reward_scheme == "strict"
+    env.close()
+
+
 def test_gradient_noise_scale_from_a_gram_matrix():
     """`benchmarks.grad_noise_lm.noise_stats`: for per-group gradients G_i = g + noise, tr(Σ) and the unbiased |g|²
     recover the values the draws were made with, and B_simple = tr(Σ)/|g|² follows; pure noise gives |g|² ≈ 0."""
