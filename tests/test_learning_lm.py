@@ -410,6 +410,47 @@ def test_gradient_noise_scale_from_a_gram_matrix():
     assert inverse_b_interval(noise @ noise.T)[1] == float("inf")  # no signal: unbounded above
 
 
+def test_family_alignment_recovers_aligned_opposed_and_orthogonal_families():
+    """`benchmarks.grad_noise_lm.family_alignment`: per-group gradients G_i = g_family + noise; the cosine of two
+    families' mean gradients, estimated from distinct groups only, is +1, −1 or 0 as the draws were made, and a
+    family's own entry holds its squared mean gradient (the noise of its groups left out)."""
+    import numpy as np
+
+    from benchmarks.grad_noise_lm import family_alignment
+
+    rng = np.random.default_rng(1)
+    d, n = 40, 150
+    a = np.zeros(d)
+    a[0] = 1.0
+    b = np.zeros(d)
+    b[1] = 1.0
+    means = {"after_sales": a, "bundle": -a, "find_and_buy": b}
+    fams = [f for f in means for _ in range(n)]
+    G = np.stack([means[f] + rng.normal(0, 0.5, d) for f in fams])  # noise norm² 10 ≫ signal 1
+    out = family_alignment(G @ G.T, fams)
+    assert out["after_sales|bundle"]["cos"] == pytest.approx(-1.0, abs=0.1)
+    assert out["after_sales|find_and_buy"]["cos"] == pytest.approx(0.0, abs=0.1)
+    assert out["after_sales|after_sales"]["dot"] == pytest.approx(1.0, abs=0.15)
+    assert out["bundle|find_and_buy"]["groups"] == [n, n]
+
+
+def test_module_classes_cut_the_flat_gradient_into_disjoint_parts():
+    """Every trainable parameter of the shipped model lands in exactly one class of the per-module breakdown, at its
+    place in the flattened gradient (the order the optimizer holds them), and the tied output head counts once."""
+    from transformers import AutoModelForCausalLM
+
+    import benchmarks.learning_lm as lm
+    from benchmarks.grad_noise_lm import module_classes
+
+    model = AutoModelForCausalLM.from_pretrained(lm.default_init())
+    parts = module_classes(model)
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    flat = sorted(i for idx in parts.values() for i in idx)
+    assert flat == list(range(total))
+    assert set(parts) == {"embedding", "attention", "mlp", "norm"}
+    assert len(parts["embedding"]) == model.get_input_embeddings().weight.numel()
+
+
 def test_gradient_noise_table_keeps_recorded_arms_of_the_same_protocol(tmp_path):
     """A later `grad_noise_lm --results DIR` run adds its arms to the recorded table when the protocol matches (each
     arm keeps the command and commit that measured it) and starts over when it does not."""
