@@ -17,6 +17,11 @@ protocol's group size and lr) with one option changed; every arm draws the same 
 interval of B_simple comes from a delete-one jackknife of its inverse over the groups (`inverse_b_interval`); the
 Gram matrix of the G_i is saved in the JSON, so the table can be recomputed from it.
 
+Two breakdowns of the same gradients say where the noise and the signal sit: B_simple per parameter class
+(`MODULE_CLASSES`: embedding with the tied head, attention, MLP, norms), and per pair of task families the inner
+product and cosine of their mean gradients (`family_alignment`; a negative cosine would mean one family's update
+undoes another's). The pool covers every family unless ``--families`` picks some.
+
 With ``--results DIR`` writes ``DIR/grad_noise_lm.md`` and ``.json`` (command, commit, seeds, wall time);
 ``--json PATH`` writes the figures to a further file; without either, nothing is written.
 Run: ``python -m benchmarks.grad_noise_lm [--quick] [--arms ...] [--json PATH] [--results DIR]``.
