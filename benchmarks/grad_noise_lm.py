@@ -53,6 +53,7 @@ ARMS: dict[str, dict] = {
     "t1.0-top0.7": {"temperature": 1.0, "top_p": 0.7},
     "t1.0-top0.6": {"temperature": 1.0, "top_p": 0.6},
     "t1.0-top0.8-nucleus": {"temperature": 1.0, "top_p": 0.8, "logprob_nucleus": True},
+    "t1.0-top0.8-success": {"temperature": 1.0, "top_p": 0.8, "reward": "success"},
 }
 ENV = "shopsim/Shopping-v0"
 #: parameter classes of the per-module breakdown (a parameter joins the first class whose marker is in its name; the
