@@ -244,7 +244,12 @@ def merged_with_recorded(res: dict, path: Path) -> dict:
         a.setdefault("commit", res["commit"])
     if not path.is_file():
         return res
-    old = json.loads(path.read_text())
+    return merged_arms(res, json.loads(path.read_text()), path)
+
+
+def merged_arms(res: dict, old: dict, path: Path | str) -> dict:
+    """`res` plus the arms of the record `old` (read from `path`) that `res` did not measure, under the same
+    protocol; otherwise `res` alone."""
     if any(old.get(k) != res.get(k) for k in PROTOCOL):
         print(f"{path}: recorded under another protocol; its arms are not kept")
         return res
@@ -255,6 +260,32 @@ def merged_with_recorded(res: dict, path: Path) -> dict:
             "earlier_runs": [
                 *old.get("earlier_runs", []), {"command": old["command"], "commit": old["commit"],
                                                "wall_s": old.get("wall_s")}]}
+
+
+def table_from_json(paths: list[Path], directory: Path) -> int:
+    """Write ``directory/grad_noise_lm.{md,json}`` from the ``--json`` records of earlier runs, in order: each later
+    record adds its arms to the first one's (`merged_with_recorded`), so every arm keeps its own command and commit;
+    a record under another protocol stops with the differing fields."""
+    from shopsim.paths import write_text_atomic
+
+    res = json.loads(paths[0].read_text())
+    for a in res["arms"].values():
+        a.setdefault("command", res["command"])
+        a.setdefault("commit", res["commit"])
+    for path in paths[1:]:
+        new = json.loads(path.read_text())
+        bad = [k for k in PROTOCOL if new.get(k) != res.get(k)]
+        if bad:
+            raise SystemExit(f"{path}: measured under another protocol ({', '.join(bad)}); not merged")
+        for a in new["arms"].values():
+            a.setdefault("command", new["command"])
+            a.setdefault("commit", new["commit"])
+        res = merged_arms(new, res, paths[0])
+    directory.mkdir(parents=True, exist_ok=True)
+    write_table(res, directory / TABLE)
+    write_text_atomic(directory / "grad_noise_lm.json", json.dumps(res, indent=2))
+    print(f"wrote {directory / TABLE} ({len(res['arms'])} arms)")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -284,7 +315,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     p.add_argument("--results", default=None, metavar="DIR",
                    help=f"write the table DIR/{TABLE} and its .json (the committed one: docs/results; default: none)")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                   help="measure nothing: write the --results table from the --json files of earlier runs (runs "
+                        "under another protocol than the first are refused)")
     args = p.parse_args(argv)
+    if args.from_json:
+        if not args.results:
+            p.error("--from-json writes a table: pass --results DIR")
+        return table_from_json([Path(x) for x in args.from_json], Path(args.results))
     if args.quick:
         args.arms, args.rollouts, args.batches, args.screen_tasks, args.screen_samples = ["t0.7"], 16, 2, 4, 4
     args.start, args.task_pool, args.pool_balance, args.num_envs = "sft", "screened", "family", None
