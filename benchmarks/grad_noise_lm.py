@@ -22,7 +22,8 @@ Two breakdowns of the same gradients say where the noise and the signal sit: B_s
 product and cosine of their mean gradients (`family_alignment`; a negative cosine would mean one family's update
 undoes another's). The pool covers every family unless ``--families`` picks some.
 
-With ``--results DIR`` writes ``DIR/grad_noise_lm.md`` and ``.json`` (command, commit, seeds, wall time);
+With ``--results DIR`` writes ``DIR/grad_noise_lm.md`` and ``.json`` (command, commit, seeds, wall time; a pool of
+some families only: ``DIR/grad_noise_lm_<families>.{md,json}``, `result_stem`);
 ``--json PATH`` writes the figures to a further file; without either, nothing is written.
 Run: ``python -m benchmarks.grad_noise_lm [--quick] [--arms ...] [--json PATH] [--results DIR]``.
 """
@@ -39,6 +40,16 @@ from pathlib import Path
 import numpy as np
 
 TABLE = "grad_noise_lm.md"
+
+
+def result_stem(families) -> str:
+    """File stem of the table of a pool: ``grad_noise_lm`` for every Shopping family, else the families joined
+    (``grad_noise_lm_find_and_buy-clarify_and_buy``; tables from before ``--families`` have no "families" and are
+    that pool)."""
+    from shopsim.envs.shopping import FAMILIES
+
+    fams = list(families or ("find_and_buy", "clarify_and_buy"))
+    return "grad_noise_lm" if sorted(fams) == sorted(FAMILIES) else "grad_noise_lm_" + "-".join(fams)
 #: arm name -> the options it changes (rollout temperature and nucleus, advantage scaling, and the trajectory reward
 #: of `baselines.grpo.GRPOConfig`: the env's return, which gives partial credit, or the success flag the table counts)
 ARMS: dict[str, dict] = {
@@ -234,6 +245,13 @@ def write_table(res: dict, path: Path) -> None:
 
 #: what must match for a recorded arm to sit in the same table as a new one
 PROTOCOL = ("seed", "group_size", "groups", "pool_size", "lr", "families")
+#: protocol fields added later, at the value the records without them were measured under
+PROTOCOL_DEFAULTS = {"families": ["find_and_buy", "clarify_and_buy"]}
+
+
+def same_protocol(a: dict, b: dict) -> list[str]:
+    """The `PROTOCOL` fields in which two records differ (none: their arms can share a table)."""
+    return [k for k in PROTOCOL if a.get(k, PROTOCOL_DEFAULTS.get(k)) != b.get(k, PROTOCOL_DEFAULTS.get(k))]
 
 
 def merged_with_recorded(res: dict, path: Path) -> dict:
@@ -250,7 +268,7 @@ def merged_with_recorded(res: dict, path: Path) -> dict:
 def merged_arms(res: dict, old: dict, path: Path | str) -> dict:
     """`res` plus the arms of the record `old` (read from `path`) that `res` did not measure, under the same
     protocol; otherwise `res` alone."""
-    if any(old.get(k) != res.get(k) for k in PROTOCOL):
+    if same_protocol(old, res):
         print(f"{path}: recorded under another protocol; its arms are not kept")
         return res
     kept = {k: {"command": old["command"], "commit": old["commit"], **v} for k, v in old["arms"].items()
@@ -274,7 +292,7 @@ def table_from_json(paths: list[Path], directory: Path) -> int:
         a.setdefault("commit", res["commit"])
     for path in paths[1:]:
         new = json.loads(path.read_text())
-        bad = [k for k in PROTOCOL if new.get(k) != res.get(k)]
+        bad = same_protocol(new, res)
         if bad:
             raise SystemExit(f"{path}: measured under another protocol ({', '.join(bad)}); not merged")
         for a in new["arms"].values():
@@ -282,9 +300,10 @@ def table_from_json(paths: list[Path], directory: Path) -> int:
             a.setdefault("commit", new["commit"])
         res = merged_arms(new, res, paths[0])
     directory.mkdir(parents=True, exist_ok=True)
-    write_table(res, directory / TABLE)
-    write_text_atomic(directory / "grad_noise_lm.json", json.dumps(res, indent=2))
-    print(f"wrote {directory / TABLE} ({len(res['arms'])} arms)")
+    stem = result_stem(res.get("families"))
+    write_table(res, directory / f"{stem}.md")
+    write_text_atomic(directory / f"{stem}.json", json.dumps(res, indent=2))
+    print(f"wrote {directory / stem}.md ({len(res['arms'])} arms)")
     return 0
 
 
@@ -314,7 +333,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="one arm, 2 batches of 16 rollouts, 4 tasks screened")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     p.add_argument("--results", default=None, metavar="DIR",
-                   help=f"write the table DIR/{TABLE} and its .json (the committed one: docs/results; default: none)")
+                   help=f"write the table DIR/{TABLE} and its .json (the committed one: docs/results; default: none; "
+                        "a pool of some families: DIR/grad_noise_lm_<families>.md)")
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
                    help="measure nothing: write the --results table from the --json files of earlier runs (runs "
                         "under another protocol than the first are refused)")
@@ -362,10 +382,11 @@ def main(argv=None) -> int:
         write_text_atomic(args.json, json.dumps(res, indent=2))
     if args.results:
         d = Path(args.results)
-        res = merged_with_recorded(res, d / "grad_noise_lm.json")
-        write_table(res, d / TABLE)
-        write_text_atomic(d / "grad_noise_lm.json", json.dumps(res, indent=2))
-        print(f"wrote {d / TABLE}")
+        stem = result_stem(args.families)
+        res = merged_with_recorded(res, d / f"{stem}.json")
+        write_table(res, d / f"{stem}.md")
+        write_text_atomic(d / f"{stem}.json", json.dumps(res, indent=2))
+        print(f"wrote {d / stem}.md")
     if not (args.json or args.results):
         print("no table written (pass --results DIR, e.g. --results docs/results, or --json PATH)")
     return 0

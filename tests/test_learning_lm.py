@@ -481,10 +481,13 @@ def test_gradient_noise_table_keeps_recorded_arms_of_the_same_protocol(tmp_path)
 def test_gradient_noise_table_from_recorded_json_files(tmp_path):
     """`grad_noise_lm --from-json A B --results DIR` measures nothing and writes the table of both runs' arms, each
     with its own command and commit; a record under another protocol is refused with the field that differs."""
-    from benchmarks.grad_noise_lm import main
+    from benchmarks.grad_noise_lm import main, result_stem, same_protocol
+    from shopsim.envs.shopping import FAMILIES
+
+    ALL = list(FAMILIES)
 
     def rec(cmd, commit, arms, **over):
-        return {"seed": 0, "group_size": 8, "groups": 128, "pool_size": 200, "lr": 1e-4, "families": ["bundle"],
+        return {"seed": 0, "group_size": 8, "groups": 128, "pool_size": 200, "lr": 1e-4, "families": ALL,
                 "machine": "m", "wall_s": 1.0, "command": cmd, "commit": commit, "arm_options": dict.fromkeys(arms, {}),
                 "arms": {a: {"train_success": 0.6, "zero_variance_groups": 0.1, "b_simple": 90.0,
                              "b_simple_ci95": [60.0, 180.0], "snr": {"8": 0.09, "16": 0.18}} for a in arms}, **over}
@@ -493,6 +496,13 @@ def test_gradient_noise_table_from_recorded_json_files(tmp_path):
     a.write_text(json.dumps(rec("cmd a", "aaa", ["x"])))
     b.write_text(json.dumps(rec("cmd b", "bbb", ["y"])))
     c.write_text(json.dumps(rec("cmd c", "ccc", ["z"], families=["bundle", "after_sales"])))
+    assert result_stem(ALL) == "grad_noise_lm" and result_stem(["bundle", "after_sales"]) == (
+        "grad_noise_lm_bundle-after_sales")
+    old = rec("cmd o", "ooo", ["o"])
+    del old["families"]  # a record from before --families: the seed checks' two families
+    assert result_stem(None) == "grad_noise_lm_find_and_buy-clarify_and_buy"
+    assert same_protocol(old, rec("cmd", "c", ["o"], families=["find_and_buy", "clarify_and_buy"])) == []
+    assert same_protocol(old, rec("cmd", "c", ["o"])) == ["families"]
     assert main(["--from-json", str(a), str(b), "--results", str(tmp_path / "out")]) == 0
     res = json.loads((tmp_path / "out" / "grad_noise_lm.json").read_text())
     assert {k: v["commit"] for k, v in res["arms"].items()} == {"x": "aaa", "y": "bbb"}
