@@ -214,7 +214,8 @@ def write_table(res: dict, path: Path) -> None:
              *[f"- earlier run kept (its arms): `{e['command']}` at `{e['commit']}`"
                for e in res.get("earlier_runs", [])],
              f"- seed: {res['seed']}; {res['groups']} groups of {g} rollouts per arm, all at the start's weights, "
-             f"on the learning benchmark's screened, family-balanced pool ({res['pool_size']} draws)",
+             f"on the learning benchmark's screened, family-balanced pool ({res['pool_size']} draws) of "
+             f"{', '.join(res.get('families') or PROTOCOL_DEFAULTS['families'])}",
              f"- wall time: {res['wall_s']:.0f} s", "",
              "B_simple = tr(Σ)/|G|² is the number of groups per update at which the update's expected signal equals "
              "its noise (McCandlish et al. 2018); SNR(b) is that ratio for an update over b groups. An update far "
@@ -227,6 +228,20 @@ def write_table(res: dict, path: Path) -> None:
         lines.append(f"| {name} | {a['train_success']:.2f} | {a['zero_variance_groups']:.2f} | {_fmt(b)} "
                      f"[{_fmt(ci[0])}, {_fmt(ci[1])}] | {_fmt(b * g)} | {a['snr']['8']:.2f} | {a['snr']['16']:.2f} |")
     lines += ["", "Arms: " + "; ".join(f"`{k}` = {json.dumps(v)}" for k, v in res["arm_options"].items()), ""]
+    fams = {k: a["by_family"] for k, a in res["arms"].items() if a.get("by_family")}
+    if fams:
+        lines += ["Task families: the inner product of two families' mean per-group gradients, from distinct groups "
+                  "only, and its cosine (a negative cosine: one family's update undoes the other's); groups with a "
+                  "gradient per family in brackets.", "",
+                  "| arm | families | mean-gradient dot | cosine | groups with a gradient |", "|---|---|---|---|---|"]
+        for name, pairs in fams.items():
+            for pair, m in pairs.items():
+                a, b = pair.split("|")
+                if a == b:
+                    continue
+                lines.append(f"| {name} | {a} · {b} | {m['dot']:.3g} | {m['cos']:+.2f} | "
+                             f"{m['nonzero_groups'][0]}, {m['nonzero_groups'][1]} |")
+        lines.append("")
     split = {k: a["by_module"] for k, a in res["arms"].items() if a.get("by_module")}
     if split:
         lines += ["By parameter class (the same per-group gradients cut to one class of parameters; the tied output "
