@@ -46,8 +46,7 @@ class LMConfig:
     lr_decay: Literal["constant", "linear", "cosine"] = "constant"
     """The learning rates after the warm-up: held ("constant"), or decayed to zero at the end of the run, linearly
     (TRL's default scheduler) or along a half cosine; the run's last iteration still trains at a small positive
-    rate. Adam's step noise does not shrink with more iterations at a fixed rate, so a run from a competent start
-    keeps a noise floor whose cost grows with the rate; the decay removes it by the end."""
+    rate (`baselines.core.trainer.lr_schedule_factor`)."""
     max_grad_norm: float = bounded(1.0, gt=0)
     """Gradient-norm clip per optimizer step."""
     group_size: int = bounded(8, min=1)
