@@ -283,7 +283,7 @@ def test_lr_schedule_factor_warms_up_then_decays():
     assert [lr_schedule_factor(k, 6, 2, "constant") for k in range(6)] == [0.5, 1, 1, 1, 1, 1]
     assert [lr_schedule_factor(k, 6, 2, "linear") for k in range(6)] == [0.5, 1, 1, 0.75, 0.5, 0.25]
     cos = [lr_schedule_factor(k, 6, 0, "cosine") for k in range(6)]
-    assert cos[0] == 1 and all(a > b > 0 for a, b in zip(cos, cos[1:]))
+    assert cos[0] == 1 and all(a > b > 0 for a, b in zip(cos, cos[1:], strict=False))
     assert cos[3] == pytest.approx(0.5)
     with pytest.raises(ConfigError, match="lr_decay"):
         lr_schedule_factor(3, 6, 0, "step")
