@@ -106,6 +106,8 @@ def train_curve(algo, n_skus: int, iterations: int, seed: int, eval_every: int, 
             policy.load_state_dict(st["policy"]), value.load_state_dict(st["value"])
             opt.load_state_dict(st["opt"]), gen.set_state(st["gen"])
             rng.bit_generator.state = old.pop("rng")
+            # the critic's output bias is calibrated once, from the first batch (`HybridPPO.advantages`)
+            value.calibrated = bool(old.pop("value_calibrated", False))
             rec = old
             if old["iterations"] == iterations:
                 return rec
@@ -128,7 +130,8 @@ def train_curve(algo, n_skus: int, iterations: int, seed: int, eval_every: int, 
     with atomic_write(path.with_suffix(".pt")) as tmp:
         torch.save({"policy": policy.state_dict(), "value": value.state_dict(), "opt": opt.state_dict(),
                     "gen": gen.get_state()}, tmp)
-    write_text_atomic(path, json.dumps({**rec, "rng": rng.bit_generator.state}))
+    write_text_atomic(path, json.dumps({**rec, "rng": rng.bit_generator.state,
+                                        "value_calibrated": bool(getattr(value, "calibrated", False))}))
     return rec
 
 
