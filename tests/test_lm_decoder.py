@@ -165,6 +165,35 @@ def test_draft_is_the_continuation_of_the_most_recent_match():
         SlotDecoder(draft_tokens=-1)
 
 
+def test_draft_search_matches_a_window_scan():
+    """The byte search finds what scanning every window of the sequence finds (the most recent earlier match of the
+    longest tail n-gram), on random sequences over small vocabularies, where matches across token boundaries of
+    the int64 bytes are common."""
+    import numpy as np
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from agents.lm.decoder import DRAFT_NGRAM
+
+    def scan(a: np.ndarray, k: int) -> list[int]:
+        for n in range(min(DRAFT_NGRAM, len(a) - 1), 0, -1):
+            hits = np.flatnonzero((sliding_window_view(a[:-1], n) == a[-n:]).all(1))
+            if hits.size:
+                return a[int(hits[-1]) + n: int(hits[-1]) + n + k].tolist()
+        return []
+
+    rng = np.random.default_rng(0)
+    dec = SlotDecoder(draft_tokens=4)
+    found = 0
+    for trial in range(400):
+        vocab = int(rng.choice([3, 8, 300, 70_000]))  # 256 + x and 65,536 + x ids share bytes with small ones
+        a = rng.integers(0, vocab, size=int(rng.integers(1, 60)))
+        cut = int(rng.integers(1, len(a) + 1))
+        got = dec._draft(a[:cut].tobytes() if trial % 2 else a[:cut], a[cut:].tolist(), room=10)
+        assert got == scan(a, 4), (a.tolist(), cut)
+        found += bool(got)
+    assert found > 100
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_drafting_changes_no_token_and_saves_decoding_passes(greedy):
     """Prompt-lookup drafting checks several copied tokens per pass; the shipped agent's tokens, log-probs and

@@ -37,7 +37,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from numpy.lib.stride_tricks import sliding_window_view
 
 from agents.lm.generation import Generators, SampleOutput, SamplingConfig, next_tokens
 from shopsim.errors import ConfigError
@@ -47,6 +46,8 @@ from shopsim.errors import ConfigError
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 #: longest n-gram of the context's tail that prompt-lookup drafting matches (`SlotDecoder._draft`)
 DRAFT_NGRAM = 3
+#: bytes of one token id in the drafting search (int64)
+_TOKEN_BYTES = 8
 #: drafted tokens checked per decoding pass by default (`SlotDecoder(draft_tokens=...)`; 0: one token per pass)
 DRAFT_TOKENS = 4
 
@@ -287,7 +288,7 @@ class SlotDecoder:
         # drafted tokens are checked in order per row, so a row's draws stay those of sequential decoding only when
         # each row has its own stream (or under arg-max); one shared generator would be drawn in another order
         drafting = self.draft_tokens > 0 and (config.greedy or per_row)
-        ctx = {i: np.asarray(p, dtype=np.int64) for i, p in enumerate(prompts)} if drafting else {}
+        ctx = {i: np.asarray(p, dtype=np.int64).tobytes() for i, p in enumerate(prompts)} if drafting else {}
         # cand[i]: row i's next-token logits, one row per position still to choose (the last prefill or decoding
         # position, then one per drafted token); drafts[i]: the drafted tokens those positions were fed
         cand = {i: logits[i: i + 1] for i in range(len(prompts))}
@@ -327,23 +328,34 @@ class SlotDecoder:
                             extra={"steps": steps, "encoded_tokens": sum(len(x) for x in new),
                                    "reused_tokens": sum(reused)})
 
-    def _draft(self, ctx: np.ndarray, gen: list[int], room: int) -> list[int]:
+    def _draft(self, ctx: np.ndarray | bytes, gen: list[int], room: int) -> list[int]:
         """Prompt-lookup drafting (Saxena 2023; `prompt_lookup_num_tokens` in `transformers`): the tokens that
         followed the most recent earlier occurrence of the context's last `DRAFT_NGRAM` tokens (down to 1), at most
         `draft_tokens` of them and never more than ``room - 1`` (the position after the drafts yields a token too).
-        `ctx` is the prompt as an array, `gen` the tokens generated so far. Actions copy product ids, option values
-        and query words from the observation, so these guesses are often right; a wrong one costs only the extra
-        positions of one decoding pass."""
+        `ctx` is the prompt (an int64 array, or its bytes: `sample` converts each prompt once), `gen` the tokens
+        generated so far. Actions copy product ids, option values and query words from the observation, so these
+        guesses are often right; a wrong one costs only the extra positions of one decoding pass.
+
+        The search is `bytes.rfind` over the int64 bytes of the sequence (C speed, no per-call array of windows),
+        keeping only matches that start on a token boundary."""
         k = min(self.draft_tokens, room - 1)
         if k <= 0:
             return []
-        a = np.concatenate((ctx, np.asarray(gen, dtype=ctx.dtype))) if gen else ctx
-        for n in range(min(DRAFT_NGRAM, len(a) - 1), 0, -1):
-            # windows starting before the tail's own start; a match at s is followed by a[s + n], at least one token
-            hits = np.flatnonzero((sliding_window_view(a[:-1], n) == a[-n:]).all(1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                return a[start: start + k].tolist()
+        raw = ctx if isinstance(ctx, bytes) else np.ascontiguousarray(ctx, dtype=np.int64).tobytes()
+        if gen:
+            raw += np.asarray(gen, dtype=np.int64).tobytes()
+        w = _TOKEN_BYTES
+        length = len(raw) // w
+        hay = memoryview(raw)[: (length - 1) * w].tobytes()  # every window must end before the last token
+        for n in range(min(DRAFT_NGRAM, length - 1), 0, -1):
+            pat = raw[(length - n) * w:]
+            at = hay.rfind(pat)
+            while at > 0 and at % w:  # a match across token boundaries: look further left
+                at = hay.rfind(pat, 0, at + len(pat) - 1)
+            if at >= 0:
+                start = at // w + n
+                return np.frombuffer(raw, dtype=np.int64, count=min(k, length - start),
+                                     offset=start * w).tolist()
         return []
 
     @staticmethod
