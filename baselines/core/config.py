@@ -146,6 +146,16 @@ class LMConfig:
     """Draw each iteration's training tasks from these train-split task ids (uniformly, with the rollout generator);
     empty: from the whole train split (in `task_families`). A benchmark screens such a pool once for tasks on which
     the start policy both succeeds and fails, so that groups of rollouts disagree (benchmarks/learning_lm.py)."""
+    greedy_failed_share: float = bounded(0.0, min=0, max=1)
+    """Share of each iteration's tasks drawn among those the current policy fails under greedy decoding: candidate
+    tasks (drawn as usual, with their episode seeds) are first played once greedily, in rounds of `tasks_per_iter`
+    candidates (at most `screen_rounds`), and the iteration takes round(share · tasks_per_iter) failed ones, the rest
+    from the others in draw order (`LMAlgorithm.prefer_greedy_failures`). A group's rollouts only change what greedy
+    decoding does where greedy decoding is wrong; on the tasks it solves their differences are slips of sampling.
+    0: no screening."""
+    screen_rounds: int = bounded(4, min=1)
+    """Most screening rounds per iteration under `greedy_failed_share`; if they find fewer failures than asked for, the
+    iteration fills up with solved candidates."""
     num_envs: int = bounded(8, min=1)
     """Env copies stepped together during rollouts and evaluation."""
     rollout_workers: int = bounded(0, min=0)
@@ -176,7 +186,11 @@ class LMConfig:
     """Save the checkpoint every N iterations (0: only after the last one)."""
     log_kl_start: bool = True
     """Log ``kl_start`` every iteration: the k1 estimate of KL(π_rollout ‖ π_start) on the sampled tokens, against a
-    frozen copy of the policy as it started (one forward pass over the batch; False: no copy is kept)."""
+    frozen copy of the policy as it started (a forward pass of that copy over `kl_start_rows` rows; False: no copy is
+    kept)."""
+    kl_start_rows: int = bounded(64, min=0)
+    """Rows of the batch the ``kl_start`` estimate reads, evenly spaced over it (0: every row). The estimate is a mean
+    over sampled tokens either way; a subset keeps the start model's forward pass a small part of the update."""
     device: str = "cpu"
     """Torch device of the policy, critic and update (e.g. "cuda")."""
 

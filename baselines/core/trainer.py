@@ -158,6 +158,14 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     return lp, ent, last
 
 
+def kl_rows(num_rows: int, most: int) -> torch.Tensor:
+    """Row indices of the ``kl_start`` estimate: `most` rows evenly spaced over the batch (every row when `most` is 0
+    or the batch is no larger)."""
+    if most <= 0 or num_rows <= most:
+        return torch.arange(num_rows)
+    return torch.linspace(0, num_rows - 1, most).round().long().unique()
+
+
 class LMAlgorithm(LoopAlgorithm):
     """Base of the Shopping LM algorithms: the steps of the shared loop; subclasses define advantages (and loss
     tweaks)."""
@@ -612,11 +620,58 @@ class LMAlgorithm(LoopAlgorithm):
         c = self.config
         tasks = self.train_tasks(env_id, rng, c.tasks_per_iter)
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=c.tasks_per_iter)]
+        screen: dict = {}
+        if c.greedy_failed_share > 0:
+            tasks, seeds, screen = self.prefer_greedy_failures(env_id, agent, tasks, seeds, rng, env_kwargs=env_kwargs,
+                                                               env_fns=env_fns)
         trajs = collect(env_id, agent, tasks=tasks, seeds=seeds, episodes=c.tasks_per_iter if tasks else None,
                         split="train", group_size=c.group_size, num_envs=c.num_envs, env_kwargs=env_kwargs,
                         reset_options=dict(c.reset_options) or None, progress=progress, env_fns=env_fns,
                         agent_seed=int(rng.integers(0, 2**31 - 1)))
-        return trajs, {"rollouts": len(trajs)}
+        return trajs, {"rollouts": len(trajs), **screen}
+
+    def prefer_greedy_failures(self, env_id: str, agent, tasks: list | None, seeds: list[int],
+                               rng: np.random.Generator, *, env_kwargs=None, env_fns=None):
+        """The iteration's (tasks, seeds) under `greedy_failed_share`: each candidate episode (task and reset seed) is
+        played once with greedy decoding, and round(share · n) of the failed ones come first, then solved ones in
+        draw order (failed ones again when too few were solved). Rounds of n new candidates are drawn while fewer
+        failures than asked for were found, at most `screen_rounds`. Returns the chosen lists and the metrics
+        ``screen_rollouts``, ``screen_greedy_success`` (over every screened episode) and ``greedy_failed_tasks`` (the
+        share of the iteration's tasks that greedy decoding failed)."""
+        from shopsim.rollout import collect
+
+        c = self.config
+        if tasks is None:
+            raise ConfigError(f"greedy_failed_share needs task ids; {env_id} draws its tasks from the reset seed")
+        n = len(tasks)
+        want = round(c.greedy_failed_share * n)
+        failed: list[tuple[int, int]] = []
+        solved: list[tuple[int, int]] = []
+        samp = getattr(agent, "sampling", None)
+        if samp is None or not hasattr(samp, "greedy"):
+            raise ConfigError("greedy_failed_share needs an agent with greedy decoding (agent.sampling.greedy)")
+        old = samp.greedy
+        samp.greedy = True
+        try:
+            for r in range(c.screen_rounds):
+                if r:
+                    tasks = self.train_tasks(env_id, rng, n) or []
+                    seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=n)]
+                played = collect(env_id, agent, tasks=tasks, seeds=seeds, split="train", num_envs=c.num_envs,
+                                 env_kwargs=env_kwargs, reset_options=dict(c.reset_options) or None, progress=False,
+                                 env_fns=env_fns, agent_seed=int(rng.integers(0, 2**31 - 1)))
+                for t, s, tr in zip(tasks, seeds, played, strict=True):
+                    (solved if tr.success else failed).append((int(t), int(s)))
+                if len(failed) >= want:
+                    break
+        finally:
+            samp.greedy = old
+        take = failed[:want]
+        chosen = take + (solved + failed[want:])[: n - len(take)]
+        screened, bad = len(failed) + len(solved), set(failed)
+        metrics = {"screen_rollouts": screened, "screen_greedy_success": len(solved) / screened,
+                   "greedy_failed_tasks": sum(1 for x in chosen if x in bad) / n}
+        return [t for t, _ in chosen], [s for _, s in chosen], metrics
 
     def evaluate(self, env_id: str, agent, *, seed: int, env_kwargs=None, env_fns=None) -> dict:
         """Success / score on each eval split (``eval_split="dev"`` or ``"dev,test"``), greedy by default, with
@@ -804,11 +859,14 @@ class LMAlgorithm(LoopAlgorithm):
         out = {"entropy_sampled": float(-(behav * gen).sum() / n)}
         if self.start_model is not None:
             start = torch.zeros_like(behav)
-            for r in self.micro_batches(batch, torch.arange(batch.num_rows, device=behav.device)):
+            rows = kl_rows(batch.num_rows, self.config.kl_start_rows).to(behav.device)
+            for r in self.micro_batches(batch, rows):
                 start[r] = self.trimmed(lambda i, a, g: self._rows_forward(self.start_model, i, a, positions=g,
                                                                              whole_softmax=True),
                                          batch, r, batch.gen_mask[r])[0]
-            out["kl_start"] = float(((behav - start) * gen).sum() / n)
+            sel = gen[rows]
+            if float(sel.sum()) > 0:
+                out["kl_start"] = float(((behav[rows] - start[rows]) * sel).sum() / sel.sum())
         return out
 
     def evaluation(self, it: int) -> dict:
