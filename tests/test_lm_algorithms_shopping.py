@@ -79,6 +79,15 @@ def test_iterations_log_the_diagnostics_a_researcher_needs(tmp_path):
     assert {"kl_start", "entropy_sampled", "zero_var_groups", "grad_norm"} <= set(header)
 
 
+def test_kl_start_on_a_subset_of_rows_is_zero_before_any_update(tmp_path):
+    """`kl_start_rows` smaller than the batch: the estimate reads those rows' own start log-probs (the first
+    iteration's rollouts come from the start itself, so it is ~0 however the rows are split into micro-batches)."""
+    algo = baselines.make("grpo", env_id=ENV, **{**SMALL, "group_size": 3, "tasks_per_iter": 3, "eval_episodes": 0},
+                          kl_start_rows=4, micro_batch_tokens=64)
+    res = algo.train(ENV, iterations=1, seed=0, out_dir=tmp_path, agent=_agent("concat"), progress=False)
+    assert abs(res.history[0]["kl_start"]) < 1e-5
+
+
 def test_zero_variance_groups_per_family():
     from shopsim.trajectory import Trajectory, Turn, zero_variance_groups
 

@@ -860,7 +860,8 @@ class LMAlgorithm(LoopAlgorithm):
         if self.start_model is not None:
             start = torch.zeros_like(behav)
             rows = kl_rows(batch.num_rows, self.config.kl_start_rows).to(behav.device)
-            for r in self.micro_batches(batch, rows):
+            for at in self.micro_batches(batch, rows):  # positions into `rows`
+                r = rows[at]
                 start[r] = self.trimmed(lambda i, a, g: self._rows_forward(self.start_model, i, a, positions=g,
                                                                              whole_softmax=True),
                                          batch, r, batch.gen_mask[r])[0]
