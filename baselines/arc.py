@@ -191,15 +191,14 @@ class ARC(LMAlgorithm):
         collect = self.rollout_collect()
 
         c = self.config
-        tasks = self.train_tasks(env_id, rng, c.tasks_per_iter)
-        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=c.tasks_per_iter)]
+        tasks, seeds, screen = self.iteration_tasks(env_id, agent, rng, env_kwargs=env_kwargs, env_fns=env_fns)
         plan = plan_strategies(c.strategies, c.tasks_per_iter, c.strategies_per_task, c.free_group, rng)
         per_task = c.group_size * len(plan[0])
         trajs = collect(env_id, agent, tasks=tasks, seeds=seeds, episodes=c.tasks_per_iter if tasks else None,
                         split="train", group_size=per_task, num_envs=c.num_envs, env_kwargs=env_kwargs,
                         reset_options=strategy_reset_options(plan, c.group_size, c.reset_options),
                         progress=progress, env_fns=env_fns, agent_seed=int(rng.integers(0, 2**31 - 1)))
-        m: dict = {"rollouts": len(trajs), "rollouts_per_task": per_task}
+        m: dict = {"rollouts": len(trajs), "rollouts_per_task": per_task, **screen}
         by: dict[str, list[Trajectory]] = {}
         for t in trajs:
             by.setdefault("free" if t.strategy is None else str(t.strategy), []).append(t)

@@ -322,14 +322,18 @@ class BASIS(LMAlgorithm):
 
         c = self.config
         pool = self.table["pool"]
-        idx = rng.choice(len(pool), size=c.tasks_per_iter, replace=c.tasks_per_iter > len(pool))
-        tasks = [pool[int(i)][0] for i in idx]
-        seeds = [int(pool[int(i)][1]) for i in idx]
+
+        def draw(r: np.random.Generator) -> tuple[list, list[int]]:
+            idx = r.choice(len(pool), size=c.tasks_per_iter, replace=c.tasks_per_iter > len(pool))
+            return [pool[int(i)][0] for i in idx], [int(pool[int(i)][1]) for i in idx]
+
+        tasks, seeds, screen = self.iteration_tasks(env_id, agent, rng, env_kwargs=env_kwargs, env_fns=env_fns,
+                                                    draw=draw)
         trajs = collect(env_id, agent, tasks=tasks, seeds=seeds, episodes=len(tasks), split="train",
                         group_size=c.group_size, num_envs=c.num_envs, env_kwargs=env_kwargs,
                         reset_options=dict(c.reset_options) or None, progress=progress, env_fns=env_fns,
                         agent_seed=int(rng.integers(0, 2**31 - 1)))
-        return trajs, {"rollouts": len(trajs)}
+        return trajs, {"rollouts": len(trajs), **screen}
 
     def reference_rewards(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """[N, n_ref] reference rewards of each trajectory's task and their mask (all False: not in the table)."""

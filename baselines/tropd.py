@@ -259,6 +259,11 @@ class PrefixGuidedAgent:
     def __getattr__(self, name):
         return getattr(self.student, name)
 
+    @property
+    def unguided(self):
+        """The student as it decodes alone (what `greedy_failed_share`'s screen plays)."""
+        return self.student
+
     @torch.no_grad()
     def act(self, observations, infos, slots):
         from agents.base import Decision

@@ -618,29 +618,45 @@ class LMAlgorithm(LoopAlgorithm):
         """G rollouts for each of `tasks_per_iter` tasks; returns (trajectories, metrics)."""
         collect = self.rollout_collect()
         c = self.config
-        tasks = self.train_tasks(env_id, rng, c.tasks_per_iter)
-        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=c.tasks_per_iter)]
-        screen: dict = {}
-        if c.greedy_failed_share > 0:
-            tasks, seeds, screen = self.prefer_greedy_failures(env_id, agent, tasks, seeds, rng, env_kwargs=env_kwargs,
-                                                               env_fns=env_fns)
+        tasks, seeds, screen = self.iteration_tasks(env_id, agent, rng, env_kwargs=env_kwargs, env_fns=env_fns)
         trajs = collect(env_id, agent, tasks=tasks, seeds=seeds, episodes=c.tasks_per_iter if tasks else None,
                         split="train", group_size=c.group_size, num_envs=c.num_envs, env_kwargs=env_kwargs,
                         reset_options=dict(c.reset_options) or None, progress=progress, env_fns=env_fns,
                         agent_seed=int(rng.integers(0, 2**31 - 1)))
         return trajs, {"rollouts": len(trajs), **screen}
 
+    def draw_tasks(self, env_id: str, rng: np.random.Generator) -> tuple[list | None, list[int]]:
+        """`tasks_per_iter` training tasks (`train_tasks`) and a reset seed for each."""
+        n = self.config.tasks_per_iter
+        return self.train_tasks(env_id, rng, n), [int(s) for s in rng.integers(0, 2**31 - 1, size=n)]
+
+    def iteration_tasks(self, env_id: str, agent, rng: np.random.Generator, *, env_kwargs=None, env_fns=None,
+                        draw=None) -> tuple[list | None, list[int], dict]:
+        """The iteration's tasks, their reset seeds and the screening metrics: `draw` (default `draw_tasks`) as it
+        comes, or with `greedy_failed_share` the episodes greedy decoding fails first (`prefer_greedy_failures`)."""
+        draw = draw or (lambda r: self.draw_tasks(env_id, r))
+        tasks, seeds = draw(rng)
+        if self.config.greedy_failed_share <= 0:
+            return tasks, seeds, {}
+        return self.prefer_greedy_failures(env_id, agent, tasks, seeds, rng, env_kwargs=env_kwargs, env_fns=env_fns,
+                                           draw=draw)
+
     def prefer_greedy_failures(self, env_id: str, agent, tasks: list | None, seeds: list[int],
-                               rng: np.random.Generator, *, env_kwargs=None, env_fns=None):
+                               rng: np.random.Generator, *, env_kwargs=None, env_fns=None, draw=None):
         """The iteration's (tasks, seeds) under `greedy_failed_share`: each candidate episode (task and reset seed) is
         played once with greedy decoding, and round(share · n) of the failed ones come first, then solved ones in
-        draw order (failed ones again when too few were solved). Rounds of n new candidates are drawn while fewer
-        failures than asked for were found, at most `screen_rounds`. Returns the chosen lists and the metrics
-        ``screen_rollouts``, ``screen_greedy_success`` (over every screened episode) and ``greedy_failed_tasks`` (the
-        share of the iteration's tasks that greedy decoding failed)."""
+        draw order (failed ones again when too few were solved). Rounds of n new candidates (`draw`, default
+        `draw_tasks`) are drawn while fewer failures than asked for were found, at most `screen_rounds`. Returns the
+        chosen lists and the metrics ``screen_rollouts``, ``screen_greedy_success`` (over every screened episode) and
+        ``greedy_failed_tasks`` (the share of the iteration's tasks that greedy decoding failed).
+
+        A rollout wrapper that guides the policy (TrOPD's teacher prefixes) names the policy's own agent `unguided`;
+        the screen plays that one: what greedy decoding of the policy fails."""
         from shopsim.rollout import collect
 
         c = self.config
+        agent = getattr(agent, "unguided", agent)
+        draw = draw or (lambda r: self.draw_tasks(env_id, r))
         if tasks is None:
             raise ConfigError(f"greedy_failed_share needs task ids; {env_id} draws its tasks from the reset seed")
         n = len(tasks)
@@ -655,8 +671,8 @@ class LMAlgorithm(LoopAlgorithm):
         try:
             for r in range(c.screen_rounds):
                 if r:
-                    tasks = self.train_tasks(env_id, rng, n) or []
-                    seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=n)]
+                    tasks, seeds = draw(rng)
+                    tasks = tasks or []
                 played = collect(env_id, agent, tasks=tasks, seeds=seeds, split="train", num_envs=c.num_envs,
                                  env_kwargs=env_kwargs, reset_options=dict(c.reset_options) or None, progress=False,
                                  env_fns=env_fns, agent_seed=int(rng.integers(0, 2**31 - 1)))
