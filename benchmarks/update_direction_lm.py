@@ -181,7 +181,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", default=None, help="the trained checkpoint folder (θ₁)")
-    p.add_argument("--label", default=None, help="the run's name in the table (default: its folder)")
+    p.add_argument("--label", action="append", default=None,
+                   help="the run's name in the table (default: its folder); with --from-json, one per file, in order")
     p.add_argument("--from-json", nargs="+", default=None, metavar="JSON",
                    help="no evaluation: write the table from results saved with --json (one block each)")
     p.add_argument("--start", default=None, help="the checkpoint it started from (default: the shipped agent)")
@@ -200,7 +201,13 @@ def main(argv=None) -> int:
     if args.from_json:
         if not args.results:
             p.error("--from-json writes a table: give --results DIR")
-        write_table([json.loads(Path(f).read_text()) for f in args.from_json], Path(args.results))
+        results = [json.loads(Path(f).read_text()) for f in args.from_json]
+        if args.label:
+            if len(args.label) != len(results):
+                p.error(f"{len(args.label)} --label for {len(results)} --from-json files; give one per file")
+            for res, label in zip(results, args.label, strict=True):
+                res["label"] = label
+        write_table(results, Path(args.results))
         return 0
     if args.run is None:
         p.error("give --run CKPT (or --from-json JSON ... --results DIR)")
@@ -210,7 +217,8 @@ def main(argv=None) -> int:
     res = run(args)
     res.update({"command": "python -m benchmarks.update_direction_lm "
                 + shlex.join(sys.argv[1:] if argv is None else argv),
-                "commit": git_commit(), "wall_s": time.perf_counter() - t0, "seed": args.seed, "label": args.label})
+                "commit": git_commit(), "wall_s": time.perf_counter() - t0, "seed": args.seed,
+                "label": args.label[0] if args.label else None})
     if "first_order" in res:
         print(f"first order {_ci(res['first_order'])}, second order {_ci(res['second_order'])}")
     if args.json:

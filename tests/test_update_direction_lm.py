@@ -43,9 +43,13 @@ def test_points_and_orders_are_consistent(moved, tmp_path):
         assert sum(fam.values()) / len(fam) == pytest.approx(p["success"])
     assert (tmp_path / "update_direction_lm.md").read_text().count("| θ₀ +") == 4
     # the table is rebuilt from saved results, one block per run
-    main(["--from-json", str(tmp_path / "r.json"), str(tmp_path / "r.json"), "--results", str(tmp_path / "t")])
+    main(["--from-json", str(tmp_path / "r.json"), str(tmp_path / "r.json"), "--results", str(tmp_path / "t"),
+          "--label", "first", "--label", "second"])
     table = (tmp_path / "t" / "update_direction_lm.md").read_text()
-    assert table.count("| θ₀ +") == 8 and table.count(f"| {res['run']} |") == 2
+    assert table.count("| θ₀ +") == 8 and "## first" in table and "| second |" in table
+    with pytest.raises(SystemExit):  # one label per file
+        main(["--from-json", str(tmp_path / "r.json"), "--results", str(tmp_path / "t"),
+              "--label", "a", "--label", "b"])
 
 
 def test_alpha_one_is_the_trained_checkpoint(moved):
