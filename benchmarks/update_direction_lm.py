@@ -7,7 +7,8 @@ For a trained checkpoint θ₁ (``--run``) and the checkpoint it started from θ
 agent), Δ = θ₁ − θ₀. The script measures greedy test success f on the learning benchmark's paired test episodes
 (`benchmarks.learning_lm`: the first ``--eval-episodes`` test tasks, families in turn, seeds ``EVAL_SEED + i``) at
 θ₀ + αΔ for α in ``--alphas`` (0 and 1 always), and at θ₀ + Δ ⊙ s for ``--controls`` random sign patterns s with
-one sign per output row of each weight matrix (the same per-row sizes as the update, a random direction).
+one sign per output row of each weight matrix (the same per-row sizes as the update, a random direction); with
+``--classes``, also at θ₀ ± Δ restricted to one parameter class (embedding, attention, MLP, norm weights).
 
 A second-order expansion of f along the update separates the two:
 
@@ -92,6 +93,15 @@ def run(args) -> dict:
     for a in sorted({0.0, 1.0, *args.alphas}):
         points[f"alpha={a:g}"] = at(lambda k, d, a=a: a * d)
         print(f"alpha {a:g}: {sum(s for _, s in points[f'alpha={a:g}']) / len(tasks):.4f}", flush=True)
+    if getattr(args, "classes", False):  # ±Δ restricted to one parameter class (grad_noise_lm's classes)
+        from benchmarks.grad_noise_lm import MODULE_CLASSES
+
+        for cls, marks in MODULE_CLASSES.items():
+            part = {k for k in delta if any(m in k for m in marks)}
+            for sign in (1.0, -1.0):
+                key = f"{cls}:alpha={sign:g}"
+                points[key] = at(lambda k, d, part=part, sign=sign: sign * d if k in part else 0.0 * d)
+                print(f"{cls} only, alpha {sign:g}: {sum(s for _, s in points[key]) / len(tasks):.4f}", flush=True)
     gen = torch.Generator().manual_seed(args.seed)
     for i in range(args.controls):
         signs = {k: row_signs(d, gen) for k, d in delta.items()}
@@ -110,6 +120,15 @@ def run(args) -> dict:
             "gain": _interval([x - b for x, b in zip(xs, base, strict=True)]),
             "success_family": {f: sum(x for (g, _), x in zip(res, xs, strict=True) if g == f)
                                / sum(1 for g, _ in res if g == f) for f in fams}}
+    classes = sorted({k.split(":")[0] for k in points if ":" in k})
+    if classes:
+        out["classes"] = {}
+        for cls in classes:
+            plus = [float(s) for _, s in points[f"{cls}:alpha=1"]]
+            minus = [float(s) for _, s in points[f"{cls}:alpha=-1"]]
+            out["classes"][cls] = {
+                "first_order": _interval([(a - b) / 2 for a, b in zip(plus, minus, strict=True)]),
+                "second_order": _interval([(a + b) / 2 - c for a, b, c in zip(plus, minus, base, strict=True)])}
     if "alpha=-1" in points:
         plus = [float(s) for _, s in points["alpha=1"]]
         minus = [float(s) for _, s in points["alpha=-1"]]
@@ -152,7 +171,12 @@ def write_table(results: list[dict], directory: Path) -> None:
                   "| weights | success | gain over the start (95% CI) | episodes changed | " + " | ".join(fams) + " |",
                   "|---|---|---|---|" + "---|" * len(fams)]
         for key, pt in res["points"].items():
-            label = "θ₀ + " + (f"{key.split('=')[1]}·Δ" if key.startswith("alpha") else f"Δ ⊙ s ({key})")
+            if key.startswith("alpha"):
+                label = f"θ₀ + {key.split('=')[1]}·Δ"
+            elif ":" in key:
+                label = f"θ₀ + {key.split('=')[1]}·Δ ({key.split(':')[0]} only)"
+            else:
+                label = f"θ₀ + Δ ⊙ s ({key})"
             lines.append(f"| {label} | {pt['success']:.4f} | {_ci(pt['gain'])} | {pt['changed']} | "
                          + " | ".join(f"{pt['success_family'][f]:.2f}" for f in fams) + " |")
         controls = [pt["gain"]["mean"] for k, pt in res["points"].items() if k.startswith("row-signs")]
@@ -160,6 +184,10 @@ def write_table(results: list[dict], directory: Path) -> None:
             lines += ["", "| family | first order | second order |", "|---|---|---|"]
             lines += [f"| {f} | {_ci(res['first_order_family'][f])} | {_ci(res['second_order_family'][f])} |"
                       for f in fams]
+            if res.get("classes"):
+                lines += ["", "| Δ of one parameter class only | first order | second order |", "|---|---|---|"]
+                lines += [f"| {c} | {_ci(v['first_order'])} | {_ci(v['second_order'])} |"
+                          for c, v in res["classes"].items()]
             pts = res["points"]
             summary.append(f"| {name} | {res['delta_norm']:.3f} | {pts['alpha=0']['success']:.4f} | "
                            f"{pts['alpha=1']['success']:.4f} | {_ci(res['first_order'])} | "
@@ -189,6 +217,8 @@ def main(argv=None) -> int:
     p.add_argument("--alphas", type=float, nargs="*", default=[-1.0, 0.5],
                    help="steps along the update besides 0 and 1 (−1 is needed for the first/second-order split)")
     p.add_argument("--controls", type=int, default=2, help="random row-sign patterns of the update")
+    p.add_argument("--classes", action="store_true",
+                   help="also ±Δ of each parameter class alone (embedding, attention, mlp, norm)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random signs")
     p.add_argument("--eval-episodes", type=int, default=400)
     p.add_argument("--max-turns", type=int, default=40, help="the learning benchmark's turn limit")

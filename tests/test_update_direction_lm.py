@@ -27,10 +27,15 @@ def test_points_and_orders_are_consistent(moved, tmp_path):
     from benchmarks.update_direction_lm import main
 
     main(["--run", str(moved), "--eval-episodes", "12", "--alphas", "-1", "--controls", "1", "--num-envs", "12",
+          "--classes",
           "--threads", "1", "--json", str(tmp_path / "r.json"), "--results", str(tmp_path)])
     res = json.loads((tmp_path / "r.json").read_text())
     pts = res["points"]
-    assert set(pts) == {"alpha=-1", "alpha=0", "alpha=1", "row-signs-0"}
+    assert set(pts) == {"alpha=-1", "alpha=0", "alpha=1", "row-signs-0"} | {
+        f"{c}:alpha={a}" for c in ("embedding", "attention", "mlp", "norm") for a in (1, -1)}
+    for c, v in res["classes"].items():
+        plus, minus = pts[f"{c}:alpha=1"]["success"], pts[f"{c}:alpha=-1"]["success"]
+        assert v["first_order"]["mean"] == pytest.approx((plus - minus) / 2)
     assert pts["alpha=0"]["changed"] == 0 and pts["alpha=0"]["gain"]["mean"] == 0
     assert res["delta_norm"] > 0
     f = {a: pts[f"alpha={a}"]["success"] for a in (-1, 0, 1)}
@@ -41,12 +46,12 @@ def test_points_and_orders_are_consistent(moved, tmp_path):
     for p in pts.values():  # per-family success averages to the overall (families take turns: equal counts)
         fam = p["success_family"]
         assert sum(fam.values()) / len(fam) == pytest.approx(p["success"])
-    assert (tmp_path / "update_direction_lm.md").read_text().count("| θ₀ +") == 4
+    assert (tmp_path / "update_direction_lm.md").read_text().count("| θ₀ +") == 12
     # the table is rebuilt from saved results, one block per run
     main(["--from-json", str(tmp_path / "r.json"), str(tmp_path / "r.json"), "--results", str(tmp_path / "t"),
           "--label", "first", "--label", "second"])
     table = (tmp_path / "t" / "update_direction_lm.md").read_text()
-    assert table.count("| θ₀ +") == 8 and "## first" in table and "| second |" in table
+    assert table.count("| θ₀ +") == 24 and "## first" in table and "| second |" in table
     with pytest.raises(SystemExit):  # one label per file
         main(["--from-json", str(tmp_path / "r.json"), "--results", str(tmp_path / "t"),
               "--label", "a", "--label", "b"])
