@@ -329,7 +329,7 @@ class BASIS(LMAlgorithm):
 
         tasks, seeds, screen = self.iteration_tasks(env_id, agent, rng, env_kwargs=env_kwargs, env_fns=env_fns,
                                                     draw=draw)
-        trajs = collect(env_id, agent, tasks=tasks, seeds=seeds, episodes=len(tasks), split="train",
+        trajs = collect(env_id, agent, tasks=tasks, seeds=seeds, episodes=len(seeds), split="train",
                         group_size=c.group_size, num_envs=c.num_envs, env_kwargs=env_kwargs,
                         reset_options=dict(c.reset_options) or None, progress=progress, env_fns=env_fns,
                         agent_seed=int(rng.integers(0, 2**31 - 1)))
