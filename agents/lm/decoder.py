@@ -346,12 +346,11 @@ class SlotDecoder:
             raw += np.asarray(gen, dtype=np.int64).tobytes()
         w = _TOKEN_BYTES
         length = len(raw) // w
-        hay = memoryview(raw)[: (length - 1) * w].tobytes()  # every window must end before the last token
         for n in range(min(DRAFT_NGRAM, length - 1), 0, -1):
             pat = raw[(length - n) * w:]
-            at = hay.rfind(pat)
+            at = raw.rfind(pat, 0, (length - 1) * w)  # a match must end before the last token
             while at > 0 and at % w:  # a match across token boundaries: look further left
-                at = hay.rfind(pat, 0, at + len(pat) - 1)
+                at = raw.rfind(pat, 0, at + len(pat) - 1)
             if at >= 0:
                 start = at // w + n
                 return np.frombuffer(raw, dtype=np.int64, count=min(k, length - start),
