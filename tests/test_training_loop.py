@@ -299,3 +299,20 @@ def test_lm_run_trains_at_the_scheduled_learning_rate(tmp_path):
 def test_bad_lr_decay_is_a_config_error():
     with pytest.raises(ConfigError, match="lr_decay"):
         baselines.make("grpo", env_id="shopsim/Shopping-v0", **LM_CFG, lr_decay="step")
+
+
+def test_a_run_saved_before_a_neutral_field_existed_still_resumes(tmp_path):
+    """A config field added later (`DIGEST_NEUTRAL`) is absent from the state of runs saved before it: at its
+    neutral value such a run resumes; at another value it is refused like any other change of config."""
+    from baselines.core.loop import DIGEST_NEUTRAL
+    from shopsim.statefile import load_state, save_state
+
+    _train("lm_ppo", tmp_path / "run", iterations=1)
+    path = tmp_path / "run" / STATE_FILE
+    state = load_state(path)
+    assert state["identity"]["config"]["negative_advantage_scale"] == DIGEST_NEUTRAL["negative_advantage_scale"]
+    del state["identity"]["config"]["negative_advantage_scale"]  # as written before the field existed
+    save_state(path, state)
+    with pytest.raises(ConfigError, match="config field negative_advantage_scale"):
+        _train("lm_ppo", tmp_path / "run", iterations=2, negative_advantage_scale=0.5)
+    assert _train("lm_ppo", tmp_path / "run", iterations=2).resumed_from == 1

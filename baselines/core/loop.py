@@ -60,7 +60,8 @@ RESUME_FREE_FIELDS = frozenset({"checkpoint_every", "log_kl_start", "kl_start_ro
 #: config fields added after runs were recorded, at the value that computes what those runs computed: left out of
 #: the digest while they hold it, so the recorded runs (whose run.json lacks them) keep their digest
 DIGEST_NEUTRAL = {"train_task_ids": [], "top_p": 1.0, "lr_warmup_iters": 0, "lr_decay": "constant",
-                  "logprob_nucleus": False, "greedy_failed_share": 0.0, "screen_rounds": 4}
+                  "logprob_nucleus": False, "greedy_failed_share": 0.0, "screen_rounds": 4,
+                  "negative_advantage_scale": 1.0}
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
 STATE_FORMAT = 3
 
@@ -265,8 +266,10 @@ class LoopAlgorithm(Algorithm):
         saved = state["identity"]
 
         def strip(ident: dict) -> dict:
+            # a field added after the run was saved matches it at its neutral value (as in `config_digest`)
             return {**ident, "config": {k: v for k, v in ident.get("config", {}).items()
-                                        if k not in RESUME_FREE_FIELDS}}
+                                        if k not in RESUME_FREE_FIELDS
+                                        and not (k in DIGEST_NEUTRAL and v == DIGEST_NEUTRAL[k])}}
 
         saved, identity = strip(saved), strip(identity)
         if saved != identity:
