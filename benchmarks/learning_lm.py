@@ -117,6 +117,9 @@ def _algo(name: str, args, env_kwargs: dict, **over):
         # succeed), which would make the row plain GRPO: sample unprompted at the rollout temperature and let the
         # adherence check assign the correct samples to strategies (midtrain's [derived] fallback)
         per.update(strategy_prompt=False, exemplar=False, gen_temperature=args.temperature)
+    neg = getattr(args, "negative_advantage_scale", 1.0)
+    if neg != 1.0:
+        per["negative_advantage_scale"] = neg
     share = getattr(args, "greedy_failed_share", 0.0)
     if share:
         per["greedy_failed_share"] = share
@@ -565,11 +568,12 @@ def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
                  "screen_samples", "top_p", "pool_balance", "kl_coef", "lr_warmup", "lr_decay",
-                 "loss_agg", "reward_scheme", "greedy_failed_share")
+                 "loss_agg", "reward_scheme", "greedy_failed_share", "negative_advantage_scale")
 #: protocol options added after tables were recorded, at the value those tables were measured under
 PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0,
                      "pool_balance": "none", "kl_coef": None, "lr_warmup": 0, "lr_decay": "constant",
-                     "loss_agg": None, "reward_scheme": "loose", "greedy_failed_share": 0.0}
+                     "loss_agg": None, "reward_scheme": "loose", "greedy_failed_share": 0.0,
+                     "negative_advantage_scale": 1.0}
 
 
 def protocol_of(args) -> dict:
@@ -758,6 +762,9 @@ def add_protocol_arguments(p) -> None:
     p.add_argument("--greedy-failed-share", type=float, default=0.0,
                    help="share of every iteration's tasks drawn among those the current policy fails greedily (each "
                         "candidate played once with greedy decoding first; 0: tasks as drawn)")
+    p.add_argument("--negative-advantage-scale", type=float, default=1.0,
+                   help="factor on every negative advantage of every algorithm (1: as published; 0: only rollouts "
+                        "better than their baseline are reinforced; `negative_advantage_scale` in the core config)")
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)

@@ -256,3 +256,32 @@ def test_minibatches_keep_rollout_groups_whole():
     perm = torch.randperm(batch.num_rows, generator=torch.Generator().manual_seed(0))
     assert [p.tolist() for p in row_parts] == [p.sort().values.tolist() for p in torch.tensor_split(perm, 2)]
     assert any(abs(float(first[rows].sum())) > 1e-3 for rows in row_parts)
+
+
+def test_negative_advantage_scale_weighs_only_the_negative_part():
+    """`negative_advantage_scale` multiplies the negative advantages and nothing else: at the first step (ratio 1)
+    the policy loss is linear in the advantages, so L(0.5) is the mean of L(0) and L(1); L(0) keeps only the
+    reinforced rollouts (a negative loss, its failing rows left out of the passes) and L(1) is plain GRPO."""
+    import copy
+
+    from baselines.core.batch import build_batch
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent()
+    trajs = collect("toy", agent, seeds=[1, 2, 3], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
+    for i, t in enumerate(trajs):  # one success per group: one positive and three negative advantages
+        for turn in t.turns:
+            turn.reward = float(i % 4 == 0)
+    batch = build_batch(trajs)
+    out = {}
+    for s in (1.0, 0.5, 0.0):
+        algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", group_size=4, lr=1e-6,
+                              recompute_old_logp=True, negative_advantage_scale=s)
+        algo.setup(copy.deepcopy(agent))
+        out[s] = algo.update(batch, generator=torch.Generator().manual_seed(0))
+    loss = {s: m["loss_policy"] for s, m in out.items()}
+    assert loss[0.5] == pytest.approx((loss[0.0] + loss[1.0]) / 2, abs=1e-5)
+    assert loss[0.0] < -0.1 and loss[1.0] > loss[0.0] + 0.1
+    assert out[0.0]["rows_skipped_zero_adv"] > out[1.0].get("rows_skipped_zero_adv", 0)
+    with pytest.raises(Exception, match="negative_advantage_scale"):
+        baselines.make("grpo", env_id="shopsim/Shopping-v0", negative_advantage_scale=-1.0)

@@ -93,6 +93,11 @@ class LMConfig:
     sequence then over sequences, or summed per sequence."""
     normalize_advantage: bool = False
     """Whiten advantages over all generated tokens of the batch."""
+    negative_advantage_scale: float = bounded(1.0, min=0)
+    """Factor on every negative token advantage, after the algorithm's estimator (and the optional whitening): the
+    weighting of negative against positive sample reinforcement of Zhu et al. 2025 (arXiv 2506.01347, §3; their
+    W-REINFORCE weighs the positive part instead). 1: the algorithm as published; 0: only rollouts better than their
+    baseline are reinforced (the update then cannot push a sampled token down)."""
     kl_coef: float = bounded(0.0, min=0)
     """β of the KL penalty to the frozen reference policy in the loss (0: no reference copy is kept)."""
     kl_kind: Literal["k1", "k3"] = "k3"

@@ -443,6 +443,8 @@ class LMAlgorithm(LoopAlgorithm):
         adv = advs.adv * gen
         if c.normalize_advantage:
             adv = masked_whiten(adv, tok_mask)
+        if c.negative_advantage_scale != 1.0:
+            adv = torch.where(adv < 0, adv * c.negative_advantage_scale, adv)
         metrics: dict[str, float] = {k: float(v) for k, v in advs.metrics.items()}
         metrics["adv_mean"] = float(masked_mean(adv, tok_mask))
         if advs.returns is not None and ctx.values is not None:
