@@ -132,6 +132,7 @@ def _algo(name: str, args, env_kwargs: dict, **over):
                   task_families=tuple(getattr(args, "families", FAMILIES)), eval_split="dev,test",
                   eval_episodes=args.eval_episodes,
                   eval_every=args.eval_every, eval_seed=EVAL_SEED, num_envs=num_envs(args),
+                  eval_sampled=getattr(args, "eval_sampled", False),
                   # state after every iteration: a run the session stops (TrOPD, VAPO: long) resumes where it was
                   checkpoint_every=1)
     return baselines.make(name, env_id=ENV, **{**common, **per, **over})
@@ -765,6 +766,10 @@ def add_protocol_arguments(p) -> None:
     p.add_argument("--negative-advantage-scale", type=float, default=1.0,
                    help="factor on every negative advantage of every algorithm (1: as published; 0: only rollouts "
                         "better than their baseline are reinforced; `negative_advantage_scale` in the core config)")
+    p.add_argument("--eval-sampled", action="store_true",
+                   help="at every evaluation also play the same episodes once at the rollout sampling setting "
+                        "(metrics.csv: dev_sampled_success, test_sampled_success and per family); not a protocol "
+                        "option, it changes no run")
     p.add_argument("--critic-lr", type=float, default=1e-4)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=15)

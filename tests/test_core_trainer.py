@@ -285,3 +285,34 @@ def test_negative_advantage_scale_weighs_only_the_negative_part():
     assert out[0.0]["rows_skipped_zero_adv"] > out[1.0].get("rows_skipped_zero_adv", 0)
     with pytest.raises(Exception, match="negative_advantage_scale"):
         baselines.make("grpo", env_id="shopsim/Shopping-v0", negative_advantage_scale=-1.0)
+
+
+def test_eval_sampled_plays_the_same_episodes_at_the_rollout_setting():
+    """`eval_sampled` adds the sampled success of the evaluation episodes (the shipped agent at the rollout
+    temperature, per-episode streams) and leaves the greedy figures as they were; the agent is greedy again
+    afterwards, and the sampled figures are what sampling those episodes gives."""
+    import agents
+    from agents.lm.agent import default_checkpoint_dir
+    from baselines.core.tasks import eval_tasks
+    from shopsim.rollout import collect
+
+    env = "shopsim/Shopping-v0"
+    kw = dict(eval_episodes=8, num_envs=8, eval_split="test", temperature=1.5)
+    plain = baselines.make("grpo", env_id=env, **kw)
+    both = baselines.make("grpo", env_id=env, eval_sampled=True, **kw)
+    agent = agents.load_checkpoint(default_checkpoint_dir(), env_id=env)
+    plain.configure_agent(agent)
+    agent.sampling.greedy = True
+    opts = agent.env_kwargs  # the checkpoint's rendering
+    a = plain.evaluate(env, agent, seed=7, env_kwargs=opts)
+    b = both.evaluate(env, agent, seed=7, env_kwargs=opts)
+    assert agent.sampling.greedy
+    assert {k: v for k, v in b.items() if "sampled" not in k} == a
+    agent.sampling.greedy = False
+    drawn = collect(env, agent, tasks=eval_tasks(env, "test", 8), seeds=[7 + i for i in range(8)], split="test",
+                    num_envs=8, env_kwargs=opts, progress=False, agent_seed=7)
+    assert b["test_sampled_success"] == pytest.approx(sum(t.success for t in drawn) / 8)
+    fams = {t.meta.get("family") for t in drawn}
+    assert {k.split("/")[1] for k in b if k.startswith("test_sampled_success/")} == fams
+    # at T = 1.5 the shipped agent's draws fail where greedy decoding succeeds (0.375 against 0.75)
+    assert b["test_sampled_success"] < b["test_success"]

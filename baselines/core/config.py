@@ -184,6 +184,11 @@ class LMConfig:
     """Split(s) to evaluate on, comma-separated (e.g. "dev,test")."""
     eval_greedy: bool = True
     """Evaluate with greedy decoding (False: sample at `temperature`)."""
+    eval_sampled: bool = False
+    """Also play the same evaluation episodes (same tasks and reset seeds) once with the rollouts' own sampling
+    (`temperature`, `top_p`; per-episode streams seeded from the eval seed), logged as ``{split}_sampled_success``
+    and per family: the objective RL climbs, next to the greedy success a table reports. Evaluation only, so not
+    part of the config digest."""
     eval_seed: int | None = None
     """Seed of the evaluation episodes (episode i gets eval_seed + i); None: 10_000 + the training seed. A fixed
     value evaluates every run on the same episodes (paired comparisons across seeds and algorithms)."""

@@ -56,7 +56,7 @@ LEGACY_STATE_FILE = "state.pt"
 #: config fields that only say how often the run is saved or what it logs, not what it computes: a run may be
 #: resumed with another value (e.g. a run started with state only at its end, continued with a state after every
 #: iteration), and recorded runs keep their digest when a logging option is added
-RESUME_FREE_FIELDS = frozenset({"checkpoint_every", "log_kl_start", "kl_start_rows"})
+RESUME_FREE_FIELDS = frozenset({"checkpoint_every", "log_kl_start", "kl_start_rows", "eval_sampled"})
 #: config fields added after runs were recorded, at the value that computes what those runs computed: left out of
 #: the digest while they hold it, so the recorded runs (whose run.json lacks them) keep their digest
 DIGEST_NEUTRAL = {"train_task_ids": [], "top_p": 1.0, "lr_warmup_iters": 0, "lr_decay": "constant",

@@ -709,10 +709,21 @@ class LMAlgorithm(LoopAlgorithm):
             for split in [s for s in c.eval_split.split(",") if s]:
                 tasks = eval_tasks(env_id, split, c.eval_episodes, families=c.task_families)
                 n = c.eval_episodes if tasks is None else len(tasks)
-                trajs = collect(env_id, agent, tasks=tasks, seeds=[seed + i for i in range(n)],
-                                episodes=n if tasks is None else None, split=split, num_envs=c.num_envs,
-                                env_kwargs=env_kwargs, progress=False, env_fns=env_fns,
-                                reset_options=dict(c.reset_options) or None, agent_seed=seed)
+
+                def play(tasks=tasks, n=n, split=split):
+                    return collect(env_id, agent, tasks=tasks, seeds=[seed + i for i in range(n)],
+                                   episodes=n if tasks is None else None, split=split, num_envs=c.num_envs,
+                                   env_kwargs=env_kwargs, progress=False, env_fns=env_fns,
+                                   reset_options=dict(c.reset_options) or None, agent_seed=seed)
+
+                if c.eval_sampled and samp is not None and old is not None:
+                    samp.greedy = False
+                    sampled = play()
+                    samp.greedy = c.eval_greedy
+                    out[f"{split}_sampled_success"] = float(np.mean([t.success for t in sampled]))
+                    out.update({f"{split}_sampled_success/{fam}": v
+                                for fam, v in success_by_family(sampled).items()})
+                trajs = play()
                 out[f"{split}_success"] = float(np.mean([t.success for t in trajs]))
                 out[f"{split}_score"] = float(np.mean([t.score for t in trajs]))
                 out[f"{split}_turns"] = float(np.mean([t.num_turns for t in trajs]))
