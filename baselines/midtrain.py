@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,7 +37,7 @@ from typing import Literal
 import numpy as np
 
 from baselines.core.advantages import GroupOutcomeConfig
-from baselines.core.trainer import LMAlgorithm
+from baselines.core.trainer import LMAlgorithm, sampling_as
 from shopsim.configs import bounded
 from shopsim.errors import ConfigError
 from shopsim.paths import write_text_atomic
@@ -311,12 +312,10 @@ def generate_dataset(env_id: str, agent, config: MidTrainConfig, out_dir: Path, 
     prompt = c.strategy_prompt and not star
     exemplars = {} if (not prompt or not c.exemplar) else make_exemplars(env_id, c.strategies, env_kwargs, ex_tasks,
                                                                    seed=int(rng.integers(0, 2**31 - 1)))
-    samp = getattr(agent, "sampling", None)
-    saved = (samp.temperature, samp.greedy) if samp is not None else None
-    if samp is not None:
-        samp.temperature, samp.greedy = c.gen_temperature, False
+    sampling = (sampling_as(agent, temperature=c.gen_temperature, greedy=False)
+                if getattr(agent, "sampling", None) is not None else nullcontext())
     kept, cands = [], []
-    try:
+    with sampling:
         for s in dict.fromkeys(s for _, s in pairs):
             group_tasks = [t for t, st in pairs if st == s]
             seeds = [int(x) for x in rng.integers(0, 2**31 - 1, size=len(group_tasks))]
@@ -332,9 +331,6 @@ def generate_dataset(env_id: str, agent, config: MidTrainConfig, out_dir: Path, 
                     best.strategy = best.strategy or (None if star else s)  # the label, when not prompted
                     best.meta = {**best.meta, "midtrain_strategy": s, "midtrain_data": c.data}
                     kept.append(best)
-    finally:
-        if samp is not None and saved is not None:  # (saved is set exactly when samp is)
-            samp.temperature, samp.greedy = saved
     if kept:
         write_dataset(out_dir / "data.parquet", kept, metadata={"env_id": env_id, "midtrain": {
             "data": c.data, "strategies": list(c.strategies), "candidates": c.candidates}})

@@ -230,6 +230,7 @@ def screen_pool(start_dir: Path, args, env_kwargs: dict) -> dict:
     update can change what greedy decoding does."""
     from agents.lm.agent import LMAgent
     from baselines.core.tasks import sample_tasks
+    from baselines.core.trainer import sampling_as
     from shopsim.paths import write_text_atomic
     from shopsim.rollout import collect
 
@@ -250,13 +251,10 @@ def screen_pool(start_dir: Path, args, env_kwargs: dict) -> dict:
                         split="train", num_envs=num_envs(args), env_kwargs=env_kwargs, progress=False,
                         agent_seed=SCREEN_SEED)
         wins = [sum(bool(t.success) for t in trajs[i * k:(i + 1) * k]) for i in range(len(tasks))]
-        agent.sampling.greedy = True
-        try:
+        with sampling_as(agent, greedy=True):
             greedy = [bool(t.success) for t in collect(
                 ENV, agent, tasks=tasks, seeds=[SCREEN_SEED + i for i in range(len(tasks))], split="train",
                 num_envs=num_envs(args), env_kwargs=env_kwargs, progress=False, agent_seed=SCREEN_SEED)]
-        finally:
-            agent.sampling.greedy = False
         kept = sorted({int(t) for t, w in zip(tasks, wins, strict=True) if 0 < w < k})
         solved = [w / k for w, g in zip(wins, greedy, strict=True) if g]
         failed = [w / k for w, g in zip(wins, greedy, strict=True) if not g]

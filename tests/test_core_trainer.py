@@ -316,3 +316,23 @@ def test_eval_sampled_plays_the_same_episodes_at_the_rollout_setting():
     assert {k.split("/")[1] for k in b if k.startswith("test_sampled_success/")} == fams
     # at T = 1.5 the shipped agent's draws fail where greedy decoding succeeds (0.375 against 0.75)
     assert b["test_sampled_success"] < b["test_success"]
+
+
+def test_sampling_as_restores_the_agent_however_the_block_ends():
+    """`sampling_as` sets sampling fields for a block and puts the old ones back, also when the block raises; an
+    agent without the field is a config error that names it."""
+    from types import SimpleNamespace
+
+    from baselines.core.trainer import sampling_as
+    from shopsim.errors import ConfigError
+
+    agent = SimpleNamespace(sampling=SimpleNamespace(greedy=False, temperature=1.0))
+    with sampling_as(agent, greedy=True, temperature=0.5):
+        assert agent.sampling.greedy is True and agent.sampling.temperature == 0.5
+    assert agent.sampling.greedy is False and agent.sampling.temperature == 1.0
+    with pytest.raises(RuntimeError), sampling_as(agent, greedy=True):
+        raise RuntimeError("a collect that fails")
+    assert agent.sampling.greedy is False
+    with pytest.raises(ConfigError, match="agent.sampling.top_p"), sampling_as(agent, top_p=0.9):
+        pass
+    assert not hasattr(agent.sampling, "top_p")

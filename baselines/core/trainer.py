@@ -36,6 +36,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -63,7 +65,8 @@ from .losses import (
 from .stats import explained_variance, masked_mean, masked_whiten
 from .value_head import ValueModel
 
-__all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "MicroBatch", "Forward", "forward_policy", "body_inputs"]
+__all__ = ["LMConfig", "LMAlgorithm", "Advantages", "Ctx", "MicroBatch", "Forward", "forward_policy", "body_inputs",
+           "sampling_as"]
 
 
 def body_inputs(attention_mask: torch.Tensor, *, causal_only: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -156,6 +159,24 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
         coll = torch.cat([torch.zeros_like(coll[:, :1]), coll], dim=1)
         return lp, ent, last, coll
     return lp, ent, last
+
+
+@contextmanager
+def sampling_as(agent, **fields) -> Iterator[None]:
+    """Set fields of ``agent.sampling`` (``greedy``, ``temperature``, ...) for the block and put the old values back
+    however it ends. Raises `ConfigError` naming the missing field when the agent has no such sampling option."""
+    samp = getattr(agent, "sampling", None)
+    missing = [k for k in fields if samp is None or not hasattr(samp, k)]
+    if missing:
+        raise ConfigError(f"this needs an agent with {', '.join(f'agent.sampling.{k}' for k in missing)}")
+    saved = {k: getattr(samp, k) for k in fields}
+    for k, v in fields.items():
+        setattr(samp, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(samp, k, v)
 
 
 def kl_rows(num_rows: int, most: int) -> torch.Tensor:
@@ -668,9 +689,7 @@ class LMAlgorithm(LoopAlgorithm):
         samp = getattr(agent, "sampling", None)
         if samp is None or not hasattr(samp, "greedy"):
             raise ConfigError("greedy_failed_share needs an agent with greedy decoding (agent.sampling.greedy)")
-        old = samp.greedy
-        samp.greedy = True
-        try:
+        with sampling_as(agent, greedy=True):
             for r in range(c.screen_rounds):
                 if r:
                     tasks, seeds = draw(rng)
@@ -682,8 +701,6 @@ class LMAlgorithm(LoopAlgorithm):
                     (solved if tr.success else failed).append((int(t), int(s)))
                 if len(failed) >= want:
                     break
-        finally:
-            samp.greedy = old
         take = failed[:want]
         chosen = take + (solved + failed[want:])[: n - len(take)]
         screened, bad = len(failed) + len(solved), set(failed)
@@ -700,12 +717,10 @@ class LMAlgorithm(LoopAlgorithm):
         c = self.config
         if c.eval_episodes == 0:
             return {}
-        samp = getattr(agent, "sampling", None)
-        old = getattr(samp, "greedy", None)
-        if samp is not None and old is not None:
-            samp.greedy = c.eval_greedy
+        # agents without a greedy switch (a scripted or toy agent) are evaluated as they decode
+        switch = hasattr(getattr(agent, "sampling", None), "greedy")
         out = {}
-        try:
+        with sampling_as(agent, greedy=c.eval_greedy) if switch else nullcontext():
             for split in [s for s in c.eval_split.split(",") if s]:
                 tasks = eval_tasks(env_id, split, c.eval_episodes, families=c.task_families)
                 n = c.eval_episodes if tasks is None else len(tasks)
@@ -716,10 +731,9 @@ class LMAlgorithm(LoopAlgorithm):
                                    env_kwargs=env_kwargs, progress=False, env_fns=env_fns,
                                    reset_options=dict(c.reset_options) or None, agent_seed=seed)
 
-                if c.eval_sampled and samp is not None and old is not None:
-                    samp.greedy = False
-                    sampled = play()
-                    samp.greedy = c.eval_greedy
+                if c.eval_sampled and switch:
+                    with sampling_as(agent, greedy=False):
+                        sampled = play()
                     out[f"{split}_sampled_success"] = float(np.mean([t.success for t in sampled]))
                     out.update({f"{split}_sampled_success/{fam}": v
                                 for fam, v in success_by_family(sampled).items()})
@@ -731,9 +745,6 @@ class LMAlgorithm(LoopAlgorithm):
                 # how the policy talks when no strategy is instructed (ARC's check): question share, latency proxy
                 out.update({f"{split}_{k}": v for k, v in style_metrics(trajs).items()})
                 out.update(self.eval_trajectory_metrics(split, trajs))
-        finally:
-            if samp is not None and old is not None:
-                samp.greedy = old
         return out
 
     def pretrain_critic(self, env_id: str, agent, rng: np.random.Generator, steps: int, batches: int = 2) -> dict:
