@@ -335,4 +335,7 @@ def test_sampling_as_restores_the_agent_however_the_block_ends():
     assert agent.sampling.greedy is False
     with pytest.raises(ConfigError, match="agent.sampling.top_p"), sampling_as(agent, top_p=0.9):
         pass
+    with pytest.raises(ConfigError, match="greedy_failed_share needs an agent with agent.sampling.greedy"):
+        with sampling_as(object(), needed_by="greedy_failed_share", greedy=True):
+            pass
     assert not hasattr(agent.sampling, "top_p")

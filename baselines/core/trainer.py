@@ -162,13 +162,14 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
 
 
 @contextmanager
-def sampling_as(agent, **fields) -> Iterator[None]:
+def sampling_as(agent, *, needed_by: str = "this", **fields) -> Iterator[None]:
     """Set fields of ``agent.sampling`` (``greedy``, ``temperature``, ...) for the block and put the old values back
-    however it ends. Raises `ConfigError` naming the missing field when the agent has no such sampling option."""
+    however it ends. Raises `ConfigError` naming the missing field (and `needed_by`, the option that asked for it)
+    when the agent has no such sampling option."""
     samp = getattr(agent, "sampling", None)
     missing = [k for k in fields if samp is None or not hasattr(samp, k)]
     if missing:
-        raise ConfigError(f"this needs an agent with {', '.join(f'agent.sampling.{k}' for k in missing)}")
+        raise ConfigError(f"{needed_by} needs an agent with {', '.join(f'agent.sampling.{k}' for k in missing)}")
     saved = {k: getattr(samp, k) for k in fields}
     for k, v in fields.items():
         setattr(samp, k, v)
@@ -686,10 +687,7 @@ class LMAlgorithm(LoopAlgorithm):
         want = round(c.greedy_failed_share * n)
         failed: list[tuple[int, int]] = []
         solved: list[tuple[int, int]] = []
-        samp = getattr(agent, "sampling", None)
-        if samp is None or not hasattr(samp, "greedy"):
-            raise ConfigError("greedy_failed_share needs an agent with greedy decoding (agent.sampling.greedy)")
-        with sampling_as(agent, greedy=True):
+        with sampling_as(agent, needed_by="greedy_failed_share", greedy=True):
             for r in range(c.screen_rounds):
                 if r:
                     tasks, seeds = draw(rng)
