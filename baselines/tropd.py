@@ -537,10 +537,14 @@ class TrOPD(LMAlgorithm):
             if need_entropy:
                 ent = torch.zeros_like(lp)
                 ent[:, 1:][sel] = entropy_from_logits(logits)
-            return lp, ent, klp, off
+            am = None
+            if self.config.argmax_negative_scale != 1.0:
+                am = torch.zeros(i.shape, dtype=torch.bool, device=i.device)
+                am[:, 1:][sel] = logits.detach().argmax(-1) == i[:, 1:][sel]
+            return lp, ent, klp, off, am
 
-        lp, ent, klp, off = self.trimmed(fn, batch, r, batch.gen_mask[r], ext.teacher_topk_ids, ext.prefix)
-        return Forward(logp=lp, entropy=ent, extra=StudentTopK(topk_logp=klp, offpolicy_kl=off))
+        lp, ent, klp, off, am = self.trimmed(fn, batch, r, batch.gen_mask[r], ext.teacher_topk_ids, ext.prefix)
+        return Forward(logp=lp, entropy=ent, is_argmax=am, extra=StudentTopK(topk_logp=klp, offpolicy_kl=off))
 
     def policy_loss_tok(self, mb: MicroBatch[TrOPDTokens, StudentTopK], logp: torch.Tensor, adv: torch.Tensor,
                         mask: torch.Tensor) -> tuple[torch.Tensor, dict]:

@@ -120,6 +120,9 @@ def _algo(name: str, args, env_kwargs: dict, **over):
     neg = getattr(args, "negative_advantage_scale", 1.0)
     if neg != 1.0:
         per["negative_advantage_scale"] = neg
+    am = getattr(args, "argmax_negative_scale", 1.0)
+    if am != 1.0:
+        per["argmax_negative_scale"] = am
     share = getattr(args, "greedy_failed_share", 0.0)
     if share:
         per["greedy_failed_share"] = share
@@ -567,12 +570,13 @@ def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
 PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group_size", "minibatches", "lr",
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
                  "screen_samples", "top_p", "pool_balance", "kl_coef", "lr_warmup", "lr_decay",
-                 "loss_agg", "reward_scheme", "greedy_failed_share", "negative_advantage_scale")
+                 "loss_agg", "reward_scheme", "greedy_failed_share", "negative_advantage_scale",
+                 "argmax_negative_scale")
 #: protocol options added after tables were recorded, at the value those tables were measured under
 PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0,
                      "pool_balance": "none", "kl_coef": None, "lr_warmup": 0, "lr_decay": "constant",
                      "loss_agg": None, "reward_scheme": "loose", "greedy_failed_share": 0.0,
-                     "negative_advantage_scale": 1.0}
+                     "negative_advantage_scale": 1.0, "argmax_negative_scale": 1.0}
 
 
 def protocol_of(args) -> dict:
@@ -764,6 +768,10 @@ def add_protocol_arguments(p) -> None:
     p.add_argument("--negative-advantage-scale", type=float, default=1.0,
                    help="factor on every negative advantage of every algorithm (1: as published; 0: only rollouts "
                         "better than their baseline are reinforced; `negative_advantage_scale` in the core config)")
+    p.add_argument("--argmax-negative-scale", type=float, default=1.0,
+                   help="factor on the negative advantage of every token that was the arg-max of its distribution "
+                        "(1: as published; 0: a failed rollout is blamed on its sampled deviations from the arg-max "
+                        "only; `argmax_negative_scale` in the core config)")
     p.add_argument("--eval-sampled", action="store_true",
                    help="at every evaluation also play the same episodes once at the rollout sampling setting "
                         "(metrics.csv: dev_sampled_success, test_sampled_success and per family); not a protocol "

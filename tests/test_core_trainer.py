@@ -287,6 +287,48 @@ def test_negative_advantage_scale_weighs_only_the_negative_part():
         baselines.make("grpo", env_id="shopsim/Shopping-v0", negative_advantage_scale=-1.0)
 
 
+def test_argmax_negative_scale_spares_only_the_greedy_tokens_of_failed_rollouts():
+    """`argmax_negative_scale` multiplies the negative advantage of the tokens that are their distribution's
+    arg-max and nothing else: the first-step loss is linear in it, and at 0 it lies strictly between plain GRPO
+    (every negative kept) and `negative_advantage_scale` 0 (none kept), because the failed rollouts hold both
+    greedy tokens and sampled deviations. `forward_policy(need_argmax=True)` is the arg-max of the model's own
+    logits, the same on the trained-positions path and the full one."""
+    import copy
+
+    from baselines.core.batch import build_batch
+    from baselines.core.trainer import forward_policy
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent()
+    trajs = collect("toy", agent, seeds=[1, 2, 3], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
+    for i, t in enumerate(trajs):  # one success per group: one positive and three negative advantages
+        for turn in t.turns:
+            turn.reward = float(i % 4 == 0)
+    batch = build_batch(trajs)
+    with torch.no_grad():
+        *_, full = forward_policy(agent.model, batch.input_ids, batch.attention_mask, need_argmax=True)
+        *_, part = forward_policy(agent.model, batch.input_ids, batch.attention_mask, positions=batch.gen_mask,
+                                  need_argmax=True)
+        logits = agent.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    gen = batch.gen_mask[:, 1:].bool()
+    manual = logits[:, :-1].argmax(-1) == batch.input_ids[:, 1:]
+    assert torch.equal(full[:, 1:][gen], manual[gen]) and torch.equal(part[:, 1:][gen], manual[gen])
+    assert not part[:, 1:][~gen].any() and 0 < int(manual[gen].sum()) < int(gen.sum())
+    out = {}
+    for key, kw in {"am1": {}, "am0.5": {"argmax_negative_scale": 0.5}, "am0": {"argmax_negative_scale": 0.0},
+                    "neg0": {"negative_advantage_scale": 0.0}}.items():
+        algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", group_size=4, lr=1e-6,
+                              recompute_old_logp=True, **kw)
+        algo.setup(copy.deepcopy(agent))
+        out[key] = algo.update(batch, generator=torch.Generator().manual_seed(0))
+    loss = {k: m["loss_policy"] for k, m in out.items()}
+    assert loss["am0.5"] == pytest.approx((loss["am0"] + loss["am1"]) / 2, abs=1e-5)
+    assert loss["neg0"] + 1e-3 < loss["am0"] < loss["am1"] - 1e-3
+    assert 0 < out["am0"]["argmax_token_share"] < 1 and "argmax_token_share" not in out["am1"]
+    with pytest.raises(Exception, match="argmax_negative_scale"):
+        baselines.make("grpo", env_id="shopsim/Shopping-v0", argmax_negative_scale=-1.0)
+
+
 def test_eval_sampled_plays_the_same_episodes_at_the_rollout_setting():
     """`eval_sampled` adds the sampled success of the evaluation episodes (the shipped agent at the rollout
     temperature, per-episode streams) and leaves the greedy figures as they were; the agent is greedy again

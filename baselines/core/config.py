@@ -98,6 +98,12 @@ class LMConfig:
     weighting of negative against positive sample reinforcement of Zhu et al. 2025 (arXiv 2506.01347, §3; their
     W-REINFORCE weighs the positive part instead). 1: the algorithm as published; 0: only rollouts better than their
     baseline are reinforced (the update then cannot push a sampled token down)."""
+    argmax_negative_scale: float = bounded(1.0, min=0)
+    """Factor on the negative advantage of every token that was its distribution's arg-max under the policy being
+    updated (the token greedy decoding picks there), on top of `negative_advantage_scale`. A failed rollout
+    mostly follows the greedy path and fails at a few sampled deviations; pushing its arg-max tokens down moves the
+    greedy path of every task that shares those decisions. 0: a failed rollout is blamed on its deviations from
+    the arg-max only; 1: as published."""
     kl_coef: float = bounded(0.0, min=0)
     """β of the KL penalty to the frozen reference policy in the loss (0: no reference copy is kept)."""
     kl_kind: Literal["k1", "k3"] = "k3"

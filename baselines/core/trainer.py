@@ -107,11 +107,13 @@ def lr_schedule_factor(iteration: int, total: int, warmup: int, decay: str) -> f
 
 def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0, need_hidden: bool = False,
                    need_entropy: bool = False, positions=None, need_collision: bool = False,
-                   causal_only: bool = False, top_p: float = 1.0):
+                   causal_only: bool = False, top_p: float = 1.0, need_argmax: bool = False):
     """One forward over right-padded rows: (logp [B,S] aligned with tokens, entropy [B,S] or None, hidden or None).
 
     `need_collision`: also return, as a fourth element, the collision probability Σ_v p_v² [B,S] of the full
     next-token distribution (WAPO's peak/valley threshold), computed from the same logits as the entropy.
+    `need_argmax`: also return, last, whether each token is the arg-max of its distribution (bool [B,S], False at
+    the first position and outside `positions`).
 
     Position ids are ``cumsum(mask) − 1`` (the LM agent's convention), log-probs use the sampling temperature.
     `positions` (bool [B,S], e.g. the batch's ``gen_mask``): compute log-probs and entropy only there (zeros
@@ -137,11 +139,16 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
         if need_entropy:
             ent = torch.zeros_like(lp)
             ent[:, 1:][sel] = entropy_from_logits(logits)
+        out = [lp, ent, hidden if need_hidden else None]
         if need_collision:
             coll = torch.zeros_like(lp)
             coll[:, 1:][sel] = collision_from_logits(logits)
-            return lp, ent, (hidden if need_hidden else None), coll
-        return lp, ent, (hidden if need_hidden else None)
+            out.append(coll)
+        if need_argmax:
+            am = torch.zeros(input_ids.shape, dtype=torch.bool, device=logits.device)
+            am[:, 1:][sel] = logits.detach().argmax(-1) == input_ids[:, 1:][sel]
+            out.append(am)
+        return tuple(out)
     out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
                 output_hidden_states=need_hidden)
     last = out.hidden_states[-1] if need_hidden else None
@@ -154,11 +161,14 @@ def forward_policy(model, input_ids, attention_mask, *, temperature: float = 1.0
     if need_entropy:
         ent = entropy_from_logits(logits)
         ent = torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
+    res = [lp, ent, last]
     if need_collision:
         coll = collision_from_logits(logits)
-        coll = torch.cat([torch.zeros_like(coll[:, :1]), coll], dim=1)
-        return lp, ent, last, coll
-    return lp, ent, last
+        res.append(torch.cat([torch.zeros_like(coll[:, :1]), coll], dim=1))
+    if need_argmax:
+        am = logits.detach().argmax(-1) == input_ids[:, 1:]
+        res.append(torch.cat([torch.zeros_like(am[:, :1]), am], dim=1))
+    return tuple(res)
 
 
 @contextmanager
@@ -336,14 +346,14 @@ class LMAlgorithm(LoopAlgorithm):
 
     # ------------------------------------------------------------------ one update
     def _rows_forward(self, model, ids, attn, *, need_entropy=False, need_hidden=False, positions=None,
-                      need_collision=False, whole_softmax=False):
+                      need_collision=False, whole_softmax=False, need_argmax=False):
         """`forward_policy` at the rollout temperature, under the rollout nucleus when `logprob_nucleus` asks for it
         (`whole_softmax`: never, for comparisons with the sampler's recorded log-probs)."""
         c = self.config
         top_p = c.top_p if c.logprob_nucleus and not whole_softmax else 1.0
         return forward_policy(model, ids, attn, temperature=self.temperature, need_entropy=need_entropy,
                               need_hidden=need_hidden, positions=positions, need_collision=need_collision,
-                              causal_only=not c.padding_mask, top_p=top_p)
+                              causal_only=not c.padding_mask, top_p=top_p, need_argmax=need_argmax)
 
     def policy_forward(self, mb: MicroBatch, *, need_entropy: bool = False, need_hidden: bool = False) -> Forward:
         """The update's differentiable forward over the rows of `mb`, as a `Forward`: the log-probs of the trained
@@ -352,15 +362,13 @@ class LMAlgorithm(LoopAlgorithm):
         teacher's top-k ids) overrides it and returns its tensors in `Forward.extra`; the loss hooks then read
         them as `mb.fwd`."""
         batch, r = mb.batch, mb.rows
-        if self.needs_collision:  # Σ_v p_v² from the same forward, for `token_metrics` (WAPO's token bins)
-            logp, ent, hid, coll = self.trimmed(lambda i, a, g: self._rows_forward(
-                self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g,
-                need_collision=True), batch, r, batch.gen_mask[r])
-            return Forward(logp=logp, entropy=ent, hidden=hid, collision=coll)
-        logp, ent, hid = self.trimmed(lambda i, a, g: self._rows_forward(
-            self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g), batch, r,
-            batch.gen_mask[r])
-        return Forward(logp=logp, entropy=ent, hidden=hid)
+        coll = self.needs_collision  # Σ_v p_v² from the same forward, for `token_metrics` (WAPO's token bins)
+        am = self.config.argmax_negative_scale != 1.0
+        out = list(self.trimmed(lambda i, a, g: self._rows_forward(
+            self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g, need_collision=coll,
+            need_argmax=am), batch, r, batch.gen_mask[r]))
+        return Forward(logp=out[0], entropy=out[1], hidden=out[2], collision=out[3] if coll else None,
+                       is_argmax=out[-1] if am else None)
 
     def micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Split `rows` into micro-batches, returned as positions into `rows`: length-bucketed under
@@ -537,7 +545,15 @@ class LMAlgorithm(LoopAlgorithm):
             mb.fwd = fwd.extra
             logp, ent, hid = fwd.logp, fwd.entropy, fwd.hidden
             coll = fwd.collision if need_coll else None
+            if c.argmax_negative_scale != 1.0:
+                if fwd.is_argmax is None:
+                    raise ConfigError(f"argmax_negative_scale needs the arg-max of each token from the policy "
+                                      f"forward, which {type(self).__name__}.policy_forward does not return; "
+                                      "leave argmax_negative_scale at 1 for this algorithm")
+                mb.adv = torch.where((mb.adv < 0) & fwd.is_argmax, mb.adv * c.argmax_negative_scale, mb.adv)
             pg_tok, st = self.policy_loss_tok(mb, logp, mb.adv, mask)
+            if fwd.is_argmax is not None:  # how much of the sampled text is the greedy choice
+                st = {**st, "argmax_token_share": masked_mean(fwd.is_argmax.float(), mask)}
             for k, v in self.token_metrics(mb, logp, ent, coll).items():
                 stats[k] = stats.get(k, 0.0) + float(v)
             lp = (pg_tok * w_pol[ch]).sum()
