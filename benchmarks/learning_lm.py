@@ -123,6 +123,9 @@ def _algo(name: str, args, env_kwargs: dict, **over):
     am = getattr(args, "argmax_negative_scale", 1.0)
     if am != 1.0:
         per["argmax_negative_scale"] = am
+    anchor = getattr(args, "success_anchor_coef", 0.0)
+    if anchor:
+        per["success_anchor_coef"] = anchor
     share = getattr(args, "greedy_failed_share", 0.0)
     if share:
         per["greedy_failed_share"] = share
@@ -571,12 +574,13 @@ PROTOCOL_KEYS = ("families", "start", "target", "iterations", "rollouts", "group
                  "temperature", "max_new_tokens", "max_turns", "eval_episodes", "task_pool", "screen_tasks",
                  "screen_samples", "top_p", "pool_balance", "kl_coef", "lr_warmup", "lr_decay",
                  "loss_agg", "reward_scheme", "greedy_failed_share", "negative_advantage_scale",
-                 "argmax_negative_scale")
+                 "argmax_negative_scale", "success_anchor_coef")
 #: protocol options added after tables were recorded, at the value those tables were measured under
 PROTOCOL_DEFAULTS = {"task_pool": "all", "screen_tasks": None, "screen_samples": None, "top_p": 1.0,
                      "pool_balance": "none", "kl_coef": None, "lr_warmup": 0, "lr_decay": "constant",
                      "loss_agg": None, "reward_scheme": "loose", "greedy_failed_share": 0.0,
-                     "negative_advantage_scale": 1.0, "argmax_negative_scale": 1.0}
+                     "negative_advantage_scale": 1.0, "argmax_negative_scale": 1.0,
+                     "success_anchor_coef": 0.0}
 
 
 def protocol_of(args) -> dict:
@@ -772,6 +776,9 @@ def add_protocol_arguments(p) -> None:
                    help="factor on the negative advantage of every token that was the arg-max of its distribution "
                         "(1: as published; 0: a failed rollout is blamed on its sampled deviations from the arg-max "
                         "only; `argmax_negative_scale` in the core config)")
+    p.add_argument("--success-anchor-coef", type=float, default=0.0,
+                   help="λ of a log-likelihood term on the arg-max tokens of every successful rollout, all-success "
+                        "groups included (0: off; `success_anchor_coef` in the core config)")
     p.add_argument("--eval-sampled", action="store_true",
                    help="at every evaluation also play the same episodes once at the rollout sampling setting "
                         "(metrics.csv: dev_sampled_success, test_sampled_success and per family); not a protocol "

@@ -329,6 +329,45 @@ def test_argmax_negative_scale_spares_only_the_greedy_tokens_of_failed_rollouts(
         baselines.make("grpo", env_id="shopsim/Shopping-v0", argmax_negative_scale=-1.0)
 
 
+def test_success_anchor_raises_the_greedy_tokens_of_successful_rollouts_only():
+    """`success_anchor_coef` adds −λ·token-mean(log π) over the arg-max tokens of successful rollouts, rows of
+    all-success groups included (their advantage is zero, so plain GRPO skips them). With every group agreeing
+    the policy loss is 0 and the anchor alone moves the model: the arg-max tokens of the successful rollouts
+    gain log-probability, the failed rollouts' tokens are not in the term."""
+    import copy
+
+    from baselines.core.batch import build_batch
+    from baselines.core.trainer import forward_policy
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent()
+    trajs = collect("toy", agent, seeds=[1, 2, 3], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
+    for i, t in enumerate(trajs):  # groups 0 and 2 all succeed, group 1 all fail: no advantage anywhere
+        for turn in t.turns:
+            turn.reward = float(i // 4 != 1)
+    batch = build_batch(trajs)
+    gen = batch.gen_mask.bool()
+    won = (batch.success[batch.row_traj] > 0)[:, None] & gen
+    with torch.no_grad():
+        lp, _, _, am = forward_policy(agent.model, batch.input_ids, batch.attention_mask, positions=batch.gen_mask,
+                                      need_argmax=True)
+    expect = -float((lp * (am & won)).sum() / won.sum())
+    algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", group_size=4, lr=1e-3,
+                          recompute_old_logp=True, success_anchor_coef=0.5)
+    algo.setup(copy.deepcopy(agent))
+    m = algo.update(batch, generator=torch.Generator().manual_seed(0))
+    assert m["loss_anchor"] == pytest.approx(expect, rel=1e-4) and expect > 0
+    assert m["loss_policy"] == 0 and m["loss"] == pytest.approx(0.5 * expect, rel=1e-4)
+    assert m.get("rows_skipped_zero_adv", 0) == 0
+    with torch.no_grad():
+        after, _, _ = forward_policy(algo.model, batch.input_ids, batch.attention_mask, positions=batch.gen_mask)
+    keep = am & won
+    assert float(after[keep].mean()) > float(lp[keep].mean()) + 1e-4
+    plain = baselines.make("grpo", env_id="shopsim/Shopping-v0", group_size=4, lr=1e-3, recompute_old_logp=True)
+    plain.setup(copy.deepcopy(agent))
+    assert "loss_anchor" not in plain.update(batch, generator=torch.Generator().manual_seed(0))
+
+
 def test_eval_sampled_plays_the_same_episodes_at_the_rollout_setting():
     """`eval_sampled` adds the sampled success of the evaluation episodes (the shipped agent at the rollout
     temperature, per-episode streams) and leaves the greedy figures as they were; the agent is greedy again

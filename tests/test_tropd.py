@@ -362,6 +362,16 @@ def test_teacher_scores_and_the_extensions_reach_the_loss(tmp_path):
         kl = (lt.exp() * (lt - ls)).sum(-1)
     assert torch.allclose(off[:, 1:][pre[:, 1:]], kl[pre[:, 1:]], atol=1e-4)
     assert float(off[~pre].abs().sum()) == 0
+    # `argmax_negative_scale` reads the arg-max from TrOPD's own student forward
+    import dataclasses
+
+    assert fwd.is_argmax is None
+    algo.config = dataclasses.replace(algo.config, argmax_negative_scale=0.0)
+    with torch.no_grad():
+        am = algo.policy_forward(mb).is_argmax
+    g1 = gen[:, 1:].bool()
+    assert torch.equal(am[:, 1:][g1], (s_logits[:, :-1].argmax(-1) == batch.input_ids[:, 1:])[g1])
+    assert not bool(am[:, 1:][~g1].any())
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -104,6 +104,11 @@ class LMConfig:
     mostly follows the greedy path and fails at a few sampled deviations; pushing its arg-max tokens down moves the
     greedy path of every task that shares those decisions. 0: a failed rollout is blamed on its deviations from
     the arg-max only; 1: as published."""
+    success_anchor_coef: float = bounded(0.0, min=0)
+    """λ of a log-likelihood term on the arg-max tokens of the batch's successful rollouts, all groups included
+    (those whose rollouts all succeeded carry no group-relative advantage): ``−λ · token-mean(log π)`` over those
+    tokens. It widens the margin of the greedy choices that led to a success, the near-ties that an update's other
+    tokens would otherwise flip on tasks the policy already solves. 0: off (every algorithm as published)."""
     kl_coef: float = bounded(0.0, min=0)
     """β of the KL penalty to the frozen reference policy in the loss (0: no reference copy is kept)."""
     kl_kind: Literal["k1", "k3"] = "k3"

@@ -61,7 +61,8 @@ RESUME_FREE_FIELDS = frozenset({"checkpoint_every", "log_kl_start", "kl_start_ro
 #: the digest while they hold it, so the recorded runs (whose run.json lacks them) keep their digest
 DIGEST_NEUTRAL = {"train_task_ids": [], "top_p": 1.0, "lr_warmup_iters": 0, "lr_decay": "constant",
                   "logprob_nucleus": False, "greedy_failed_share": 0.0, "screen_rounds": 4,
-                  "negative_advantage_scale": 1.0, "argmax_negative_scale": 1.0}
+                  "negative_advantage_scale": 1.0, "argmax_negative_scale": 1.0,
+                  "success_anchor_coef": 0.0}
 #: bumped when the layout of the state file changes; an older file is refused with a clear message
 STATE_FORMAT = 3
 

@@ -363,7 +363,7 @@ class LMAlgorithm(LoopAlgorithm):
         them as `mb.fwd`."""
         batch, r = mb.batch, mb.rows
         coll = self.needs_collision  # Σ_v p_v² from the same forward, for `token_metrics` (WAPO's token bins)
-        am = self.config.argmax_negative_scale != 1.0
+        am = self.config.argmax_negative_scale != 1.0 or self.config.success_anchor_coef > 0
         out = list(self.trimmed(lambda i, a, g: self._rows_forward(
             self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g, need_collision=coll,
             need_argmax=am), batch, r, batch.gen_mask[r]))
@@ -523,12 +523,18 @@ class LMAlgorithm(LoopAlgorithm):
             w_val = aggregation_weights(vmask_all, "token-mean")
         else:
             w_val = group_mean_weights(vmask_all, advs.value_groups[rows])
+        w_anchor = None
+        if c.success_anchor_coef > 0:  # token-mean over the step's arg-max tokens of successful rollouts
+            won = batch.success.to(mask_all.device)[batch.row_traj[rows]] > 0
+            w_anchor = aggregation_weights(mask_all * won[:, None].to(mask_all.dtype), "token-mean")
         full_rows = rows
         if self._zero_rows_skippable(ctx, need_ent):
             live = ((adv[rows] != 0) & (tok_mask[rows] > 0)).any(1)
             keep = torch.nonzero(live).squeeze(1)
             rows, mask_all_idx = rows[keep], keep  # the normalisers above still count the skipped rows
             w_pol, w_tok, w_val = w_pol[keep], w_tok[keep], w_val[keep]
+            if w_anchor is not None:
+                w_anchor = w_anchor[keep]
         else:
             mask_all_idx = None
         chunks = self.micro_batches(batch, rows) if len(rows) else []
@@ -545,12 +551,13 @@ class LMAlgorithm(LoopAlgorithm):
             mb.fwd = fwd.extra
             logp, ent, hid = fwd.logp, fwd.entropy, fwd.hidden
             coll = fwd.collision if need_coll else None
-            if c.argmax_negative_scale != 1.0:
-                if fwd.is_argmax is None:
-                    raise ConfigError(f"argmax_negative_scale needs the arg-max of each token from the policy "
-                                      f"forward, which {type(self).__name__}.policy_forward does not return; "
-                                      "leave argmax_negative_scale at 1 for this algorithm")
-                mb.adv = torch.where((mb.adv < 0) & fwd.is_argmax, mb.adv * c.argmax_negative_scale, mb.adv)
+            is_am = fwd.is_argmax
+            if (c.argmax_negative_scale != 1.0 or c.success_anchor_coef > 0) and is_am is None:
+                raise ConfigError(f"argmax_negative_scale and success_anchor_coef need the arg-max of each token "
+                                  f"from the policy forward, which {type(self).__name__}.policy_forward does not "
+                                  "return; leave them at 1 and 0 for this algorithm")
+            if is_am is not None and c.argmax_negative_scale != 1.0:
+                mb.adv = torch.where((mb.adv < 0) & is_am, mb.adv * c.argmax_negative_scale, mb.adv)
             pg_tok, st = self.policy_loss_tok(mb, logp, mb.adv, mask)
             if fwd.is_argmax is not None:  # how much of the sampled text is the greedy choice
                 st = {**st, "argmax_token_share": masked_mean(fwd.is_argmax.float(), mask)}
@@ -568,6 +575,12 @@ class LMAlgorithm(LoopAlgorithm):
                 parts["entropy"] = h
                 if c.entropy_coef > 0:
                     loss = loss - c.entropy_coef * h
+            if is_am is not None and w_anchor is not None:  # (success_anchor_coef > 0)
+                won = batch.success.to(mask.device)[batch.row_traj[r]] > 0
+                keep = mask * (is_am & won[:, None]).to(mask.dtype)
+                anc = -(logp * keep * w_anchor[ch]).sum()
+                loss = loss + c.success_anchor_coef * anc
+                parts["loss_anchor"] = anc
             extra, em = self.extra_loss(mb, logp, mask)
             if extra is not None:
                 loss = loss + extra
@@ -611,6 +624,7 @@ class LMAlgorithm(LoopAlgorithm):
         """Whether rows with zero advantage everywhere add nothing to the loss (see `skip_zero_advantage_rows`)."""
         c = self.config
         return (c.skip_zero_advantage_rows and not need_ent and not self.needs_collision and self.critic is None
+                and c.success_anchor_coef == 0
                 and (ctx.ref_logp is None or c.kl_coef == 0) and not self.reads_zero_advantage_rows
                 and type(self).extra_loss is LMAlgorithm.extra_loss)
 
