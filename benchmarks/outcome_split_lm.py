@@ -107,10 +107,18 @@ def run(args) -> dict:
         agent = LMAgent(env_id=ENV, checkpoint=ckpt, max_new_tokens=args.max_new_tokens)
         trajs[label] = play(agent, tasks, env_kwargs, args.num_envs)
     out = compare(trajs["start"], trajs["run"])
-    out.update(start=str(start_dir), run=str(args.run), eval_episodes=args.eval_episodes,
+    out.update(start=_shown(start_dir), run=_shown(Path(args.run)), eval_episodes=args.eval_episodes,
                wall_s=round(time.perf_counter() - t0, 1), commit=git_commit(),
                command="python -m benchmarks.outcome_split_lm " + " ".join(args.argv))
     return out
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it lies under it (the table names no machine's folders)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def write_table(res: dict, directory: Path) -> None:
