@@ -230,7 +230,7 @@ def test_show_config_prints_every_field_with_doc_and_default(capsys):
     (["--env", "shopsim/Shopping-v0", "--algo", "grpo", "--set", "loss_agg=mean"],
      "loss_agg: expected one of 'token-mean'"),
     (["--env", "shopsim/Shopping-v0", "--algo", "grpo", "--set", "lrr=1"],
-     "grpo: unknown option(s) lrr; valid options: agent_kwargs, checkpoint_every"),
+     "grpo: unknown option(s) lrr; valid options: agent_kwargs, argmax_negative_scale, checkpoint_every"),
     (["--algo", "grpo"], "--env is required"),
 ])
 def test_bad_set_values_are_one_line_exit_2(argv, expect, tmp_path, capsys):
