@@ -30,16 +30,6 @@ from pathlib import Path
 ENV = "shopsim/Shopping-v0"
 
 
-def play(agent, tasks: list[int], env_kwargs: dict, num_envs: int) -> list:
-    """The greedy trajectories of the paired test episodes (the trainers' evaluation episodes)."""
-    from benchmarks.learning_lm import EVAL_SEED
-    from shopsim.rollout import collect
-
-    agent.sampling.greedy = True
-    return collect(ENV, agent, tasks=tasks, seeds=[EVAL_SEED + i for i in range(len(tasks))], split="test",
-                   num_envs=num_envs, env_kwargs=env_kwargs, progress=False, agent_seed=EVAL_SEED)
-
-
 def failure_kind(traj) -> str | None:
     """How a failed episode ended (None for a success): the env's `end_reason`, a purchase (``checkout``, ``buy``)
     split by its `reward_parts` into ``over_budget`` (the cart's budget or the item's price ceiling broken) and
@@ -86,21 +76,11 @@ def compare(start: list, run: list) -> dict:
 
 
 def run(args) -> dict:
-    import torch
-
-    from agents.lm.agent import LMAgent, default_checkpoint_dir
-    from agents.registry import manifest_env_kwargs
-    from baselines.core.tasks import eval_tasks
-    from shopsim.errors import ConfigError
+    from agents.lm.agent import LMAgent
+    from benchmarks.update_direction_lm import paired_setup, play
     from shopsim.leaderboard.results import git_commit
 
-    torch.set_num_threads(args.threads)
-    start_dir = Path(args.start) if args.start else default_checkpoint_dir()
-    for d in (start_dir, Path(args.run)):
-        if not (d / "config.json").is_file():
-            raise ConfigError(f"{d}: not a model folder (no config.json); pass a checkpoint folder")
-    env_kwargs = {**manifest_env_kwargs(start_dir), "max_turns": args.max_turns}
-    tasks = eval_tasks(ENV, "test", args.eval_episodes)
+    start_dir, env_kwargs, tasks = paired_setup(args)
     t0 = time.perf_counter()
     trajs = {}
     for label, ckpt in (("start", start_dir), ("run", Path(args.run))):

@@ -44,15 +44,39 @@ def _interval(xs: list[float]) -> dict:
     return {"mean": st["mean"], "ci95": st["ci95"] or [st["mean"], st["mean"]], "n": st["n"]}
 
 
-def evaluate(agent, tasks: list[int], env_kwargs: dict, num_envs: int) -> list[tuple[str, bool]]:
-    """(family, success) of each paired test episode, greedy (the trainers' evaluation episodes)."""
+def play(agent, tasks: list[int], env_kwargs: dict, num_envs: int) -> list:
+    """The greedy trajectories of the paired test episodes (the trainers' evaluation episodes)."""
     from benchmarks.learning_lm import EVAL_SEED
     from shopsim.rollout import collect
 
     agent.sampling.greedy = True
-    trajs = collect(ENV, agent, tasks=tasks, seeds=[EVAL_SEED + i for i in range(len(tasks))], split="test",
-                    num_envs=num_envs, env_kwargs=env_kwargs, progress=False, agent_seed=EVAL_SEED)
-    return [(str(t.meta.get("family")), bool(t.success)) for t in trajs]
+    return collect(ENV, agent, tasks=tasks, seeds=[EVAL_SEED + i for i in range(len(tasks))], split="test",
+                   num_envs=num_envs, env_kwargs=env_kwargs, progress=False, agent_seed=EVAL_SEED)
+
+
+def evaluate(agent, tasks: list[int], env_kwargs: dict, num_envs: int) -> list[tuple[str, bool]]:
+    """(family, success) of each paired test episode, greedy."""
+    return [(str(t.meta.get("family")), bool(t.success)) for t in play(agent, tasks, env_kwargs, num_envs)]
+
+
+def paired_setup(args) -> tuple[Path, dict, list[int]]:
+    """``(start folder, env options, test tasks)`` of a comparison of ``args.run`` with its start: the start is
+    ``args.start`` or the shipped agent, both must be model folders, the env options are the start's manifest's
+    with ``args.max_turns``, the tasks the first ``args.eval_episodes`` test tasks. Sets the torch threads."""
+    import torch
+
+    from agents.lm.agent import default_checkpoint_dir
+    from agents.registry import manifest_env_kwargs
+    from baselines.core.tasks import eval_tasks
+    from shopsim.errors import ConfigError
+
+    torch.set_num_threads(args.threads)
+    start_dir = Path(args.start) if args.start else default_checkpoint_dir()
+    for d in (start_dir, Path(args.run)):
+        if not (d / "config.json").is_file():
+            raise ConfigError(f"{d}: not a model folder (no config.json); pass a checkpoint folder")
+    env_kwargs = {**manifest_env_kwargs(start_dir), "max_turns": args.max_turns}
+    return start_dir, env_kwargs, eval_tasks(ENV, "test", args.eval_episodes)
 
 
 def row_signs(delta, generator):
@@ -66,24 +90,16 @@ def row_signs(delta, generator):
 def run(args) -> dict:
     import torch
 
-    from agents.lm.agent import LMAgent, default_checkpoint_dir
-    from agents.registry import manifest_env_kwargs
-    from baselines.core.tasks import eval_tasks
+    from agents.lm.agent import LMAgent
     from shopsim.errors import ConfigError
 
-    torch.set_num_threads(args.threads)
-    start_dir = Path(args.start) if args.start else default_checkpoint_dir()
-    for d in (start_dir, Path(args.run)):
-        if not (d / "config.json").is_file():
-            raise ConfigError(f"{d}: not a model folder (no config.json); pass a checkpoint folder")
-    env_kwargs = {**manifest_env_kwargs(start_dir), "max_turns": args.max_turns}
+    start_dir, env_kwargs, tasks = paired_setup(args)
     agent = LMAgent(env_id=ENV, checkpoint=start_dir, max_new_tokens=args.max_new_tokens)
     theta0 = {k: v.detach().clone() for k, v in agent.model.state_dict().items()}
     trained = LMAgent(env_id=ENV, checkpoint=Path(args.run), max_new_tokens=args.max_new_tokens).model.state_dict()
     if set(trained) != set(theta0) or any(trained[k].shape != theta0[k].shape for k in theta0):
         raise ConfigError(f"{args.run} is not the same architecture as {start_dir}")
     delta = {k: trained[k].detach() - theta0[k] for k in theta0 if theta0[k].is_floating_point()}
-    tasks = eval_tasks(ENV, "test", args.eval_episodes)
 
     def at(step) -> list[tuple[str, bool]]:
         agent.model.load_state_dict({k: theta0[k] + step(k, delta[k]) if k in delta else theta0[k] for k in theta0})

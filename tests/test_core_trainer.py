@@ -258,21 +258,26 @@ def test_minibatches_keep_rollout_groups_whole():
     assert any(abs(float(first[rows].sum())) > 1e-3 for rows in row_parts)
 
 
+def _toy_groups(reward_of):
+    """The toy agent and a batch of 3 groups of 4 toy rollouts, rollout i rewarded `reward_of(i)` on every turn."""
+    from baselines.core.batch import build_batch
+    from shopsim.rollout import collect
+
+    agent = ToyLMAgent()
+    trajs = collect("toy", agent, seeds=[1, 2, 3], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
+    for i, t in enumerate(trajs):
+        for turn in t.turns:
+            turn.reward = reward_of(i)
+    return agent, build_batch(trajs)
+
+
 def test_negative_advantage_scale_weighs_only_the_negative_part():
     """`negative_advantage_scale` multiplies the negative advantages and nothing else: at the first step (ratio 1)
     the policy loss is linear in the advantages, so L(0.5) is the mean of L(0) and L(1); L(0) keeps only the
     reinforced rollouts (a negative loss, its failing rows left out of the passes) and L(1) is plain GRPO."""
     import copy
 
-    from baselines.core.batch import build_batch
-    from shopsim.rollout import collect
-
-    agent = ToyLMAgent()
-    trajs = collect("toy", agent, seeds=[1, 2, 3], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
-    for i, t in enumerate(trajs):  # one success per group: one positive and three negative advantages
-        for turn in t.turns:
-            turn.reward = float(i % 4 == 0)
-    batch = build_batch(trajs)
+    agent, batch = _toy_groups(lambda i: float(i % 4 == 0))  # one success per group: +, −, −, −
     out = {}
     for s in (1.0, 0.5, 0.0):
         algo = baselines.make("grpo", env_id="shopsim/Shopping-v0", group_size=4, lr=1e-6,
@@ -295,16 +300,9 @@ def test_argmax_negative_scale_spares_only_the_greedy_tokens_of_failed_rollouts(
     logits, the same on the trained-positions path and the full one."""
     import copy
 
-    from baselines.core.batch import build_batch
     from baselines.core.trainer import forward_policy
-    from shopsim.rollout import collect
 
-    agent = ToyLMAgent()
-    trajs = collect("toy", agent, seeds=[1, 2, 3], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
-    for i, t in enumerate(trajs):  # one success per group: one positive and three negative advantages
-        for turn in t.turns:
-            turn.reward = float(i % 4 == 0)
-    batch = build_batch(trajs)
+    agent, batch = _toy_groups(lambda i: float(i % 4 == 0))  # one success per group: +, −, −, −
     with torch.no_grad():
         *_, full = forward_policy(agent.model, batch.input_ids, batch.attention_mask, need_argmax=True)
         *_, part = forward_policy(agent.model, batch.input_ids, batch.attention_mask, positions=batch.gen_mask,
@@ -336,16 +334,9 @@ def test_success_anchor_raises_the_greedy_tokens_of_successful_rollouts_only():
     gain log-probability, the failed rollouts' tokens are not in the term."""
     import copy
 
-    from baselines.core.batch import build_batch
     from baselines.core.trainer import forward_policy
-    from shopsim.rollout import collect
 
-    agent = ToyLMAgent()
-    trajs = collect("toy", agent, seeds=[1, 2, 3], group_size=4, env_fns=env_fns(4), progress=False, num_envs=4)
-    for i, t in enumerate(trajs):  # groups 0 and 2 all succeed, group 1 all fail: no advantage anywhere
-        for turn in t.turns:
-            turn.reward = float(i // 4 != 1)
-    batch = build_batch(trajs)
+    agent, batch = _toy_groups(lambda i: float(i // 4 != 1))  # groups 0 and 2 all succeed, group 1 all fail
     gen = batch.gen_mask.bool()
     won = (batch.success[batch.row_traj] > 0)[:, None] & gen
     with torch.no_grad():
