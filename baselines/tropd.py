@@ -538,7 +538,7 @@ class TrOPD(LMAlgorithm):
                 ent = torch.zeros_like(lp)
                 ent[:, 1:][sel] = entropy_from_logits(logits)
             am = None
-            if self.config.argmax_negative_scale != 1.0:
+            if self.needs_argmax:
                 am = torch.zeros(i.shape, dtype=torch.bool, device=i.device)
                 am[:, 1:][sel] = logits.detach().argmax(-1) == i[:, 1:][sel]
             return lp, ent, klp, off, am

@@ -372,6 +372,9 @@ def test_teacher_scores_and_the_extensions_reach_the_loss(tmp_path):
     g1 = gen[:, 1:].bool()
     assert torch.equal(am[:, 1:][g1], (s_logits[:, :-1].argmax(-1) == batch.input_ids[:, 1:])[g1])
     assert not bool(am[:, 1:][~g1].any())
+    algo.config = dataclasses.replace(algo.config, argmax_negative_scale=1.0, success_anchor_coef=0.5)
+    with torch.no_grad():  # the success anchor reads the same mask
+        assert torch.equal(algo.policy_forward(mb).is_argmax, am)
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -322,7 +322,7 @@ class Forward(Generic[FwdExt]):
     collision: torch.Tensor | None = None
     """Σ_v p_v² of the next-token distribution, when the algorithm sets `needs_collision`."""
     is_argmax: torch.Tensor | None = None
-    """Whether each token is the arg-max of its next-token distribution (bool), when `argmax_negative_scale` asks."""
+    """Whether each token is the arg-max of its next-token distribution (bool), when `LMAlgorithm.needs_argmax`."""
     extra: FwdExt | None = None
     """The algorithm's own per-row tensors from the same forward (TrOPD: the student's log-probs at the teacher's
     top-k ids)."""

@@ -220,6 +220,13 @@ class LMAlgorithm(LoopAlgorithm):
     #: tokens): such rows are then never left out of the update (`LMConfig.skip_zero_advantage_rows`)
     reads_zero_advantage_rows: ClassVar[bool] = False
 
+    @property
+    def needs_argmax(self) -> bool:
+        """Whether the update's forward must say which tokens were the arg-max (`Forward.is_argmax`): asked for by
+        `argmax_negative_scale` and `success_anchor_coef`. An algorithm with its own `policy_forward` reads it too."""
+        c = self.config
+        return c.argmax_negative_scale != 1.0 or c.success_anchor_coef > 0
+
     # ------------------------------------------------------------------ hooks
     def compute_advantages(self, batch: Batch, ctx: Ctx) -> Advantages:
         """Token advantages of `batch`: by default the registered `advantage_estimator`."""
@@ -363,7 +370,7 @@ class LMAlgorithm(LoopAlgorithm):
         them as `mb.fwd`."""
         batch, r = mb.batch, mb.rows
         coll = self.needs_collision  # Σ_v p_v² from the same forward, for `token_metrics` (WAPO's token bins)
-        am = self.config.argmax_negative_scale != 1.0 or self.config.success_anchor_coef > 0
+        am = self.needs_argmax
         out = list(self.trimmed(lambda i, a, g: self._rows_forward(
             self.model, i, a, need_entropy=need_entropy, need_hidden=need_hidden, positions=g, need_collision=coll,
             need_argmax=am), batch, r, batch.gen_mask[r]))
@@ -523,10 +530,10 @@ class LMAlgorithm(LoopAlgorithm):
             w_val = aggregation_weights(vmask_all, "token-mean")
         else:
             w_val = group_mean_weights(vmask_all, advs.value_groups[rows])
-        w_anchor = None
-        if c.success_anchor_coef > 0:  # token-mean over the step's arg-max tokens of successful rollouts
-            won = batch.success.to(mask_all.device)[batch.row_traj[rows]] > 0
-            w_anchor = aggregation_weights(mask_all * won[:, None].to(mask_all.dtype), "token-mean")
+        w_anchor = won = None
+        if c.success_anchor_coef > 0:  # token-mean over the step's tokens of successful rollouts
+            won = (batch.success.to(mask_all.device)[batch.row_traj] > 0)[:, None]  # [R, 1], every row of the batch
+            w_anchor = aggregation_weights(mask_all * won[rows].to(mask_all.dtype), "token-mean")
         full_rows = rows
         if self._zero_rows_skippable(ctx, need_ent):
             live = ((adv[rows] != 0) & (tok_mask[rows] > 0)).any(1)
@@ -552,15 +559,15 @@ class LMAlgorithm(LoopAlgorithm):
             logp, ent, hid = fwd.logp, fwd.entropy, fwd.hidden
             coll = fwd.collision if need_coll else None
             is_am = fwd.is_argmax
-            if (c.argmax_negative_scale != 1.0 or c.success_anchor_coef > 0) and is_am is None:
+            if self.needs_argmax and is_am is None:
                 raise ConfigError(f"argmax_negative_scale and success_anchor_coef need the arg-max of each token "
                                   f"from the policy forward, which {type(self).__name__}.policy_forward does not "
                                   "return; leave them at 1 and 0 for this algorithm")
             if is_am is not None and c.argmax_negative_scale != 1.0:
                 mb.adv = torch.where((mb.adv < 0) & is_am, mb.adv * c.argmax_negative_scale, mb.adv)
             pg_tok, st = self.policy_loss_tok(mb, logp, mb.adv, mask)
-            if fwd.is_argmax is not None:  # how much of the sampled text is the greedy choice
-                st = {**st, "argmax_token_share": masked_mean(fwd.is_argmax.float(), mask)}
+            if is_am is not None:  # how much of the sampled text is the greedy choice
+                st = {**st, "argmax_token_share": masked_mean(is_am.float(), mask)}
             for k, v in self.token_metrics(mb, logp, ent, coll).items():
                 stats[k] = stats.get(k, 0.0) + float(v)
             lp = (pg_tok * w_pol[ch]).sum()
@@ -575,9 +582,8 @@ class LMAlgorithm(LoopAlgorithm):
                 parts["entropy"] = h
                 if c.entropy_coef > 0:
                     loss = loss - c.entropy_coef * h
-            if is_am is not None and w_anchor is not None:  # (success_anchor_coef > 0)
-                won = batch.success.to(mask.device)[batch.row_traj[r]] > 0
-                keep = mask * (is_am & won[:, None]).to(mask.dtype)
+            if is_am is not None and w_anchor is not None and won is not None:  # (success_anchor_coef > 0)
+                keep = mask * (is_am & won[r]).to(mask.dtype)
                 anc = -(logp * keep * w_anchor[ch]).sum()
                 loss = loss + c.success_anchor_coef * anc
                 parts["loss_anchor"] = anc
