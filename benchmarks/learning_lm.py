@@ -5,33 +5,38 @@ algorithms) at one budget.
                                      [--families all] [--teacher CKPT] [--results docs/results]
     python -m benchmarks.learning_lm --quick      # grpo + mpo, 1 seed, 3 iterations: a few CPU minutes
 
-It reproduces no paper table: it measures how much each algorithm raises the test success of a weak LM agent on
+It reproduces no paper table: it measures how much each algorithm raises the test success of an LM agent on
 Shopping-v0 when all of them get the same start, rollouts, learning rate and evaluation episodes.
 
+The table of record (``docs/results/learning_lm.{md,json}``) starts from the shipped agent and uses the protocol
+that docs/training.md ("Learning benchmark") chose by pilot runs; its command is recorded in the table. Regenerate
+the tables from their recorded runs, with no training, by
+
+    python -m benchmarks.learning_lm --report-only --results docs/results
+
 Protocol:
-1. Start checkpoint: an SFT checkpoint (``--init``, default the shipped ``data/lm/sft``) *weakened* to about
-   ``--target`` success (default 0.30) on dev tasks of ``--families``, by interpolating its weights toward a random
-   initialisation of the same architecture, θ = (1 − α)·θ_SFT + α·θ_rand, with α found by bisection
-   (``--start init``: the checkpoint as it is). The start is saved once in ``OUT/start`` and shared by every run.
-   The default families are all four (``--families``, comma-separated, picks some): the shipped checkpoint solves
-   each of them, and the seed methods make their claims on the multi-turn ones (MPO on bundle, ARC on
-   clarify_and_buy). Weakening rather than an early SFT checkpoint keeps the start one function of the shipped
-   checkpoint and a target success. Episodes are cut at ``--max-turns`` 40: the expert's bundle episodes take 18
+1. Start checkpoint (``--start``): ``sft`` (default), the SFT checkpoint ``--init`` (default the shipped
+   ``data/lm/sft``) as it is; ``weaken``, that checkpoint *weakened* to about ``--target`` dev success by
+   interpolating its weights toward a random initialisation of the same architecture,
+   θ = (1 − α)·θ_SFT + α·θ_rand, with α found by bisection (its table: ``learning_lm_weaken.{md,json}``). The start
+   is saved once in ``OUT/start`` and shared by every run. The default families are all four (``--families``,
+   comma-separated, picks some). Episodes are cut at ``--max-turns`` 40: the expert's bundle episodes take 18
    turns on average and 25 at the 95th percentile, the other families' 4-7.
 2. Every algorithm gets the same budget: ``--iterations`` × ``--rollouts`` rollouts per iteration (group methods:
    G rollouts × rollouts/G tasks; ppo, mpo, basis and reinforce(batch_mean): one rollout per task), the same
-   learning rate, rollout temperature, per-turn token limit, env settings and update schedule (``--minibatches``
-   clipped-surrogate steps per iteration; REINFORCE, strictly on-policy, takes one); ``--seeds`` seeds each;
-   ``--jobs`` runs them in parallel processes. Every evaluation (the start, every algorithm and seed) runs the same
-   episodes (``EVAL_SEED``), so the comparisons are paired. TrOPD distils from ``--teacher``, by default the
-   unweakened ``--init`` (not TrOPD's own default teacher, a larger model).
+   learning rate, rollout temperature and nucleus, per-turn token limit, env settings (``--reward-scheme``),
+   update schedule (``--minibatches`` clipped-surrogate steps per iteration; REINFORCE, strictly on-policy, takes
+   one) and advantage options (``--negative-advantage-scale`` and the others of `PROTOCOL_KEYS`); ``--seeds``
+   seeds each; ``--jobs`` runs them in parallel processes. Every evaluation (the start, every algorithm and seed)
+   runs the same episodes (``EVAL_SEED``), so the comparisons are paired. TrOPD distils from ``--teacher``, by
+   default ``--init``.
 3. Dev and test success (greedy decoding, fixed task lists of the families) every ``--eval-every`` iterations
    and at the end; the start checkpoint is evaluated once with the same protocol (iteration 0).
 4. The gain of a run is its final test success minus the start's on the same episodes; the summary reports the
    mean gain over seeds with its 95% Student-t interval, overall and per family, and whether every seed gained.
-
-The rollout temperature (``--temperature``, default 0.5) matters for a model this small: at T = 1 nearly every
-rollout of the weakened start fails on a mis-sampled query token, so outcome rewards have little to reinforce.
+   Every pair of algorithms is compared seed by seed (`compare_rows`: the interval of the per-seed difference of
+   their gains), which says which algorithms beat GRPO, lose to it or cannot be told from it at this budget; from
+   the shipped agent the table also checks its targets (`targets`).
 
 Outputs in OUT: ``<algo>/seed<S>/metrics.csv`` (from the trainer), ``curves.csv`` (algo, seed, iteration,
 dev/test success), ``summary.json`` + ``summary.md`` (gains with intervals, rollouts used), ``curves.png``;
@@ -50,6 +55,7 @@ import argparse
 import csv
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -407,7 +413,6 @@ def run(args, argv=None) -> None:
     rows = _write(out, curves, start, args)
     if args.results and rows:
         import shlex
-        import sys
 
         command = "python -m benchmarks.learning_lm " + shlex.join(sys.argv[1:] if argv is None else argv)
         write_results(Path(args.results), rows, start, args, time.perf_counter() - t0, command, out, curves=curves,
@@ -558,6 +563,100 @@ def summary_table(rows: list[dict], families=FAMILIES) -> list[str]:
 
 
 
+#: the reference algorithm of the table of record's comparisons (`versus_reference`)
+REFERENCE_ALGO = "grpo"
+#: the table of record's targets (start ``sft``): GRPO's overall and bundle test gain, and seeds per algorithm
+TARGET_GAIN, TARGET_BUNDLE_GAIN, TARGET_SEEDS = 0.05, 0.08, 3
+
+
+def compare_rows(rows: list[dict]) -> list[dict]:
+    """Every pair of algorithms (in row order) with at least two seeds in common: the per-seed difference of their
+    test gains, seed by seed (each pair of runs shares its seed index and was evaluated on the same episodes), its
+    mean and 95% Student-t interval (`stat`), and which algorithm the interval favours (None when it contains 0).
+    Two gains from the same start differ exactly as their final successes do, so the start cancels."""
+    from shopsim.leaderboard.metrics import stat
+
+    out = []
+    for i, a in enumerate(rows):
+        ga = dict(zip(a["seeds"], a["gain_test"]["per_seed"], strict=True))
+        for b in rows[i + 1:]:
+            gb = dict(zip(b["seeds"], b["gain_test"]["per_seed"], strict=True))
+            common = sorted(set(ga) & set(gb))
+            if len(common) < 2:
+                continue
+            d = stat([ga[s] - gb[s] for s in common])
+            lo, hi = d["ci95"]
+            better = a["algo"] if lo > 0 else b["algo"] if hi < 0 else None
+            out.append({"a": a["algo"], "b": b["algo"], "seeds": common, "diff": d, "separated": better is not None,
+                        "better": better})
+    return out
+
+
+def versus_reference(pairs: list[dict], reference: str = REFERENCE_ALGO) -> dict[str, list[str]]:
+    """Which algorithms beat `reference`, lose to it, or cannot be told from it (`compare_rows`' intervals)."""
+    out: dict[str, list[str]] = {"beat": [], "lose": [], "indistinguishable": []}
+    for p in pairs:
+        if reference not in (p["a"], p["b"]):
+            continue
+        other = p["b"] if p["a"] == reference else p["a"]
+        key = "indistinguishable" if p["better"] is None else "beat" if p["better"] == other else "lose"
+        out[key].append(other)
+    return out
+
+
+def targets(rows: list[dict], reference: str = REFERENCE_ALGO) -> list[dict]:
+    """The table of record's targets, each with its measured value and whether it holds: the reference's mean test
+    gain ≥ `TARGET_GAIN`, every seed positive, its 95% interval above 0, its bundle gain ≥ `TARGET_BUNDLE_GAIN`, and
+    `TARGET_SEEDS` seeds for every algorithm."""
+    ref = next((r for r in rows if r["algo"] == reference), None)
+    g = ref["gain_test"] if ref else None
+    bundle = (ref["gain_test_family"].get("bundle") if ref else None) or None
+    few = [f"{r['algo']} ({len(r['seeds'])})" for r in rows if len(r["seeds"]) < TARGET_SEEDS]
+    return [
+        {"target": f"{reference} test gain ≥ +{TARGET_GAIN:.2f}", "value": g["mean"] if g else None,
+         "met": bool(g and g["mean"] >= TARGET_GAIN)},
+        {"target": f"every {reference} seed gains", "value": g["per_seed"] if g else None,
+         "met": bool(g and all(v > 0 for v in g["per_seed"]))},
+        {"target": f"{reference}'s 95% interval above 0", "value": g["ci95"] if g else None,
+         "met": bool(g and g["ci95"] is not None and g["ci95"][0] > 0)},
+        {"target": f"{reference} bundle gain ≥ +{TARGET_BUNDLE_GAIN:.2f}", "value": bundle["mean"] if bundle else None,
+         "met": bool(bundle and bundle["mean"] >= TARGET_BUNDLE_GAIN)},
+        {"target": f"every algorithm has {TARGET_SEEDS} seeds", "value": few or "all",
+         "met": bool(rows) and not few and {r["algo"] for r in rows} >= set(ALGOS)},
+    ]
+
+
+def comparison_lines(rows: list[dict], pairs: list[dict], checks: list[dict] | None) -> list[str]:
+    """The markdown of `compare_rows`, `versus_reference` and (table of record) `targets`."""
+    lines = []
+    if checks is not None:
+        lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
+        for t in checks:
+            v = t["value"]
+            shown = (f"{v:+.3f}" if isinstance(v, float) else
+                     f"[{v[0]:+.3f}, {v[1]:+.3f}]" if isinstance(v, list) and len(v) == 2 and "interval" in t["target"]
+                     else " ".join(f"{x:+.3f}" for x in v) if isinstance(v, list) and v and isinstance(v[0], float)
+                     else ", ".join(v) if isinstance(v, list) else "–" if v is None else str(v))
+            lines.append(f"| {t['target']} | {shown} | {'**yes**' if t['met'] else 'no'} |")
+        lines.append("")
+    if pairs:
+        vs = versus_reference(pairs)
+        sep = sum(p["separated"] for p in pairs)
+        lines += ["## Algorithms compared", "",
+                  f"Difference of two algorithms' test gains, seed by seed (the same seed index, the same evaluation "
+                  f"episodes), with its 95% Student-t interval; a pair is separated when the interval excludes 0. "
+                  f"**{sep} of {len(pairs)} pairs are separated** at this budget.", ""]
+        if any(REFERENCE_ALGO in (p["a"], p["b"]) for p in pairs):
+            lines += [f"- beat {REFERENCE_ALGO}: {', '.join(vs['beat']) or 'none'}",
+                      f"- lose to {REFERENCE_ALGO}: {', '.join(vs['lose']) or 'none'}",
+                      f"- indistinguishable from {REFERENCE_ALGO}: {', '.join(vs['indistinguishable']) or 'none'}", ""]
+        lines += ["| a | b | seeds | gain a − gain b [95% CI] | separated |", "|---|---|---|---|---|"]
+        for p in pairs:
+            lines.append(f"| {p['a']} | {p['b']} | {len(p['seeds'])} | {_fmt_stat(p['diff'])} | "
+                         f"{'**' + p['better'] + '**' if p['better'] else 'no'} |")
+        lines.append("")
+    return lines
+
 
 #: the results files of each start: the table of record starts from the shipped agent
 RESULT_STEMS = {"sft": "learning_lm", "weaken": "learning_lm_weaken"}
@@ -641,10 +740,13 @@ def _train_seconds(out: Path) -> float:
 
 def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: float, command: str,
                   directory_runs: Path | None = None, curves: list[dict] | None = None,
-                  digest: str | None = None) -> None:
-    """``learning_lm.md`` and ``learning_lm.json`` in `directory` (atomic writes): the gains table, the protocol,
-    the command, commit, seeds and wall time; with `curves`, also ``learning_lm_curves.csv`` (every evaluation of
-    every run), from which a later invocation with the same protocol and start reuses the finished runs."""
+                  digest: str | None = None, recorded: dict | None = None) -> None:
+    """``learning_lm.md`` and ``learning_lm.json`` in `directory` (atomic writes): the gains table, the pairwise
+    comparisons (`compare_rows`), the targets of the table of record (start ``sft``), the protocol, the command,
+    commit, seeds and wall time; with `curves`, also ``learning_lm_curves.csv`` (every evaluation of every run),
+    from which a later invocation with the same protocol and start reuses the finished runs. `recorded` (the JSON
+    of an earlier write) keeps that measurement's command, commit, wall time and weights digest: the tables are
+    re-rendered, not re-measured (`report_recorded`)."""
     from shopsim.paths import write_text_atomic
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -655,7 +757,17 @@ def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: 
                   and c["iteration"] == args.iterations)
     meta = {"command": command, "commit": git_commit(), "seeds": seeds, "wall_s": round(wall_s, 1),
             "train_s_total": round(train_s or (_train_seconds(directory_runs) if directory_runs else 0), 1) or None,
-            "init": str(args.init or "data/lm/sft"), "init_sha256": digest, "protocol": protocol, "start": start}
+            "init": str(args.init or "data/lm/sft"), "init_sha256": digest, "protocol": protocol, "start": start,
+            "cpu_count": os.cpu_count()}
+    if recorded is not None:
+        meta.update({k: recorded.get(k) for k in ("command", "commit", "wall_s", "train_s_total", "init",
+                                                    "init_sha256")},
+                    cpu_count=recorded.get("cpu_count") or os.cpu_count())
+        command, wall_s = meta["command"], float(meta["wall_s"] or 0)
+    pairs = compare_rows(rows)
+    checks = targets(rows) if args.start == "sft" else None
+    meta.update({"pairs": pairs, "pairs_separated": sum(p["separated"] for p in pairs),
+                 "versus_" + REFERENCE_ALGO: versus_reference(pairs), **({"targets": checks} if checks else {})})
     if curves:
         import io
 
@@ -674,20 +786,53 @@ def write_results(directory: Path, rows: list[dict], start: dict, args, wall_s: 
           "recorded in learning_lm_curves.csv are reused)"
           + (f"; rollout + update time of all runs: {meta['train_s_total'] / 60:.0f} min"
              if meta["train_s_total"] else ""),
-          f"- machine: {os.cpu_count()} CPU cores, shared by the runs that ran at the same time (times are "
+          f"- machine: {meta['cpu_count']} CPU cores, shared by the runs that ran at the same time (times are "
           "indicative); the seeds of each algorithm are in its row",
           f"- families: {fam}; start: `{args.start}`"
           + (f" (weakened to ≈{args.target:.2f} dev success)" if args.start == "weaken" else ""),
           f"- budget per run: {args.iterations} iterations × {args.rollouts} rollouts, lr {args.lr}, rollout "
           f"temperature {args.temperature}; evaluation: greedy, the first {args.eval_episodes} test (and dev) tasks "
-          "of the families, the same episodes for the start and every run", "",
+          "of the families, the same episodes for the start and every run",
+          "- protocol (`--` options): " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in protocol.items()
+                                                  if k not in ("families", "start", "seeds")), "",
           "Gain = final test success − the start's, per seed; the interval is the 95% Student-t interval of the "
           "mean over seeds.", "", *summary_table(rows, args.families), ""]
     notes = row_notes(rows)
     if notes:
         md += ["Rollouts count every episode a run sampled, those before its first RL iteration included:", "",
                *notes, ""]
+    md += comparison_lines(rows, pairs, checks)
     write_text_atomic(md_path, "\n".join(md))
+
+
+def report_recorded(directory: Path, starts=None) -> list[Path]:
+    """Re-render the tables recorded in `directory` (``--report-only --results DIR``) from their own files: each
+    start's ``learning_lm*.json`` (protocol, start evaluation, command, commit) and ``learning_lm*_curves.csv``
+    (every evaluation of every run). Nothing is trained or evaluated; the figures are those measured. Returns the
+    tables written; a start with no recorded files is skipped (an error when none is found)."""
+    from types import SimpleNamespace
+
+    written = []
+    for start_kind in starts or RESULT_STEMS:
+        md_path, json_path, curves_path = result_paths(directory, start_kind)
+        if not (json_path.is_file() and curves_path.is_file()):
+            continue
+        meta = json.loads(json_path.read_text())
+        protocol = {k: meta.get("protocol", {}).get(k, PROTOCOL_DEFAULTS.get(k)) for k in PROTOCOL_KEYS}
+        args = SimpleNamespace(**protocol, seeds=meta.get("protocol", {}).get("seeds", meta.get("seeds")),
+                               init=meta.get("init"))
+        args.start = start_kind
+        with curves_path.open() as f:
+            curves = [{k: (None if v == "" else v if k in ("algo", "config") else int(float(v))
+                           if k in ("seed", "iteration", "rollouts", "pre_rollouts", "gen_kept") else float(v))
+                       for k, v in row.items()} for row in csv.DictReader(f)]
+        rows = summarise([c for c in curves if c["algo"] != "start"], meta["start"], args.iterations, args.families)
+        write_results(directory, rows, meta["start"], args, 0.0, "", curves=curves, recorded=meta)
+        written.append(md_path)
+    if not written:
+        raise SystemExit(f"no recorded tables in {directory} (learning_lm.json with learning_lm_curves.csv); "
+                         "run the benchmark with --results first")
+    return written
 
 
 def _write(out: Path, curves: list[dict], start: dict, args) -> list[dict]:
@@ -830,8 +975,9 @@ def main(argv=None) -> int:
                    help="also write learning_lm.md and learning_lm.json (gains with 95%% intervals, command, commit, "
                         "seeds, wall time) into this folder, e.g. docs/results")
     p.add_argument("--report-only", action="store_true",
-                   help="train nothing: summarise the finished runs found in --out (written by earlier invocations "
-                        "with the same protocol) and write the tables")
+                   help="train nothing. With --results DIR: re-render the tables recorded in DIR from their own "
+                        "files (both starts, or --start's), whatever the other options; without: summarise the "
+                        "finished runs found in --out")
     p.add_argument("--quick", action="store_true", help="grpo + mpo, 1 seed, 3 iterations, 8 rollouts, 12 eval tasks")
     p.add_argument("--no-progress", action="store_true")
     # bundle episodes need up to ~25 turns (the shared default of 15 suits the find/clarify checks of repro_*)
@@ -843,6 +989,11 @@ def main(argv=None) -> int:
     from benchmarks import shopping_families
 
     a.families = shopping_families(p, a.families)
+    if a.report_only and a.results:
+        given = {x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:])}
+        for path in report_recorded(Path(a.results), [a.start] if "--start" in given else None):
+            print(f"wrote {path} (from its recorded runs)")
+        return 0
     run(a, argv)
     return 0
 

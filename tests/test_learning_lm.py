@@ -4,10 +4,11 @@ import json
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import baselines
-from benchmarks.learning_lm import summarise, summary_table, write_results
+from benchmarks.learning_lm import compare_rows, summarise, summary_table, targets, versus_reference, write_results
 from shopsim.errors import ConfigError
 
 FAMS = ("find_and_buy", "clarify_and_buy")
@@ -58,6 +59,68 @@ def test_write_results_records_the_protocol(tmp_path, start, stem):
     md = (tmp_path / f"{stem}.md").read_text()
     assert f"start: `{start}`" in md
     assert "--iterations 2" in md and "2.1 min" in md and "| mpo | 2 |" in md
+
+
+def _three_algos():
+    """grpo gains +0.10 +0.15 +0.05; mpo +0.10 -0.05 (seeds 0, 1); dapo -0.20 -0.16 -0.14."""
+    return _curves() + [_row("dapo", 0, 2, 0.00, 0.2, 0.0), _row("dapo", 1, 2, 0.04, 0.2, 0.0),
+                        _row("dapo", 2, 2, 0.06, 0.2, 0.0)]
+
+
+def test_algorithm_pairs_are_decided_seed_by_seed():
+    rows = summarise(_three_algos(), START, 2, FAMS)
+    pairs = {(p["a"], p["b"]): p for p in compare_rows(rows)}
+    assert set(pairs) == {("grpo", "mpo"), ("grpo", "dapo"), ("mpo", "dapo")}
+    gd = pairs[("grpo", "dapo")]
+    assert gd["seeds"] == [0, 1, 2] and gd["diff"]["per_seed"] == pytest.approx([0.30, 0.31, 0.19])
+    half = 4.303 * float(np.std([0.30, 0.31, 0.19], ddof=1)) / math.sqrt(3)
+    assert gd["diff"]["ci95"] == pytest.approx([0.80 / 3 - half, 0.80 / 3 + half])
+    assert gd["separated"] and gd["better"] == "grpo"
+    gm = pairs[("grpo", "mpo")]  # seeds 0 and 1 only: differences 0.0 and 0.2, t(1) = 12.7 spans 0
+    assert gm["seeds"] == [0, 1] and gm["diff"]["mean"] == pytest.approx(0.1) and not gm["separated"]
+    assert gm["better"] is None
+    assert versus_reference(list(pairs.values())) == {"beat": [], "lose": ["dapo"], "indistinguishable": ["mpo"]}
+
+
+def test_targets_of_the_table_of_record():
+    checks = {t["target"]: t for t in targets(summarise(_three_algos(), START, 2, FAMS))}
+    assert checks["grpo test gain ≥ +0.05"]["met"] and checks["grpo test gain ≥ +0.05"]["value"] == pytest.approx(0.1)
+    assert checks["every grpo seed gains"]["met"]
+    assert not checks["grpo's 95% interval above 0"]["met"]  # 0.10 ± 0.124
+    assert not checks["grpo bundle gain ≥ +0.08"]["met"] and checks["grpo bundle gain ≥ +0.08"]["value"] is None
+    assert not checks["every algorithm has 3 seeds"]["met"] and checks["every algorithm has 3 seeds"]["value"] == [
+        "mpo (2)"]
+
+
+def test_report_only_rerenders_the_recorded_tables(tmp_path, monkeypatch):
+    """`--report-only --results DIR` rebuilds both starts' tables from DIR's own files: the same bytes as the
+    measuring invocation wrote, its command, commit and wall time kept, whatever the other options say."""
+    import benchmarks.learning_lm as lm
+
+    curves = _three_algos()
+    for start in ("sft", "weaken"):
+        args = SimpleNamespace(families=list(FAMS), start=start, target=0.3, iterations=2, rollouts=32, group_size=8,
+                               minibatches=4, lr=1e-4, temperature=0.5, max_new_tokens=48, max_turns=15,
+                               eval_episodes=100, seeds=[0, 1, 2], init=None, top_p=0.8)
+        write_results(tmp_path, summarise(curves, START, 2, FAMS), START, args, 125.0,
+                      f"python -m benchmarks.learning_lm --start {start}", curves=curves, digest="abc")
+    names = ["learning_lm.md", "learning_lm.json", "learning_lm_weaken.md", "learning_lm_weaken.json"]
+    before = {n: (tmp_path / n).read_bytes() for n in names}
+    md = before["learning_lm.md"].decode()
+    assert "**1 of 3 pairs are separated**" in md and "- lose to grpo: dapo" in md and "top-p 0.8" in md
+    assert "| grpo's 95% interval above 0 |" in md
+    assert "## Targets" not in before["learning_lm_weaken.md"].decode()  # the targets are the table of record's
+    for n in ("learning_lm.md", "learning_lm_weaken.md"):
+        (tmp_path / n).unlink()
+    monkeypatch.setattr(lm, "run", lambda *a, **k: pytest.fail("report-only must not train or evaluate"))
+    monkeypatch.setattr(lm, "git_commit", lambda: "another-commit")
+    assert lm.main(["--report-only", "--results", str(tmp_path), "--iterations", "7"]) == 0
+    assert {n: (tmp_path / n).read_bytes() for n in names} == before
+    (tmp_path / "learning_lm.md").unlink()
+    lm.main(["--report-only", "--results", str(tmp_path), "--start", "sft"])
+    assert (tmp_path / "learning_lm.md").read_bytes() == before["learning_lm.md"]
+    with pytest.raises(SystemExit, match="no recorded tables"):
+        lm.main(["--report-only", "--results", str(tmp_path / "empty")])
 
 
 @pytest.mark.parametrize(("given", "families"), [
