@@ -419,6 +419,47 @@ def run(args, argv=None) -> None:
                       digest=digest)
         md_path, json_path, _ = result_paths(Path(args.results), args.start)
         print(f"wrote {md_path} and {json_path.name}")
+    if getattr(args, "standard_results", None):
+        import shlex
+
+        command = "python -m benchmarks.learning_lm " + shlex.join(sys.argv[1:] if argv is None else argv)
+        standard_rows(out, args, Path(args.standard_results), command, digest)
+
+
+#: the entries whose first seed's checkpoint ships beside its standard results file (the main job re-checks it live)
+LIVE_CHECKPOINTS = ("grpo",)
+
+
+def standard_rows(out: Path, args, results_dir: Path, command: str, digest: str) -> list[dict]:
+    """The standard tier's Shopping rows from this benchmark's runs (`shopsim.app.bench.import_trained`): every
+    algorithm whose runs of all ``--seeds`` finished in `out` gets ``results_dir/Shopping-v0/<algo>.json``, its
+    final checkpoints evaluated on the leaderboard's protocol. The rows are trained once, here, and rendered both in
+    this table and on the leaderboard (``shopsim bench --tier standard`` does not train them)."""
+    from shopsim.app.bench import import_trained
+
+    written = []
+    for name in args.algos:
+        dirs = [out / name / f"seed{sd}" for sd in args.seeds]
+        if not all(_finished(d, args.iterations) for d in dirs):
+            print(f"standard row {name}: not every seed has finished {args.iterations} iterations; not written")
+            continue
+        budget = {"mode": "standard", "source": "benchmarks.learning_lm", "iterations": args.iterations,
+                  "train_seeds": list(args.seeds), "init_sha256": digest, "protocol": protocol_of(args)}
+        rec = import_trained(ENV, name, dirs, results_dir, budget=budget, command=command, algorithm=name,
+                             keep_checkpoint=name in LIVE_CHECKPOINTS, progress=not args.no_progress)
+        print(f"standard row {name}: success {rec['metrics']['success_rate']['mean']:.3f}")
+        written.append(rec)
+    return written
+
+
+def _finished(run_dir: Path, iterations: int) -> bool:
+    """Whether a run folder holds a final checkpoint after `iterations` iterations (its metrics.csv's last row)."""
+    path = run_dir / "metrics.csv"
+    if not (run_dir / "checkpoint").is_dir() or not path.is_file():
+        return False
+    with path.open() as f:
+        last = list(csv.DictReader(f))[-1:]
+    return bool(last) and int(float(last[0]["iteration"])) >= iterations
 
 
 def expected_digests(args, env_kwargs: dict, algos=ALGOS) -> dict[str, str]:
@@ -974,6 +1015,10 @@ def main(argv=None) -> int:
     p.add_argument("--results", default=None,
                    help="also write learning_lm.md and learning_lm.json (gains with 95%% intervals, command, commit, "
                         "seeds, wall time) into this folder, e.g. docs/results")
+    p.add_argument("--standard-results", default=None,
+                   help="also write the standard tier's Shopping rows from these runs, e.g. data/results/standard "
+                        "(every algorithm whose --seeds all finished; their checkpoints evaluated on the "
+                        "leaderboard's protocol)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing. With --results DIR: re-render the tables recorded in DIR from their own "
                         "files (both starts, or --start's), whatever the other options; without: summarise the "

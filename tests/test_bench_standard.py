@@ -207,3 +207,35 @@ def test_capg_claims_read_the_k20_table_when_the_tier_has_it():
     assert got[("TwoStageRetrieval-v0", "capg beats random on policy_value")]["verdict"] == "shown"
     only10 = [c for c in claims({"TwoStageRetrieval-v0": k10}) if "above vpg" in c["claim"]]
     assert [c["claim"] for c in only10][0] == "capg above vpg on policy value (K = 10, the card claims it at K = 20)"
+
+
+def test_rows_trained_elsewhere_are_imported_as_the_tier_trains_its_own(toy_world, tmp_path):
+    """`import_trained` (how benchmarks.learning_lm writes the Shopping rows) evaluates finished runs on the tier's
+    protocol exactly as the tier evaluates the runs it trains: the same metrics from the same checkpoints, the
+    budget the runs were trained under recorded, the first seed's checkpoint shipped, and a second call resumes."""
+    import pytest
+
+    from shopsim.app.bench import import_trained
+    from shopsim.errors import ConfigError
+
+    _ship(tmp_path)
+    trained = json.loads((shipped_dir() / "ToyCoin-v0" / "toyalgo.json").read_text())
+    runs = tmp_path / "std" / "runs" / "ToyCoin-v0" / "toyalgo"
+    dest = tmp_path / "imported"
+    budget = {"mode": "standard", "source": "elsewhere", "iterations": 2}
+    rec = import_trained(TOY_ID, "toyalgo", [runs / "seed0", runs / "seed1"], dest, budget=budget,
+                         command="python -m elsewhere", keep_checkpoint=True, table=STANDARD)
+    assert rec["metrics"] == trained["metrics"] and rec["curve"] == trained["curve"]
+    assert rec["budget"] == budget and rec["command"] == "python -m elsewhere" and rec["train_seeds"] == [0, 1]
+    assert rec["protocol_hash"] == trained["protocol_hash"] and rec["kind"] == "trained"
+    assert (dest / "ToyCoin-v0" / "toyalgo" / "seed0" / "shopsim_agent.json").is_file()
+    path = dest / "ToyCoin-v0" / "toyalgo.json"
+    before = path.stat().st_mtime_ns
+    import_trained(TOY_ID, "toyalgo", [runs / "seed0", runs / "seed1"], dest, budget=budget, command="x",
+                   table=STANDARD)
+    assert path.stat().st_mtime_ns == before  # same protocol and budget: kept
+    again = import_trained(TOY_ID, "toyalgo", [runs / "seed0"], dest, budget={**budget, "iterations": 3},
+                           command="x", table=STANDARD)
+    assert again["budget"]["iterations"] == 3 and len(again["metrics"]["success_rate"].get("per_seed", [])) != 2
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        import_trained(TOY_ID, "toyalgo", [tmp_path / "nowhere"], dest, budget=budget, command="x", table=STANDARD)

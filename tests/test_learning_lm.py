@@ -572,3 +572,30 @@ def test_gradient_noise_table_from_recorded_json_files(tmp_path):
     assert "| x |" in (tmp_path / "out" / "grad_noise_lm.md").read_text()
     with pytest.raises(SystemExit, match="families"):
         main(["--from-json", str(a), str(c), "--results", str(tmp_path / "out2")])
+
+
+def test_standard_rows_import_only_runs_whose_seeds_all_finished(tmp_path, monkeypatch):
+    import shopsim.app.bench as bench
+    from benchmarks.learning_lm import standard_rows
+
+    for algo, its in (("grpo", (2, 2)), ("mpo", (2, 1))):  # mpo's seed 1 stopped after iteration 1 of 2
+        for seed, it in enumerate(its):
+            d = tmp_path / algo / f"seed{seed}"
+            (d / "checkpoint").mkdir(parents=True)
+            rows = "".join(f"{i},0.5\n" for i in range(1, it + 1))
+            (d / "metrics.csv").write_text("iteration,train_success\n" + rows)
+    calls = []
+
+    def fake(env_id, entry, dirs, results_dir, **kw):
+        calls.append((entry, [d.name for d in dirs], kw["budget"], kw["keep_checkpoint"]))
+        return {"metrics": {"success_rate": {"mean": 0.5}}}
+
+    monkeypatch.setattr(bench, "import_trained", fake)
+    args = SimpleNamespace(algos=["grpo", "mpo"], seeds=[0, 1], iterations=2, no_progress=True, families=list(FAMS),
+                           start="sft", target=0.3, rollouts=32, group_size=8, minibatches=1, lr=1e-4,
+                           temperature=1.0, max_new_tokens=48, max_turns=40, eval_episodes=400)
+    rows = standard_rows(tmp_path, args, tmp_path / "std", "python -m benchmarks.learning_lm", "abc")
+    assert len(rows) == 1 and [c[0] for c in calls] == ["grpo"] and calls[0][1] == ["seed0", "seed1"]
+    budget = calls[0][2]
+    assert budget["source"] == "benchmarks.learning_lm" and budget["train_seeds"] == [0, 1]
+    assert budget["protocol"]["temperature"] == 1.0 and budget["init_sha256"] == "abc" and calls[0][3]

@@ -340,20 +340,7 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                 runs.append(ev)
                 if n_train > 1:  # a fresh algorithm object per run: no state carried between seeds
                     algo = baselines.make(entry.algorithm, env_id=entry.env_id, **overrides)
-            if n_train == 1:
-                metrics, notes = runs[0].metrics, runs[0].notes
-            else:
-                metrics = pool_runs(runs, protocol)
-                notes = sorted({n for ev in runs for n in ev.notes})
-            for note in notes:
-                log(f"  note: {note}")
-            info["curve"] = learning_curve(csvs, protocol.family)
-            extra = {"ci_over": "train_seeds" if n_train > 1 else "eval_seeds", **meta}
-            if agent_env_kwargs(agent, protocol) != dict(protocol.env_kwargs):
-                extra["env_kwargs"] = agent_env_kwargs(agent, protocol)
-            if notes:
-                extra["notes"] = notes
-            rec = make_results(**info, metrics=metrics, wall_s=time.perf_counter() - t0, extra=extra)
+            rec = trained_record(info, runs, csvs, agent, protocol, meta, time.perf_counter() - t0, log)
         if entry.kind != "trained":
             ev = evaluate(agent, protocol, reference=reference_agent(protocol), progress=progress,
                           num_envs=budget.num_envs)
@@ -374,6 +361,74 @@ def run_entry(entry: Entry, protocol: Protocol, out: Path, *, budget: Budget, mo
                            status="error", error=f"{type(exc).__name__}: {exc} (traceback: {log_path})",
                            wall_s=time.perf_counter() - t0, extra=meta)
     write_results(res_path, rec)
+    return rec
+
+
+def trained_record(info: dict, runs: list, csvs: list[Path], agent, protocol: Protocol, meta: dict, wall_s: float,
+                   log: Callable[[str], None] = print) -> dict:
+    """The results record of a trained entry from its runs' evaluations (one per training seed, pooled over them
+    when there are several: `pool_runs`) and their ``metrics.csv`` (the learning curve)."""
+    if len(runs) == 1:
+        metrics, notes = runs[0].metrics, runs[0].notes
+    else:
+        metrics = pool_runs(runs, protocol)
+        notes = sorted({n for ev in runs for n in ev.notes})
+    for note in notes:
+        log(f"  note: {note}")
+    extra = {"ci_over": "train_seeds" if len(runs) > 1 else "eval_seeds", **meta}
+    if agent_env_kwargs(agent, protocol) != dict(protocol.env_kwargs):
+        extra["env_kwargs"] = agent_env_kwargs(agent, protocol)
+    if notes:
+        extra["notes"] = notes
+    return make_results(**info, curve=learning_curve(csvs, protocol.family), metrics=metrics, wall_s=wall_s,
+                        extra=extra)
+
+
+def import_trained(env_id: str, entry: str, seed_dirs: Sequence[Path], results_dir: Path, *, budget: dict,
+                   command: str, algorithm: str | None = None, mode: str = "standard", keep_checkpoint: bool = False,
+                   progress: bool = False, log: Callable[[str], None] = print, table: dict | None = None) -> dict:
+    """A trained row of `mode`'s table from runs trained elsewhere (`benchmarks.learning_lm` trains the Shopping
+    rows of the standard tier). The final checkpoint of each training seed's run folder (``<seed dir>/checkpoint``,
+    beside the trainer's ``metrics.csv`` and, from `baselines`' trainers, ``run.json``) is evaluated on the env's
+    protocol exactly as `run_entry` evaluates the runs it trains, pooled over the seeds, and written to
+    ``results_dir/<Env>/<entry>.json``. Nothing is trained. `budget` says how the runs were trained (recorded in
+    the file, and part of its config hash); `command` is what trains them. With `keep_checkpoint` the first seed's
+    checkpoint is copied beside the file, for the main job's live re-check. A file already there on the same
+    protocol and budget is kept (resume)."""
+    import agents
+    from shopsim.envs import family_of
+
+    seed_dirs = [Path(d) for d in seed_dirs]
+    if not seed_dirs:
+        raise ConfigError(f"{entry}: no training runs to import")
+    missing = [str(d) for d in seed_dirs if not (d / "checkpoint").is_dir()]
+    if missing:
+        raise ConfigError(f"{entry}: not finished training runs (no checkpoint/): {', '.join(missing)}")
+    b = budget_for(mode, env_id, family_of(env_id), table)
+    protocol = _protocol(env_id, b, "test")
+    res_path = results_path(results_dir, env_id, entry)
+    done = existing_result(res_path, protocol)
+    if done is not None and done.get("budget") == budget:
+        return done
+    t0 = time.perf_counter()
+    runs, agent = [], None
+    for d in seed_dirs:
+        agent = agents.load_checkpoint(d / "checkpoint", env_id=env_id)
+        runs.append(evaluate(agent, protocol, reference=reference_agent(protocol), progress=progress,
+                             num_envs=b.num_envs))
+    import json
+
+    run_file = seed_dirs[0] / "run.json"  # a `baselines` trainer's record of its config
+    config = json.loads(run_file.read_text()).get("config", {}) if run_file.is_file() else {}
+    info = {"protocol": protocol, "entry": entry, "kind": "trained", "algorithm": algorithm or entry,
+            "agent": f"{type(agent).__module__}:{type(agent).__qualname__}", "config": config, "budget": budget}
+    meta = {"command": command, "tier": mode,
+            "train_seeds": [int(d.name[4:]) if d.name.startswith("seed") else i for i, d in enumerate(seed_dirs)]}
+    rec = trained_record(info, runs, [d / "metrics.csv" for d in seed_dirs], agent, protocol, meta,
+                         time.perf_counter() - t0, log)
+    write_results(res_path, rec)
+    if keep_checkpoint:
+        _copy_checkpoint(seed_dirs[0] / "checkpoint", res_path.parent / entry / seed_dirs[0].name)
     return rec
 
 

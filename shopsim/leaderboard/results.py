@@ -134,7 +134,7 @@ def env_version(env_id: str) -> int | None:
 
 def make_results(*, protocol, entry: str, kind: str, metrics: dict, agent: str | None = None,
                  algorithm: str | None = None, config: dict | None = None, budget: dict | None = None,
-                 status: str = "ok", error: str | None = None, curve: str | None = None,
+                 status: str = "ok", error: str | None = None, curve: dict | None = None,
                  wall_s: float | None = None, extra: dict | None = None) -> dict:
     """A results record for one leaderboard entry evaluated under `protocol` (see module docstring)."""
     from shopsim import __version__
