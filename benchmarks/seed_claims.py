@@ -20,9 +20,11 @@ Decision rules (`RULES`):
   claim's better side;
 * ``every_seed``: a yes/no per seed; shown when it holds in every seed.
 
-Rows so far: ProRL (prorl_ladder.json), CA-PG (capg_k.json, and the standard tier's TwoStageRetrieval table at the
-card's K = 20, data/results/standard/TwoStageRetrieval-v0_k20/) and HPO (hpo_n.json). The LM seed methods join as
-further `ClaimSpec` entries that read their own results files; nothing else changes.
+Rows so far: the LM seed methods' comparisons with the algorithms their cards name, read from the learning
+benchmark's table of record from the shipped agent (learning_lm.json: MPO, BiPACE, BASIS, WAPO); ProRL
+(prorl_ladder.json), CA-PG (capg_k.json, and the standard tier's TwoStageRetrieval table at the card's K = 20,
+data/results/standard/TwoStageRetrieval-v0_k20/) and HPO (hpo_n.json). The claims that need arms of their own (ARC,
+DelTA, TrOPD, mid-training, the ablations) join as further `ClaimSpec` entries that read their own results files.
 """
 
 from __future__ import annotations
@@ -145,7 +147,10 @@ def decide(spec: ClaimSpec, results: Path, root: Path = ROOT) -> dict:
     if spec.reference_source:
         row["reference_source"] = spec.reference_source
         res = {"row": res, "reference": json.loads(source_path(spec.reference_source, results, root).read_text())}
-    m = spec.measure(res)
+    try:
+        m = spec.measure(res)
+    except KeyError as exc:  # the source exists but has not recorded this claim's arms yet
+        return {**row, "verdict": NOT_MEASURED, "note": str(exc.args[0]) if exc.args else repr(exc)}
     row.update(seeds=m["seeds"], figure=_r(m["figure"]), reference_figure=_r(m.get("reference")))
     if spec.rule == "paired_t":
         d = decide_paired(m["diff"], spec.better)
@@ -326,8 +331,53 @@ def _hpo_vs_ss(res: dict) -> dict:
                     f"{np.mean(late):+.1f} points [{lo:+.1f}, {hi:+.1f}]"}
 
 
+# ------------------------------------------------------------------------------- the LM learning table of record
+#: the learning benchmark's table from the shipped agent (``python -m benchmarks.learning_lm ... --results DIR``):
+#: every LM algorithm at one budget, 3 seeds, evaluated on the same test episodes
+LEARNING = "learning_lm.json"
+
+
+def _learning_gain(algo: str, ref: str, family: str | None = None) -> Measure:
+    """Per seed: `algo`'s test-success gain over the shipped agent (overall, or on `family`) against `ref`'s with
+    the same seed index (same start, same evaluation episodes, so the start cancels in the difference)."""
+
+    def measure(res: dict) -> dict:
+        rows = {r["algo"]: r for r in res["rows"]}
+        if algo not in rows or ref not in rows:
+            missing = [a for a in (algo, ref) if a not in rows]
+            raise KeyError(f"{LEARNING} has no row for {', '.join(missing)}")
+
+        def per_seed(r: dict) -> dict[int, float]:
+            st = r["gain_test"] if family is None else (r.get("gain_test_family") or {}).get(family)
+            return dict(zip(r["seeds"], st["per_seed"], strict=True)) if st else {}
+
+        a, b = per_seed(rows[algo]), per_seed(rows[ref])
+        seeds = sorted(set(a) & set(b))
+        fig, rf = [a[sd] for sd in seeds], [b[sd] for sd in seeds]
+        pr = res.get("protocol", {})
+        return {"seeds": seeds, "figure": fig, "reference": rf, "diff": [x - y for x, y in zip(fig, rf, strict=True)],
+                "note": f"test-success gain over the shipped agent{' on ' + family if family else ''} after "
+                        f"{pr.get('iterations')} iterations × {pr.get('rollouts')} rollouts, the first "
+                        f"{pr.get('eval_episodes')} test tasks, greedy"}
+
+    return measure
+
+
+def _learning_spec(paper: str, algo: str, ref: str, claim: str, family: str | None = None) -> ClaimSpec:
+    return ClaimSpec(paper, algo, claim, LEARNING, f"{ref} (same seed)", "paired_t", _learning_gain(algo, ref, family),
+                     start="sft", unit=f"test gain{' (' + family + ')' if family else ''}")
+
+
 # ---------------------------------------------------------------------------------------------------- the table
 SPECS: list[ClaimSpec] = [
+    _learning_spec("MPO", "mpo", "ppo", "at equal budget MPO gains more than PPO (token GAE) on bundle", "bundle"),
+    _learning_spec("MPO", "mpo", "vapo", "at equal budget MPO gains more than VAPO on bundle", "bundle"),
+    _learning_spec("MPO", "mpo", "ppo", "at equal budget MPO gains more than PPO overall"),
+    _learning_spec("BiPACE", "bipace", "grpo", "BiPACE gains more than GRPO at equal budget"),
+    _learning_spec("BiPACE", "bipace", "gigpo", "BiPACE gains more than GiGPO at equal budget"),
+    _learning_spec("BASIS", "basis", "reinforce", "BASIS (one rollout per task) gains more than single-rollout "
+                   "REINFORCE"),
+    _learning_spec("WAPO", "wapo", "grpo", "WAPO ends above GRPO at equal budget"),
     ClaimSpec("ProRL", "prorl", "REINFORCE on the raw fused step reward drifts to the maximum path length", PRORL,
               "greedy length ≥ 0.9·L_max = 9; the SFT start", "every_seed", _prorl_max_length, start="sft",
               unit="items"),
