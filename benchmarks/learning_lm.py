@@ -119,10 +119,15 @@ def _algo(name: str, args, env_kwargs: dict, **over):
         if teacher is not None:
             per["teacher"] = teacher
     if name == "midtrain":
-        # the card's strategy prompt (and exemplar) keeps nothing from the weakened start (0 of 768 candidates
+        # from the weakened start the card's strategy prompt (and exemplar) keeps nothing (0 of 768 candidates
         # succeed), which would make the row plain GRPO: sample unprompted at the rollout temperature and let the
-        # adherence check assign the correct samples to strategies (midtrain's [derived] fallback)
-        per.update(strategy_prompt=False, exemplar=False, gen_temperature=args.temperature)
+        # adherence check assign the correct samples to strategies (midtrain's [derived] fallback). The shipped
+        # agent follows the card's strategy line (43% of 768 candidates succeed, 44 kept), but an exemplar
+        # prepended to its first observation breaks it (2 of 768): the card's prompt without the exemplar
+        if getattr(args, "start", "weaken") == "sft":
+            per.update(exemplar=False, gen_temperature=args.temperature)
+        else:
+            per.update(strategy_prompt=False, exemplar=False, gen_temperature=args.temperature)
     neg = getattr(args, "negative_advantage_scale", 1.0)
     if neg != 1.0:
         per["negative_advantage_scale"] = neg

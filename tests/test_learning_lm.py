@@ -284,6 +284,20 @@ def test_tropd_distils_from_the_unweakened_checkpoint_unless_told_otherwise(monk
     assert TrOPDConfig().teacher != "data/lm/sft"  # the weakened protocol does not simply follow the class default
 
 
+def test_midtrain_generates_with_the_cards_strategy_prompt_from_the_shipped_agent(monkeypatch):
+    """From the shipped agent mid-training's stage 1 uses the card's strategy prompt (without the exemplar, which
+    the shipped agent cannot follow); from the weakened start the unprompted [derived] fallback."""
+    import benchmarks.learning_lm as lm
+
+    seen = []
+    monkeypatch.setattr(lm, "run", lambda a, argv=None: seen.append(a))
+    lm.main(["--temperature", "0.9"])
+    lm.main(["--start", "weaken", "--temperature", "0.9"])
+    sft, weak = (lm._algo("midtrain", a, {}).config for a in seen)
+    assert (sft.strategy_prompt, sft.exemplar, sft.gen_temperature) == (True, False, 0.9)
+    assert (weak.strategy_prompt, weak.exemplar, weak.gen_temperature) == (False, False, 0.9)
+
+
 def test_the_sft_start_is_the_shipped_checkpoint_untouched(tmp_path, monkeypatch):
     """`--start sft` (the default) saves the shipped weights as they are: no interpolation toward a random model,
     no calibration evaluation; the start's evaluation then runs on exactly those weights."""
