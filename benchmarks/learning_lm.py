@@ -551,6 +551,7 @@ def _curves(out: Path, start: dict, families=FAMILIES) -> list[dict]:
     """Every finished evaluation of every run under `out` (runs of earlier invocations included). ``rollouts``
     counts every episode the run sampled up to that evaluation, those before RL (``pre_rollouts``) included."""
     per_family = [f"test_success/{f}" for f in families]
+    asked = ["test_asked", *(f"test_asked/{f}" for f in families)]  # ARC's asked share, where the env reports it
     curves = [{"algo": "start", "seed": -1, "iteration": 0, "dev_success": start["dev"], "test_success": start["test"],
                **{k: start.get(k.replace("_success", "")) for k in per_family}, "rollouts": 0,
                "train_s": 0.0}]
@@ -569,6 +570,7 @@ def _curves(out: Path, start: dict, families=FAMILIES) -> list[dict]:
                                        "test_success": float(row["test_success"]),
                                        **{k: float(row[k]) if row.get(k) not in (None, "") else None
                                           for k in per_family},
+                                       **{k: float(row[k]) for k in asked if row.get(k) not in (None, "")},
                                        "rollouts": used, "train_s": round(secs, 1), **info})
     return curves
 
@@ -584,7 +586,9 @@ def summarise(curves: list[dict], start: dict, iterations: int, families=FAMILIE
     """One row per algorithm with finished runs: the test-success gain over the start, final − start per seed,
     its mean and 95% Student-t interval over seeds (`shopsim.leaderboard.metrics.stat`), overall and per family,
     and whether every seed gained. The start is one checkpoint evaluated once on the same episodes, so each seed's
-    gain is a paired difference."""
+    gain is a paired difference. Also, where every seed has them: ``late_gain_test``, the final test success less
+    the evaluation before it (does a run still climb at the end?), and ``asked_test`` / ``asked_test_family``, the
+    share of final test episodes that asked the customer a question."""
     from shopsim.leaderboard.metrics import stat
 
     rows = []
@@ -607,8 +611,29 @@ def summarise(curves: list[dict], start: dict, iterations: int, families=FAMILIE
                      "gain_test": gain, "all_seeds_gain": all(g > 0 for g in gain["per_seed"]),
                      "gain_test_family": fam, "pre_rollouts": finals[0].get("pre_rollouts") or 0,
                      **({"gen_kept": [c["gen_kept"] for c in finals]}
-                        if any(c.get("gen_kept") is not None for c in finals) else {})})
+                        if any(c.get("gen_kept") is not None for c in finals) else {}),
+                     **_late_and_asked(curves, finals, iterations, families)})
     return rows
+
+
+def _late_and_asked(curves: list[dict], finals: list[dict], iterations: int, families) -> dict:
+    """`summarise`'s optional figures of one algorithm's final evaluations (see there)."""
+    from shopsim.leaderboard.metrics import stat
+
+    out: dict = {}
+    late = []
+    for c in finals:
+        before = [e for e in curves
+                  if e["algo"] == c["algo"] and e["seed"] == c["seed"] and e["iteration"] < iterations]
+        if before:
+            late.append(c["test_success"] - max(before, key=lambda e: e["iteration"])["test_success"])
+    if finals and len(late) == len(finals):
+        out["late_gain_test"] = stat(late)
+    if finals and all(c.get("test_asked") is not None for c in finals):
+        out["asked_test"] = stat([c["test_asked"] for c in finals])
+        out["asked_test_family"] = {f: stat([c[f"test_asked/{f}"] for c in finals]) for f in families
+                                    if all(c.get(f"test_asked/{f}") is not None for c in finals)}
+    return out
 
 
 def row_notes(rows: list[dict]) -> list[str]:

@@ -20,11 +20,13 @@ Decision rules (`RULES`):
   claim's better side;
 * ``every_seed``: a yes/no per seed; shown when it holds in every seed.
 
-Rows so far: the LM seed methods' comparisons with the algorithms their cards name, read from the learning
-benchmark's table of record from the shipped agent (learning_lm.json: MPO, BiPACE, BASIS, WAPO); ProRL
+Rows so far: the LM seed methods' comparisons with the algorithms and arms their cards name, read from the learning
+benchmark's table of record from the shipped agent (learning_lm.json; the arms are its `VARIANTS`: MPO, ARC,
+BiPACE, BASIS, WAPO, DelTA, TrOPD, mid-training); ProRL
 (prorl_ladder.json), CA-PG (capg_k.json, and the standard tier's TwoStageRetrieval table at the card's K = 20,
-data/results/standard/TwoStageRetrieval-v0_k20/) and HPO (hpo_n.json). The claims that need arms of their own (ARC,
-DelTA, TrOPD, mid-training, the ablations) join as further `ClaimSpec` entries that read their own results files.
+data/results/standard/TwoStageRetrieval-v0_k20/) and HPO (hpo_n.json). Claims that need measurements of their own
+(WAPO's stability under a destabilising setting, the critic-variance and gradient-norm diagnostics) join as further
+`ClaimSpec` entries that read their own results files.
 """
 
 from __future__ import annotations
@@ -337,9 +339,16 @@ def _hpo_vs_ss(res: dict) -> dict:
 LEARNING = "learning_lm.json"
 
 
-def _learning_gain(algo: str, ref: str, family: str | None = None) -> Measure:
+#: what `_learning_gain` reads from a row: the final gain over the start, or its change since the previous evaluation
+LEARNING_KEYS = {"gain_test": "test-success gain over the shipped agent",
+                 "late_gain_test": "change of test success over the last evaluation interval"}
+
+
+def _learning_gain(algo: str, ref: str, family: str | None = None, key: str = "gain_test") -> Measure:
     """Per seed: `algo`'s test-success gain over the shipped agent (overall, or on `family`) against `ref`'s with
-    the same seed index (same start, same evaluation episodes, so the start cancels in the difference)."""
+    the same seed index (same start, same evaluation episodes, so the start cancels in the difference); with
+    ``key="late_gain_test"`` the change over the runs' last evaluation interval instead. The note gives both arms'
+    share of test episodes that asked the customer where the rows report it (ARC)."""
 
     def measure(res: dict) -> dict:
         rows = {r["algo"]: r for r in res["rows"]}
@@ -348,24 +357,33 @@ def _learning_gain(algo: str, ref: str, family: str | None = None) -> Measure:
             raise KeyError(f"{LEARNING} has no row for {', '.join(missing)}")
 
         def per_seed(r: dict) -> dict[int, float]:
-            st = r["gain_test"] if family is None else (r.get("gain_test_family") or {}).get(family)
+            st = r.get(key) if family is None else (r.get("gain_test_family") or {}).get(family)
+            if key != "gain_test" and st is None:
+                raise KeyError(f"{LEARNING}'s row {r['algo']} has no {key}")
             return dict(zip(r["seeds"], st["per_seed"], strict=True)) if st else {}
 
         a, b = per_seed(rows[algo]), per_seed(rows[ref])
         seeds = sorted(set(a) & set(b))
         fig, rf = [a[sd] for sd in seeds], [b[sd] for sd in seeds]
         pr = res.get("protocol", {})
+        note = (f"{LEARNING_KEYS[key]}{' on ' + family if family else ''} after {pr.get('iterations')} iterations × "
+                f"{pr.get('rollouts')} rollouts, the first {pr.get('eval_episodes')} test tasks, greedy")
+        asked = {a: rows[a]["asked_test"]["mean"] for a in (algo, ref) if rows[a].get("asked_test")}
+        if asked:
+            note += "; asked_share (test episodes that asked the customer): " + ", ".join(
+                f"{a} {v:.3f}" for a, v in asked.items())
         return {"seeds": seeds, "figure": fig, "reference": rf, "diff": [x - y for x, y in zip(fig, rf, strict=True)],
-                "note": f"test-success gain over the shipped agent{' on ' + family if family else ''} after "
-                        f"{pr.get('iterations')} iterations × {pr.get('rollouts')} rollouts, the first "
-                        f"{pr.get('eval_episodes')} test tasks, greedy"}
+                "note": note}
 
     return measure
 
 
-def _learning_spec(paper: str, algo: str, ref: str, claim: str, family: str | None = None) -> ClaimSpec:
-    return ClaimSpec(paper, algo, claim, LEARNING, f"{ref} (same seed)", "paired_t", _learning_gain(algo, ref, family),
-                     start="sft", unit=f"test gain{' (' + family + ')' if family else ''}")
+def _learning_spec(paper: str, algo: str, ref: str, claim: str, family: str | None = None,
+                   better: str = "higher", key: str = "gain_test") -> ClaimSpec:
+    unit = "test gain" if key == "gain_test" else "late test gain"
+    return ClaimSpec(paper, algo, claim, LEARNING, f"{ref} (same seed)", "paired_t",
+                     _learning_gain(algo, ref, family, key), better=better, start="sft",
+                     unit=f"{unit}{' (' + family + ')' if family else ''}")
 
 
 # ---------------------------------------------------------------------------------------------------- the table
@@ -373,11 +391,32 @@ SPECS: list[ClaimSpec] = [
     _learning_spec("MPO", "mpo", "ppo", "at equal budget MPO gains more than PPO (token GAE) on bundle", "bundle"),
     _learning_spec("MPO", "mpo", "vapo", "at equal budget MPO gains more than VAPO on bundle", "bundle"),
     _learning_spec("MPO", "mpo", "ppo", "at equal budget MPO gains more than PPO overall"),
+    _learning_spec("MPO", "mpo", "mpo-one-lambda", "one time scale (λ_intra = λ_turn) costs MPO success on bundle",
+                   "bundle"),
+    _learning_spec("MPO", "mpo", "mpo-beta0", "β = 0 (the turn advantage on every token) costs MPO success"),
+    _learning_spec("ARC", "grpo-bias", "grpo", "on a style-biased reward GRPO loses clarify_and_buy success",
+                   "clarify_and_buy", better="lower"),
+    _learning_spec("ARC", "arc-bias", "grpo-bias", "on a style-biased reward ARC keeps more clarify_and_buy success "
+                   "than GRPO", "clarify_and_buy"),
+    _learning_spec("ARC", "arc-bias", "grpo-bias", "on a style-biased reward ARC keeps more success than GRPO"),
+    _learning_spec("ARC", "arc-bias", "arc-bias-noent", "without the entropy bonus ARC loses success"),
     _learning_spec("BiPACE", "bipace", "grpo", "BiPACE gains more than GRPO at equal budget"),
     _learning_spec("BiPACE", "bipace", "gigpo", "BiPACE gains more than GiGPO at equal budget"),
+    _learning_spec("BiPACE", "bipace", "bipace-distinct", "the card's pairing beats distinct-ε pairs"),
+    _learning_spec("BiPACE", "bipace", "bipace-state", "the Q-style baseline beats the state baseline"),
     _learning_spec("BASIS", "basis", "reinforce", "BASIS (one rollout per task) gains more than single-rollout "
                    "REINFORCE"),
     _learning_spec("WAPO", "wapo", "grpo", "WAPO ends above GRPO at equal budget"),
+    _learning_spec("DelTA", "delta", "dapo-nods", "DelTA gains more than DAPO (dynamic sampling off in both)"),
+    _learning_spec("DelTA", "delta", "dapo-nods", "DelTA keeps improving where DAPO plateaus (last interval)",
+                   key="late_gain_test"),
+    _learning_spec("TrOPD", "tropd-noprefix", "opd", "TrOPD ends above plain on-policy distillation (OPD)"),
+    _learning_spec("TrOPD", "tropd-noprefix", "tropd-clip", "top-k forward KL beats clipping the outliers"),
+    _learning_spec("TrOPD", "tropd-noprefix", "tropd-mask", "top-k forward KL beats masking the outliers"),
+    _learning_spec("Mid-training", "midtrain", "midtrain-more-tasks", "diverse strategies beat more tasks × one "
+                   "strategy after GRPO"),
+    _learning_spec("Mid-training", "midtrain", "grpo", "mid-training on diverse strategies, then GRPO, beats GRPO"),
+    _learning_spec("Mid-training", "midtrain-star", "grpo", "STaR data, then GRPO, beats GRPO"),
     ClaimSpec("ProRL", "prorl", "REINFORCE on the raw fused step reward drifts to the maximum path length", PRORL,
               "greedy length ≥ 0.9·L_max = 9; the SFT start", "every_seed", _prorl_max_length, start="sft",
               unit="items"),

@@ -655,3 +655,16 @@ def test_arm_rows_are_listed_apart_and_left_out_of_the_pairs(tmp_path):
     data = json.loads((tmp_path / "learning_lm.json").read_text())
     assert {r["algo"] for r in data["rows"]} == {"grpo", "mpo", "dapo", "dapo-nods"}
     assert all("dapo-nods" not in (p["a"], p["b"]) for p in data["pairs"])
+
+
+def test_rows_report_the_late_gain_and_the_asked_share_where_every_seed_has_them():
+    curves = _curves() + [{**_row("arc", s, 2, 0.3 + s / 10, 0.5, 0.1), "test_asked": 0.2 * s,
+                           "test_asked/clarify_and_buy": 0.5} for s in (0, 1)]
+    curves += [_row("arc", 0, 1, 0.25, 0.5, 0.0), _row("arc", 1, 1, 0.45, 0.5, 0.0)]
+    rows = {r["algo"]: r for r in summarise(curves, START, 2, FAMS)}
+    assert rows["arc"]["late_gain_test"]["per_seed"] == pytest.approx([0.05, -0.05])
+    assert "late_gain_test" not in rows["grpo"]  # only seed 0 was evaluated before the end
+    assert "late_gain_test" not in rows["mpo"] and "asked_test" not in rows["grpo"]
+    assert rows["arc"]["asked_test"]["per_seed"] == pytest.approx([0.0, 0.2])
+    fam = rows["arc"]["asked_test_family"]
+    assert set(fam) == {"clarify_and_buy"} and fam["clarify_and_buy"]["per_seed"] == pytest.approx([0.5, 0.5])

@@ -101,3 +101,44 @@ def test_lm_claims_read_the_learning_table_paired_by_seed(tmp_path):
     assert overall["diff"] == pytest.approx([-0.01, 0.02, -0.01]) and overall["verdict"] == sc.NOT_SHOWN
     vapo = sc.decide(by_claim[("mpo", "vapo (same seed)", "test gain (bundle)")], tmp_path)
     assert vapo["verdict"] == sc.NOT_MEASURED and "vapo" in vapo["note"]
+
+
+def test_arm_claims_read_late_gains_and_report_the_asked_share(tmp_path):
+    """DelTA's plateau claim reads the runs' change over their last evaluation interval; ARC's rows give each arm's
+    share of test episodes that asked the customer; a row without the figure leaves the claim not measured."""
+    def row(algo, gains, late=None, asked=None):
+        r = {"algo": algo, "seeds": [0, 1, 2], "gain_test": {"per_seed": gains},
+             "gain_test_family": {"clarify_and_buy": {"per_seed": gains}}}
+        if late is not None:
+            r["late_gain_test"] = {"per_seed": late}
+        if asked is not None:
+            r["asked_test"] = {"mean": asked}
+        return r
+
+    res = {"protocol": {"iterations": 16, "rollouts": 256, "eval_episodes": 400},
+           "rows": [row("delta", [0.05, 0.06, 0.04], late=[0.02, 0.03, 0.025]),
+                    row("dapo-nods", [0.03, 0.02, 0.04], late=[0.0, 0.0, 0.005]),
+                    row("arc-bias", [0.02, 0.03, 0.025], asked=0.31), row("grpo-bias", [0.0, 0.01, -0.01], asked=0.24),
+                    row("arc-bias-noent", [0.0, 0.0, 0.0])]}
+    (tmp_path / sc.LEARNING).write_text(json.dumps(res))
+    specs = {(s.algorithm, s.reference, s.unit): s for s in sc.SPECS if s.source == sc.LEARNING}
+    late = sc.decide(specs[("delta", "dapo-nods (same seed)", "late test gain")], tmp_path)
+    assert late["diff"] == pytest.approx([0.02, 0.03, 0.02]) and late["verdict"] == sc.SHOWN
+    assert "last evaluation interval" in late["note"]
+    arc = sc.decide(specs[("arc-bias", "grpo-bias (same seed)", "test gain (clarify_and_buy)")], tmp_path)
+    assert "arc-bias 0.310, grpo-bias 0.240" in arc["note"] and arc["verdict"] == sc.SHOWN
+    assert sc.decide(specs[("arc-bias", "arc-bias-noent (same seed)", "test gain")], tmp_path)["verdict"] == sc.SHOWN
+    res["rows"][1].pop("late_gain_test")
+    (tmp_path / sc.LEARNING).write_text(json.dumps(res))
+    gone = sc.decide(specs[("delta", "dapo-nods (same seed)", "late test gain")], tmp_path)
+    assert gone["verdict"] == sc.NOT_MEASURED and "late_gain_test" in gone["note"]
+
+
+def test_each_papers_claims_are_one_section():
+    papers = [s.paper for s in sc.SPECS]
+    assert all(papers.index(p) + papers.count(p) - 1 == len(papers) - 1 - papers[::-1].index(p) for p in papers)
+    arms = {s.algorithm for s in sc.SPECS if s.source == sc.LEARNING} | {
+        s.reference.split(" ")[0] for s in sc.SPECS if s.source == sc.LEARNING}
+    from benchmarks.learning_lm import ARMS
+
+    assert arms <= set(ARMS)  # every arm a claim reads is one the learning benchmark can train
