@@ -8,9 +8,9 @@ algorithms) at one budget.
 It reproduces no paper table: it measures how much each algorithm raises the test success of an LM agent on
 Shopping-v0 when all of them get the same start, rollouts, learning rate and evaluation episodes.
 
-The table of record (``docs/results/learning_lm.{md,json}``) starts from the shipped agent and uses the protocol
-that docs/training.md ("Learning benchmark") chose by pilot runs; its command is recorded in the table. Regenerate
-the tables from their recorded runs, with no training, by
+The table of record (``learning_lm.{md,json}``, written by ``--results docs/results``) starts from the shipped
+agent and uses the protocol that docs/training.md ("The table of record") chose by pilot runs; its command is
+recorded in the table. Regenerate the tables from their recorded runs, with no training, by
 
     python -m benchmarks.learning_lm --report-only --results docs/results
 
