@@ -9,7 +9,7 @@ LM_FLAGS ?=
 LM_OUT ?= runs/lm-agent
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint setup bench wheel-check lm-agent lm-teacher clean
+.PHONY: run test lint setup bench wheel-check lm-agent lm-teacher learning-record clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -38,6 +38,20 @@ lint: setup
 # e.g. ARGS="--json runs/bench" or ARGS="bench_lm --full").
 bench: setup
 	$(PY) -m benchmarks $(ARGS)
+
+# The learning table of record from the shipped agent (docs/training.md, "The table of record"): every LM algorithm
+# x 3 seeds, about 9 h on 2 cores. Run it again and it resumes: finished runs in RECORD_OUT and recorded runs are
+# reused, an interrupted run continues from its last iteration. RECORD_ARMS=1 also trains the seed papers' arms
+# (benchmarks.learning_lm.VARIANTS) that benchmarks.seed_claims reads.
+RECORD_OUT ?= runs/record
+RECORD_FLAGS := --seeds 0 1 2 --jobs 2 --group-size 8 --eval-episodes 400 --temperature 1.0 --top-p 0.8 \
+    --minibatches 1 --task-pool all --rollouts 256 --iterations 16 --eval-every 8 --reward-scheme strict --lr 1e-4 \
+    --negative-advantage-scale 0.25 --no-progress --out $(RECORD_OUT) --results docs/results
+learning-record: setup
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.learning_lm $(RECORD_FLAGS) --standard-results data/results/standard
+	@if [ -n "$(RECORD_ARMS)" ]; then OMP_NUM_THREADS=1 $(PY) -m benchmarks.learning_lm $(RECORD_FLAGS) \
+	    --algos $$($(PY) -c 'from benchmarks.learning_lm import VARIANTS; print(*VARIANTS)'); fi
+	$(PY) -m benchmarks.seed_claims --results docs/results
 
 # Build the wheel, install it without -e into a fresh venv and run `shopsim eval` from an empty folder.
 wheel-check: setup
