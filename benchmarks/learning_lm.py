@@ -103,6 +103,10 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     # BiPACE (card §9): the ablations' pairing and baseline
     "bipace-distinct": ("bipace", {"eps_pairs": "distinct"}, {}),
     "bipace-state": ("bipace", {"baseline": "state"}, {}),
+    # WAPO (card §11): where GRPO destabilises (3 × the learning rate, negative advantages as published) WAPO stays
+    # stable and ends at or above it
+    "grpo-lr3x": ("grpo", {"lr": 3e-4, "negative_advantage_scale": 1.0}, {}),
+    "wapo-lr3x": ("wapo", {"lr": 3e-4, "negative_advantage_scale": 1.0}, {}),
     # MPO (card §7): one time scale (λ_intra = λ_turn) and β = 0 should cost success
     "mpo-one-lambda": ("mpo", {"lam_intra": 0.8}, {}),
     "mpo-beta0": ("mpo", {"beta": 0.0}, {}),

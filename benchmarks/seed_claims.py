@@ -25,7 +25,7 @@ benchmark's table of record from the shipped agent (learning_lm.json; the arms a
 BiPACE, BASIS, WAPO, DelTA, TrOPD, mid-training); ProRL
 (prorl_ladder.json), CA-PG (capg_k.json, and the standard tier's TwoStageRetrieval table at the card's K = 20,
 data/results/standard/TwoStageRetrieval-v0_k20/) and HPO (hpo_n.json). Claims that need measurements of their own
-(WAPO's stability under a destabilising setting, the critic-variance and gradient-norm diagnostics) join as further
+(the critic-variance and gradient-norm diagnostics) join as further
 `ClaimSpec` entries that read their own results files.
 """
 
@@ -407,6 +407,8 @@ SPECS: list[ClaimSpec] = [
     _learning_spec("BASIS", "basis", "reinforce", "BASIS (one rollout per task) gains more than single-rollout "
                    "REINFORCE"),
     _learning_spec("WAPO", "wapo", "grpo", "WAPO ends above GRPO at equal budget"),
+    _learning_spec("WAPO", "wapo-lr3x", "grpo-lr3x", "where GRPO destabilises (lr 3e-4, negative advantages as "
+                   "published) WAPO ends above it"),
     _learning_spec("DelTA", "delta", "dapo-nods", "DelTA gains more than DAPO (dynamic sampling off in both)"),
     _learning_spec("DelTA", "delta", "dapo-nods", "DelTA keeps improving where DAPO plateaus (last interval)",
                    key="late_gain_test"),
