@@ -488,7 +488,7 @@ def standard_rows(out: Path, args, results_dir: Path, command: str, digest: str)
     from shopsim.app.bench import import_trained
 
     written = []
-    for name in args.algos:
+    for name in [a for a in args.algos if a in ALGOS]:  # the seed papers' arms are not leaderboard rows
         dirs = [out / name / f"seed{sd}" for sd in args.seeds]
         if not all(_finished(d, args.iterations) for d in dirs):
             print(f"standard row {name}: not every seed has finished {args.iterations} iterations; not written")

@@ -593,7 +593,7 @@ def test_standard_rows_import_only_runs_whose_seeds_all_finished(tmp_path, monke
     import shopsim.app.bench as bench
     from benchmarks.learning_lm import standard_rows
 
-    for algo, its in (("grpo", (2, 2)), ("mpo", (2, 1))):  # mpo's seed 1 stopped after iteration 1 of 2
+    for algo, its in (("grpo", (2, 2)), ("mpo", (2, 1)), ("dapo-nods", (2, 2))):  # mpo's seed 1 stopped early
         for seed, it in enumerate(its):
             d = tmp_path / algo / f"seed{seed}"
             (d / "checkpoint").mkdir(parents=True)
@@ -606,10 +606,12 @@ def test_standard_rows_import_only_runs_whose_seeds_all_finished(tmp_path, monke
         return {"metrics": {"success_rate": {"mean": 0.5}}}
 
     monkeypatch.setattr(bench, "import_trained", fake)
-    args = SimpleNamespace(algos=["grpo", "mpo"], seeds=[0, 1], iterations=2, no_progress=True, families=list(FAMS),
+    args = SimpleNamespace(algos=["grpo", "mpo", "dapo-nods"], seeds=[0, 1], iterations=2, no_progress=True,
+                           families=list(FAMS),
                            start="sft", target=0.3, rollouts=32, group_size=8, minibatches=1, lr=1e-4,
                            temperature=1.0, max_new_tokens=48, max_turns=40, eval_episodes=400)
     rows = standard_rows(tmp_path, args, tmp_path / "std", "python -m benchmarks.learning_lm", "abc")
+    # mpo has an unfinished seed; dapo-nods is a seed paper's arm, not a leaderboard row
     assert len(rows) == 1 and [c[0] for c in calls] == ["grpo"] and calls[0][1] == ["seed0", "seed1"]
     budget = calls[0][2]
     assert budget["source"] == "benchmarks.learning_lm" and budget["train_seeds"] == [0, 1]
