@@ -461,18 +461,15 @@ def run(args, argv=None) -> None:
               f" ({sum(int(r.get('rollouts', 0)) for r in history)} rollouts, {secs:.0f}s)")
     curves = [c for c in _curves(out, start, args.families) if (c["algo"], c["seed"]) not in stale] + recorded
     rows = _write(out, curves, start, args)
-    if args.results and rows:
-        import shlex
+    import shlex
 
-        command = "python -m benchmarks.learning_lm " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.learning_lm " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.results and rows:
         write_results(Path(args.results), rows, start, args, time.perf_counter() - t0, command, out, curves=curves,
                       digest=digest)
         md_path, json_path, _ = result_paths(Path(args.results), args.start)
         print(f"wrote {md_path} and {json_path.name}")
     if getattr(args, "standard_results", None):
-        import shlex
-
-        command = "python -m benchmarks.learning_lm " + shlex.join(sys.argv[1:] if argv is None else argv)
         standard_rows(out, args, Path(args.standard_results), command, digest)
 
 
@@ -815,6 +812,14 @@ def init_digest(init: Path) -> str:
     return weights_digest(init)
 
 
+def read_curves(path: Path) -> list[dict]:
+    """The rows of a recorded ``learning_lm*_curves.csv`` with their types back (empty cells as None)."""
+    ints = ("seed", "iteration", "rollouts", "pre_rollouts", "gen_kept")
+    with path.open() as f:
+        return [{k: (None if v == "" else v if k in ("algo", "config") else int(float(v)) if k in ints else float(v))
+                 for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def recorded_curves(directory: Path, args, start: dict, digest: str,
                     configs: dict[str, str] | None = None) -> tuple[list[dict], str]:
     """The curve rows of the runs recorded in ``directory/learning_lm_curves.csv`` by an earlier invocation with
@@ -833,10 +838,7 @@ def recorded_curves(directory: Path, args, start: dict, digest: str,
         return [], f"{meta_path} was measured from other start weights"
     if meta.get("start") != start:
         return [], f"the start evaluates differently from {meta_path}'s ({meta.get('start')} vs {start})"
-    with curves_path.open() as f:
-        rows = [{k: (None if v == "" else v if k in ("algo", "config") else int(float(v))
-                     if k in ("seed", "iteration", "rollouts", "pre_rollouts", "gen_kept") else float(v))
-                 for k, v in row.items()} for row in csv.DictReader(f) if row["algo"] != "start"]
+    rows = [r for r in read_curves(curves_path) if r["algo"] != "start"]
     stale = _stale_runs(rows, configs) if configs is not None else []
     rows = [r for r in rows if (r["algo"], r["seed"]) not in stale]
     why = f"{len({(r['algo'], r['seed']) for r in rows})} runs recorded in {curves_path}"
@@ -945,10 +947,7 @@ def report_recorded(directory: Path, starts=None) -> list[Path]:
         args = SimpleNamespace(**protocol, seeds=meta.get("protocol", {}).get("seeds", meta.get("seeds")),
                                init=meta.get("init"))
         args.start = start_kind
-        with curves_path.open() as f:
-            curves = [{k: (None if v == "" else v if k in ("algo", "config") else int(float(v))
-                           if k in ("seed", "iteration", "rollouts", "pre_rollouts", "gen_kept") else float(v))
-                       for k, v in row.items()} for row in csv.DictReader(f)]
+        curves = read_curves(curves_path)
         rows = summarise([c for c in curves if c["algo"] != "start"], meta["start"], args.iterations, args.families)
         write_results(directory, rows, meta["start"], args, 0.0, "", curves=curves, recorded=meta)
         written.append(md_path)

@@ -395,6 +395,8 @@ def import_trained(env_id: str, entry: str, seed_dirs: Sequence[Path], results_d
     the file, and part of its config hash); `command` is what trains them. With `keep_checkpoint` the first seed's
     checkpoint is copied beside the file, for the main job's live re-check. A file already there on the same
     protocol and budget is kept (resume)."""
+    import json
+
     import agents
     from shopsim.envs import family_of
 
@@ -416,8 +418,6 @@ def import_trained(env_id: str, entry: str, seed_dirs: Sequence[Path], results_d
         agent = agents.load_checkpoint(d / "checkpoint", env_id=env_id)
         runs.append(evaluate(agent, protocol, reference=reference_agent(protocol), progress=progress,
                              num_envs=b.num_envs))
-    import json
-
     run_file = seed_dirs[0] / "run.json"  # a `baselines` trainer's record of its config
     config = json.loads(run_file.read_text()).get("config", {}) if run_file.is_file() else {}
     info = {"protocol": protocol, "entry": entry, "kind": "trained", "algorithm": algorithm or entry,
