@@ -10,7 +10,9 @@ Shopping-v0 when all of them get the same start, rollouts, learning rate and eva
 
 The table of record (``learning_lm.{md,json}``, written by ``--results docs/results``) starts from the shipped
 agent and uses the protocol that docs/training.md ("The table of record") chose by pilot runs; its command is
-recorded in the table. Regenerate the tables from their recorded runs, with no training, by
+recorded in the table. That protocol is what ``--start sft`` (the default) defaults to, and ``--start weaken``
+defaults to the weakened table's (`START_DEFAULTS`); an option given on the command line overrides either.
+Regenerate the tables from their recorded runs, with no training, by
 
     python -m benchmarks.learning_lm --report-only --results docs/results
 
@@ -775,6 +777,17 @@ def comparison_lines(rows: list[dict], pairs: list[dict], checks: list[dict] | N
 
 #: the results files of each start: the table of record starts from the shipped agent
 RESULT_STEMS = {"sft": "learning_lm", "weaken": "learning_lm_weaken"}
+#: each start's protocol, the default of every option not given on the command line: from the shipped agent the
+#: table of record's setting (docs/training.md, "The table of record"), from the weakened start the one its table
+#: was measured under
+START_DEFAULTS = {
+    "sft": {"iterations": 16, "rollouts": 256, "group_size": 8, "eval_episodes": 400, "eval_every": 8,
+            "temperature": 1.0, "top_p": 0.8, "minibatches": 1, "lr": 1e-4, "reward_scheme": "strict",
+            "negative_advantage_scale": 0.25},
+    "weaken": {"iterations": 20, "rollouts": 32, "group_size": 8, "eval_episodes": 200, "eval_every": 10,
+               "temperature": 0.5, "top_p": 1.0, "minibatches": 4, "lr": 1e-4, "reward_scheme": "loose",
+               "negative_advantage_scale": 1.0},
+}
 
 
 def result_paths(directory: Path, start: str) -> tuple[Path, Path, Path]:
@@ -1061,7 +1074,9 @@ def add_protocol_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with every protocol option not given set to the ``--start``'s own (`START_DEFAULTS`) and
+    ``--quick``'s sizes applied."""
     p = argparse.ArgumentParser(description="Shopping LM learning benchmark (see module docstring)")
     p.add_argument("--init", default=None, help="SFT checkpoint folder (default data/lm/sft)")
     p.add_argument("--out", default="runs/learning_lm")
@@ -1071,13 +1086,13 @@ def main(argv=None) -> int:
                    help=f"rows to train: algorithms ({', '.join(ALGOS)}) or the seed papers' arms "
                         f"({', '.join(VARIANTS)}); default every algorithm")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=20)
-    p.add_argument("--rollouts", type=int, default=32, help="rollouts per iteration (the budget unit)")
-    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--rollouts", type=int, help="rollouts per iteration (the budget unit)")
+    p.add_argument("--group-size", type=int)
     add_protocol_arguments(p)
-    p.add_argument("--eval-episodes", type=int, default=200,
-                   help="test (and dev) tasks per evaluation, the families interleaved (50 per family by default)")
-    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-episodes", type=int,
+                   help="test (and dev) tasks per evaluation, the families interleaved")
+    p.add_argument("--eval-every", type=int)
     p.add_argument("--jobs", type=int, default=1, help="(algorithm, seed) runs in parallel processes")
     p.add_argument("--families", default="all",
                    help="task families trained and evaluated, comma-separated, or 'all' (default %(default)s)")
@@ -1109,14 +1124,25 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="grpo + mpo, 1 seed, 3 iterations, 8 rollouts, 12 eval tasks")
     p.add_argument("--no-progress", action="store_true")
     # bundle episodes need up to ~25 turns (the shared default of 15 suits the find/clarify checks of repro_*)
-    p.set_defaults(max_turns=40)
+    p.set_defaults(max_turns=40, **{k: None for k in START_DEFAULTS["sft"]})
+    p.epilog = "Options of the protocol not given take the --start's own: " + "; ".join(
+        f"{start}: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in d.items())
+        for start, d in START_DEFAULTS.items())
     a = p.parse_args(argv)
+    for k, v in START_DEFAULTS[a.start].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
     if a.quick:
         a.algos, a.seeds, a.iterations, a.rollouts, a.group_size = ["grpo", "mpo"], [0], 3, 8, 4
         a.eval_episodes, a.eval_every, a.calib, a.bisect_steps, a.max_turns = 12, 1, 12, 4, 10
     from benchmarks import shopping_families
 
     a.families = shopping_families(p, a.families)
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
     if a.report_only and a.results:
         given = {x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:])}
         for path in report_recorded(Path(a.results), [a.start] if "--start" in given else None):

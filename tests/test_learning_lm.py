@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 import baselines
 from benchmarks.learning_lm import compare_rows, summarise, summary_table, targets, versus_reference, write_results
 from shopsim.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FAMS = ("find_and_buy", "clarify_and_buy")
 START = {"dev": 0.3, "test": 0.2, "test/find_and_buy": 0.4, "test/clarify_and_buy": 0.0}
@@ -443,8 +446,8 @@ def test_schedule_and_loss_aggregation_options_reach_every_algorithm(monkeypatch
 
 
 def test_reward_scheme_reaches_the_env_of_every_run(monkeypatch):
-    """``--reward-scheme strict`` makes every run's env pay 1 only for a success (and enters the protocol); the
-    default keeps the env's partial credit and its env options unchanged."""
+    """``--reward-scheme strict`` makes every run's env pay 1 only for a success (and enters the protocol); ``loose``
+    (the weakened start's default) keeps the env's partial credit and its env options unchanged."""
     import gymnasium as gym
 
     import benchmarks.learning_lm as lm
@@ -452,7 +455,7 @@ def test_reward_scheme_reaches_the_env_of_every_run(monkeypatch):
     seen = []
     monkeypatch.setattr(lm, "run", lambda a, argv=None: seen.append(a))
     lm.main(["--reward-scheme", "strict"])
-    lm.main([])
+    lm.main(["--reward-scheme", "loose"])
     strict, default = seen
     init = lm.default_init()
     kw = lm.protocol_env_kwargs(init, strict)
@@ -670,3 +673,22 @@ def test_rows_report_the_late_gain_and_the_asked_share_where_every_seed_has_them
     assert rows["arc"]["asked_test"]["per_seed"] == pytest.approx([0.0, 0.2])
     fam = rows["arc"]["asked_test_family"]
     assert set(fam) == {"clarify_and_buy"} and fam["clarify_and_buy"]["per_seed"] == pytest.approx([0.5, 0.5])
+
+
+def test_each_start_defaults_to_its_recorded_protocol():
+    """With no option given, `--start sft` is the table of record's command (the Makefile's `learning-record`) and
+    `--start weaken` the protocol its committed table was measured under; an option given wins over either."""
+    import shlex
+
+    from benchmarks.learning_lm import parse_args, protocol_of
+
+    make = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    flags = shlex.split(next(line for line in make.splitlines() if line.startswith("RECORD_FLAGS"))
+                        .split(":=", 1)[1].replace("$(RECORD_OUT)", "runs/record"))
+    assert protocol_of(parse_args([])) == protocol_of(parse_args(flags))
+    weaken = json.loads((ROOT / "docs" / "results" / "learning_lm_weaken.json").read_text())["protocol"]
+    got = protocol_of(parse_args(["--start", "weaken"]))
+    assert {k: got[k] for k in weaken if k != "seeds"} == {k: v for k, v in weaken.items() if k != "seeds"}
+    assert parse_args(["--temperature", "0.3"]).temperature == 0.3
+    assert parse_args(["--start", "weaken", "--rollouts", "64"]).rollouts == 64
+    assert parse_args([]).rollouts != parse_args(["--start", "weaken"]).rollouts
