@@ -239,3 +239,32 @@ def test_rows_trained_elsewhere_are_imported_as_the_tier_trains_its_own(toy_worl
     assert again["budget"]["iterations"] == 3 and len(again["metrics"]["success_rate"].get("per_seed", [])) != 2
     with pytest.raises(ConfigError, match="no checkpoint"):
         import_trained(TOY_ID, "toyalgo", [tmp_path / "nowhere"], dest, budget=budget, command="x", table=STANDARD)
+
+
+def test_imported_rows_are_rendered_as_recorded_and_never_trained(toy_world, tmp_path):
+    """A budget's `imported` rows (the Shopping rows, trained by benchmarks.learning_lm) are shown from the file
+    `import_trained` wrote, with the command that made it; the tier trains none of them, and says which command
+    writes a missing one."""
+    from shopsim.app.bench import import_trained
+
+    _ship(tmp_path)
+    runs = tmp_path / "std" / "runs" / "ToyCoin-v0" / "toyalgo"
+    rec = import_trained(TOY_ID, "toyalgo", [runs / "seed0", runs / "seed1"], shipped_dir(),
+                         budget={"mode": "standard", "source": "elsewhere", "iterations": 2},
+                         command="python -m elsewhere", table=STANDARD)
+    table = {"standard": {TOY_ID: Budget(imported=("toyalgo",), imported_by="python -m elsewhere", tasks=3, seeds=1,
+                                         tries=4)}}
+    logs = []
+    out = run_bench("standard", tmp_path / "std2", envs=[TOY_ID], table=table, progress=False, plots=False,
+                    log=logs.append, results_dir=shipped_dir())
+    shown = {r["entry"]: r for r in out.results}
+    assert shown["toyalgo"]["command"] == "python -m elsewhere" and shown["toyalgo"]["metrics"] == rec["metrics"]
+    assert "| toyalgo |" in out.markdown
+    assert not (tmp_path / "std2" / "runs").exists()  # nothing trained
+    assert any("toyalgo: recorded by `python -m elsewhere`" in m for m in logs)
+    (shipped_dir() / "ToyCoin-v0" / "toyalgo.json").unlink()
+    logs.clear()
+    out = run_bench("standard", tmp_path / "std3", envs=[TOY_ID], table=table, progress=False, plots=False,
+                    log=logs.append, results_dir=shipped_dir())
+    assert "toyalgo" not in {r["entry"] for r in out.results} and not (tmp_path / "std3" / "runs").exists()
+    assert any("`python -m elsewhere` trains it" in m for m in logs)

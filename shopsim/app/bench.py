@@ -158,7 +158,7 @@ class Entry:
 
     env_id: str
     name: str
-    kind: str  # reference | trained | checkpoint
+    kind: str  # reference | trained | checkpoint | imported (trained by another command, `Budget.imported`)
     algorithm: str | None = None
     iterations: int = 0
     overrides: dict = field(default_factory=dict)
@@ -221,6 +221,8 @@ def plan(mode: str, env_ids: list[str], user_algos: list[str], *, table: dict | 
             name = f"demo-{algo}" if b.demo else algo
             entries.append(Entry(env_id, name, "trained", algorithm=algo, iterations=iters,
                                  overrides=dict(b.overrides.get(algo, {})), skip_reason=note, scenario=scenario))
+        entries += [Entry(env_id, algo, "imported", algorithm=algo, scenario=scenario)
+                    for algo in b.imported if algo in registered and algo not in b.algos]
         used = {e.name for e in entries if e.key == key}
         for spec, cls in user_classes:
             if family in cls.families:
@@ -572,6 +574,13 @@ def run_bench(mode: str = "quick", out: str | Path = "runs/bench", *, envs: list
             bar.advance()
             continue
         done = existing_result(results_path(res_dir, entry.key, entry.name), protocols[entry.key])
+        if entry.kind == "imported":  # rendered as recorded, never trained here
+            if done is not None:
+                results.append(done)
+            log(f"{label}: " + (f"recorded by `{done['command']}` ({done['_path']})" if done is not None else
+                                f"not recorded in {res_dir}; `{b.imported_by}` trains it"))
+            bar.advance()
+            continue
         if resume and done is not None:
             results.append(done)
             log(f"{label}: done before ({done['_path']}), skipped")

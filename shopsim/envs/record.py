@@ -139,6 +139,12 @@ class Budget:
     """Trainers start from the shipped SFT checkpoint (LM envs); skipped when there is none."""
     demo: bool = False
     """The trained rows are short live demos (``demo-<algo>``), shown apart from the shipped standard rows."""
+    imported: tuple[str, ...] = ()
+    """Trained rows this tier shows but never trains: another command trains them and writes their results files
+    with `shopsim.app.bench.import_trained` (the Shopping rows come from the learning benchmark's runs). The tier
+    renders the recorded file and says which command writes it when there is none."""
+    imported_by: str = ""
+    """The command that trains and writes the `imported` rows."""
     live_checkpoints: tuple[str, ...] | None = None
     """The shipped trained entries whose checkpoint this tier re-evaluates live (None: every one). The main job
     checks one LM checkpoint, since each costs an LM evaluation of the whole protocol; ``--tier standard`` on the
