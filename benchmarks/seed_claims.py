@@ -341,14 +341,18 @@ LEARNING = "learning_lm.json"
 
 #: what `_learning_gain` reads from a row: the final gain over the start, or its change since the previous evaluation
 LEARNING_KEYS = {"gain_test": "test-success gain over the shipped agent",
-                 "late_gain_test": "change of test success over the last evaluation interval"}
+                 "late_gain_test": "change of test success over the last evaluation interval",
+                 "asked_test": "share of the final evaluation's test episodes that asked the customer"}
+#: the table's unit of each key
+LEARNING_UNITS = {"gain_test": "test gain", "late_gain_test": "late test gain", "asked_test": "asked share"}
 
 
 def _learning_gain(algo: str, ref: str, family: str | None = None, key: str = "gain_test") -> Measure:
     """Per seed: `algo`'s test-success gain over the shipped agent (overall, or on `family`) against `ref`'s with
     the same seed index (same start, same evaluation episodes, so the start cancels in the difference); with
-    ``key="late_gain_test"`` the change over the runs' last evaluation interval instead. The note gives both arms'
-    share of test episodes that asked the customer where the rows report it (ARC)."""
+    ``key="late_gain_test"`` the change over the runs' last evaluation interval instead, with ``key="asked_test"``
+    the share of final test episodes that asked the customer. The note gives both arms' asked share where the rows
+    report it (ARC)."""
 
     def measure(res: dict) -> dict:
         rows = {r["algo"]: r for r in res["rows"]}
@@ -357,9 +361,9 @@ def _learning_gain(algo: str, ref: str, family: str | None = None, key: str = "g
             raise KeyError(f"{LEARNING} has no row for {', '.join(missing)}")
 
         def per_seed(r: dict) -> dict[int, float]:
-            st = r.get(key) if family is None else (r.get("gain_test_family") or {}).get(family)
+            st = r.get(key) if family is None else (r.get(f"{key}_family") or {}).get(family)
             if key != "gain_test" and st is None:
-                raise KeyError(f"{LEARNING}'s row {r['algo']} has no {key}")
+                raise KeyError(f"{LEARNING}'s row {r['algo']} has no {key}{' for ' + family if family else ''}")
             return dict(zip(r["seeds"], st["per_seed"], strict=True)) if st else {}
 
         a, b = per_seed(rows[algo]), per_seed(rows[ref])
@@ -380,7 +384,7 @@ def _learning_gain(algo: str, ref: str, family: str | None = None, key: str = "g
 
 def _learning_spec(paper: str, algo: str, ref: str, claim: str, family: str | None = None,
                    better: str = "higher", key: str = "gain_test") -> ClaimSpec:
-    unit = "test gain" if key == "gain_test" else "late test gain"
+    unit = LEARNING_UNITS[key]
     return ClaimSpec(paper, algo, claim, LEARNING, f"{ref} (same seed)", "paired_t",
                      _learning_gain(algo, ref, family, key), better=better, start="sft",
                      unit=f"{unit}{' (' + family + ')' if family else ''}")
@@ -399,7 +403,12 @@ SPECS: list[ClaimSpec] = [
     _learning_spec("ARC", "arc-bias", "grpo-bias", "on a style-biased reward ARC keeps more clarify_and_buy success "
                    "than GRPO", "clarify_and_buy"),
     _learning_spec("ARC", "arc-bias", "grpo-bias", "on a style-biased reward ARC keeps more success than GRPO"),
+    _learning_spec("ARC", "arc-bias", "grpo-bias", "on a style-biased reward ARC, evaluated without instructions, "
+                   "asks in clarify_and_buy (hidden constraints) more often than GRPO", "clarify_and_buy",
+                   key="asked_test"),
     _learning_spec("ARC", "arc-bias", "arc-bias-noent", "without the entropy bonus ARC loses success"),
+    _learning_spec("ARC", "arc-bias-free", "arc-bias", "a free no-instruction group (the evaluation prompt seen in "
+                   "training) adds success"),
     _learning_spec("BiPACE", "bipace", "grpo", "BiPACE gains more than GRPO at equal budget"),
     _learning_spec("BiPACE", "bipace", "gigpo", "BiPACE gains more than GiGPO at equal budget"),
     _learning_spec("BiPACE", "bipace", "bipace-distinct", "the card's pairing beats distinct-ε pairs"),
@@ -419,6 +428,8 @@ SPECS: list[ClaimSpec] = [
                    "strategy after GRPO"),
     _learning_spec("Mid-training", "midtrain", "grpo", "mid-training on diverse strategies, then GRPO, beats GRPO"),
     _learning_spec("Mid-training", "midtrain-star", "grpo", "STaR data, then GRPO, beats GRPO"),
+    _learning_spec("Mid-training", "midtrain", "midtrain-incorrect", "correct diverse strategies beat "
+                   "diverse-but-incorrect variants after GRPO (the incorrect control gives no gain)"),
     ClaimSpec("ProRL", "prorl", "REINFORCE on the raw fused step reward drifts to the maximum path length", PRORL,
               "greedy length ≥ 0.9·L_max = 9; the SFT start", "every_seed", _prorl_max_length, start="sft",
               unit="items"),

@@ -113,6 +113,7 @@ def test_arm_claims_read_late_gains_and_report_the_asked_share(tmp_path):
             r["late_gain_test"] = {"per_seed": late}
         if asked is not None:
             r["asked_test"] = {"mean": asked}
+            r["asked_test_family"] = {"clarify_and_buy": {"per_seed": [asked - 0.01, asked, asked + 0.01]}}
         return r
 
     res = {"protocol": {"iterations": 16, "rollouts": 256, "eval_episodes": 400},
@@ -128,6 +129,13 @@ def test_arm_claims_read_late_gains_and_report_the_asked_share(tmp_path):
     arc = sc.decide(specs[("arc-bias", "grpo-bias (same seed)", "test gain (clarify_and_buy)")], tmp_path)
     assert "arc-bias 0.310, grpo-bias 0.240" in arc["note"] and arc["verdict"] == sc.SHOWN
     assert sc.decide(specs[("arc-bias", "arc-bias-noent (same seed)", "test gain")], tmp_path)["verdict"] == sc.SHOWN
+    asks = sc.decide(specs[("arc-bias", "grpo-bias (same seed)", "asked share (clarify_and_buy)")], tmp_path)
+    assert asks["figure"] == pytest.approx([0.30, 0.31, 0.32]) and asks["diff"] == pytest.approx([0.07] * 3)
+    assert asks["verdict"] == sc.SHOWN and "asked the customer" in asks["note"]
+    res["rows"][2].pop("asked_test_family")
+    (tmp_path / sc.LEARNING).write_text(json.dumps(res))
+    none = sc.decide(specs[("arc-bias", "grpo-bias (same seed)", "asked share (clarify_and_buy)")], tmp_path)
+    assert none["verdict"] == sc.NOT_MEASURED and "asked_test for clarify_and_buy" in none["note"]
     res["rows"][1].pop("late_gain_test")
     (tmp_path / sc.LEARNING).write_text(json.dumps(res))
     gone = sc.decide(specs[("delta", "dapo-nods (same seed)", "late test gain")], tmp_path)
