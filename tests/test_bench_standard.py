@@ -84,8 +84,10 @@ def test_your_algorithm_is_ranked_among_the_shipped_rows(toy_world, tmp_path):
 
 
 def test_every_shipped_result_validates_and_names_a_command_that_exists():
+    from benchmarks.learning_lm import parse_args
+    from shopsim.app.bench import budget_for
     from shopsim.app.cli import build_parser
-    from shopsim.envs import all_env_ids
+    from shopsim.envs import all_env_ids, family_of
     from shopsim.leaderboard.protocols import load_protocol, record_key
 
     results = shipped_results(REPO_DATA)
@@ -94,11 +96,19 @@ def test_every_shipped_result_validates_and_names_a_command_that_exists():
     for rec in results:
         assert rec["status"] == "ok" and rec["protocol_hash"] and rec["tier"] == "standard", rec["_path"]
         argv = shlex.split(rec["command"])
-        assert argv[0] == "shopsim"
-        args = parser.parse_args(argv[1:])  # raises SystemExit on an unknown command or option
-        # the command names the row's leaderboard key (env id, or env id:scenario), whose protocol it was scored on
-        assert args.budget == "standard" and f"shopsim/{args.envs[0]}" == record_key(rec)
         assert rec["env_id"] in all_env_ids() and load_protocol(record_key(rec)).hash == rec["protocol_hash"]
+        budget = budget_for("standard", record_key(rec), family_of(rec["env_id"]))
+        if rec["entry"] in budget.imported:  # trained by the learning benchmark, which wrote the file
+            assert argv[:3] == ["python", "-m", "benchmarks.learning_lm"], rec["_path"]
+            args = parse_args(argv[3:])
+            assert rec["entry"] in args.algos and rec["budget"]["iterations"] == args.iterations
+            assert rec["budget"]["source"] == "benchmarks.learning_lm" and args.start == "sft"
+            assert rec["train_seeds"] == args.seeds
+        else:
+            assert argv[0] == "shopsim"
+            args = parser.parse_args(argv[1:])  # raises SystemExit on an unknown command or option
+            # the command names the row's leaderboard key (env id, or env id:scenario), whose protocol it scored on
+            assert args.budget == "standard" and f"shopsim/{args.envs[0]}" == record_key(rec)
         if rec["kind"] == "trained":
             assert len(rec["train_seeds"]) >= 3 and rec["curve"]["metric"] and len(rec["curve"]["per_seed"]) >= 3
     files = [p for p in REPO_DATA.rglob("*") if p.is_file()]
