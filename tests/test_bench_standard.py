@@ -278,3 +278,15 @@ def test_imported_rows_are_rendered_as_recorded_and_never_trained(toy_world, tmp
                     log=logs.append, results_dir=shipped_dir())
     assert "toyalgo" not in {r["entry"] for r in out.results} and not (tmp_path / "std3" / "runs").exists()
     assert any("`python -m elsewhere` trains it" in m for m in logs)
+
+
+def test_shopping_standard_rows_are_exactly_the_learning_tables_algorithms():
+    """The Shopping standard budget imports every algorithm `benchmarks.learning_lm` writes a standard row for, and
+    trains none itself: a row added to one list and not the other would never be written or never be shown."""
+    from benchmarks.learning_lm import ALGOS
+    from shopsim.app.bench import budget_for
+
+    b = budget_for("standard", "shopsim/Shopping-v0", "shopping")
+    assert sorted(b.imported) == sorted(ALGOS) and not b.algos and b.imported_by == "make learning-record"
+    make = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "learning-record:" in make and "--standard-results data/results/standard" in make
